@@ -1,0 +1,1 @@
+"""Artifact evaluation: workloads, benchmark driver, simulator runs, plots."""

@@ -1,0 +1,52 @@
+"""`bullet` command line. Each subcommand lives in its own module under `bullet/commands/` and
+exposes `NAME`, `HELP`, `add_arguments(parser)` and `run(args) -> int`; they are discovered here,
+so adding a command never edits this file."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+import bullet.commands
+
+
+def _commands():
+    for info in sorted(pkgutil.iter_modules(bullet.commands.__path__), key=lambda i: i.name):
+        if info.name.startswith("_"):
+            continue
+        yield importlib.import_module(f"bullet.commands.{info.name}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bullet",
+        description="Bullet LLM serving runtime: concurrent prefill/decode workers with dynamic compute partitioning.",
+    )
+    from bullet import __version__
+
+    parser.add_argument("--version", action="version", version=f"bullet {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for mod in _commands():
+        p = sub.add_parser(mod.NAME, help=mod.HELP, description=getattr(mod, "DESCRIPTION", mod.HELP),
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Subcommands of the `bullet` CLI (one module each; see bullet/cli.py)."""

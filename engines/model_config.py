@@ -1,0 +1,106 @@
+"""Shape and hyper-parameters of a Llama-family model, independent of where the weights come from.
+
+Built from a Hugging Face `config.json` (a directory, or one of the shipped configs under
+`engines/configs/` for dummy weights) or from GGUF metadata. The estimator reads the same object
+to build its op inventory, so it must stay free of torch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+
+
+class RopeScaling(BaseModel):
+    """Llama-3.1 style frequency scaling ("rope_type": "llama3")."""
+
+    model_config = ConfigDict(extra="ignore")
+    rope_type: str = "llama3"
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+class ModelConfig(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    name: str = "llama"
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    max_position_embeddings: int = 8192
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    tie_word_embeddings: bool = False
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = Field(default_factory=tuple)
+
+    @property
+    def q_size(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_key_value_heads * self.head_dim
+
+    def num_parameters(self) -> int:
+        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
+        per_layer = h * (self.q_size + 2 * self.kv_size) + self.q_size * h + 3 * h * i + 2 * h
+        head = 0 if self.tie_word_embeddings else v * h
+        return v * h + self.num_hidden_layers * per_layer + h + head
+
+    @classmethod
+    def from_hf_dict(cls, cfg: dict[str, Any], name: str = "llama") -> "ModelConfig":
+        arch = cfg.get("model_type", "llama")
+        if arch not in ("llama", "mistral", "qwen2") and "Llama" not in str(cfg.get("architectures")):
+            raise ValueError(f"unsupported model_type {arch!r}: Bullet serves Llama-family models")
+        heads = cfg["num_attention_heads"]
+        eos = cfg.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+        rope = cfg.get("rope_scaling") or None
+        params = cfg.get("rope_parameters") or {}
+        if rope is None and params.get("rope_type") == "llama3":  # transformers>=5 spelling
+            rope = params
+        if rope is not None and rope.get("rope_type", rope.get("type")) != "llama3":
+            raise ValueError(f"unsupported rope_scaling {rope!r}: only 'llama3' scaling is implemented")
+        return cls(
+            name=name,
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_hidden_layers=cfg["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=cfg.get("num_key_value_heads", heads),
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            vocab_size=cfg["vocab_size"],
+            max_position_embeddings=cfg.get("max_position_embeddings", 8192),
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-5),
+            rope_theta=cfg.get("rope_theta", params.get("rope_theta", 10000.0)),
+            rope_scaling=RopeScaling(**rope) if rope else None,
+            tie_word_embeddings=cfg.get("tie_word_embeddings", False),
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+        )
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "ModelConfig":
+        path = Path(path)
+        return cls.from_hf_dict(json.loads(path.read_text()), name=path.parent.name if path.name == "config.json" else path.stem)
+
+    @classmethod
+    def builtin(cls, name: str) -> "ModelConfig":
+        """One of the shipped configs: smollm2-135m, llama-3.1-8b, llama-3.1-70b."""
+        path = CONFIG_DIR / f"{name}.json"
+        if not path.exists():
+            known = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.json")))
+            raise ValueError(f"unknown built-in model config {name!r}; known: {known}")
+        return cls.from_json(path)
