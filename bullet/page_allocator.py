@@ -54,6 +54,8 @@ class LocalPageAllocator(PageAllocator):
     def alloc(self, n: int, owner: int) -> list[int]:
         if owner < 0:
             raise ValueError("owner ids are non-negative")
+        if n < 0:
+            raise ValueError("cannot allocate a negative number of pages")
         if n > len(self._free):
             raise OutOfPages(f"need {n} pages, {len(self._free)} free of {self.total_pages}")
         pages = [self._free.pop() for _ in range(n)]
@@ -62,6 +64,8 @@ class LocalPageAllocator(PageAllocator):
         return pages
 
     def free(self, pages: list[int], owner: int) -> None:
+        if len(set(pages)) != len(pages):  # a repeated page would enter the free list twice
+            raise ValueError(f"pages {pages} contain duplicates")
         for p in pages:
             if not 0 <= p < self.total_pages or self._owner[p] != owner:
                 raise ValueError(f"page {p} is not held by owner {owner}")
