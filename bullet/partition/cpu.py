@@ -1,0 +1,102 @@
+"""`cpu` backend: a worker's share is a set of cores.
+
+Applying a share does two things, both needed:
+* `sched_setaffinity` on **every thread of the process**. `sched_setaffinity(0, …)` only moves the
+  calling thread, and by the time a worker applies its first share torch's OpenMP/MKL pool threads
+  already exist. New threads inherit the affinity of the thread that creates them, so pinning every
+  existing thread also covers threads created later.
+* `torch.set_num_threads(len(cores))`, so intra-op parallelism matches the share instead of
+  oversubscribing it. OpenMP's thread count is per calling thread: call `apply` from the thread that
+  runs the model (the worker loop does), not from a helper thread.
+
+Units are indices into the cores the process was allowed when the backend was created (taskset or
+cgroup cpuset), so `prefill` gets the lowest allowed cores and `decode` the highest, whatever their
+ids. Thread-binding variables (OMP_PROC_BIND, GOMP_CPU_AFFINITY, KMP_AFFINITY) make the OpenMP
+runtime pin threads it creates later by itself; `bullet doctor` flags them."""
+
+from __future__ import annotations
+
+import os
+
+from bullet.partition.base import Granularity, PartitionBackend, PartitionUnavailable, role_slice
+
+THREAD_BINDING_ENV = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFFINITY")
+
+
+def thread_ids() -> set[int]:
+    return {int(tid) for tid in os.listdir("/proc/self/task")}
+
+
+def pin_all_threads(cores: set[int]) -> int:
+    """Restrict every thread of this process to `cores`; returns how many threads were pinned.
+
+    Re-lists the threads until no new one shows up: a thread not yet pinned may have created another
+    (inheriting the old mask) while the first pass ran."""
+    pinned: set[int] = set()
+    for _ in range(8):
+        fresh = thread_ids() - pinned
+        if not fresh:
+            break
+        for tid in fresh:
+            try:
+                os.sched_setaffinity(tid, cores)
+            except ProcessLookupError:
+                pass  # the thread exited between listing and pinning
+        pinned |= fresh
+    return len(pinned)
+
+
+class CpuCoreBackend(PartitionBackend):
+    name = "cpu"
+    unit_kind = "core"
+
+    def __init__(self, role: str, cores: list[int] | None = None, set_torch_threads: bool = True,
+                 interop_threads: int | None = 1):
+        """`cores`: the OS cpu ids this worker may ever use (default: the process's affinity now).
+        `interop_threads`: inter-op pool size to fix at start (workers do not use inter-op
+        parallelism; torch only accepts this before the pool first runs — otherwise kept as is)."""
+        allowed = sorted(set(cores)) if cores is not None else sorted(os.sched_getaffinity(0))
+        if not allowed:
+            raise PartitionUnavailable("cpu: no cores allowed for this process")
+        super().__init__(role, len(allowed), Granularity(minimum=1, step=1))
+        self._cores = allowed
+        self._torch = _import_torch() if set_torch_threads else None
+        self._interop = self._settle_interop_threads(interop_threads)
+        self._threads_pinned = 0
+
+    def _ids_of(self, positions: range) -> list[int]:
+        return [self._cores[i] for i in positions]
+
+    def _apply(self, units: int) -> None:
+        cores = set(self._ids_of(role_slice(self.total_units, units, self.role)))
+        if self._torch is not None and self._torch.get_num_threads() != units:
+            self._torch.set_num_threads(units)
+        self._threads_pinned = pin_all_threads(cores)
+
+    def _settle_interop_threads(self, wanted: int | None) -> str:
+        if self._torch is None or wanted is None:
+            return "unchanged"
+        if self._torch.get_num_interop_threads() == wanted:
+            return f"{wanted}"
+        try:
+            self._torch.set_num_interop_threads(wanted)
+            return f"{wanted}"
+        except RuntimeError:  # already started or already set once: torch refuses a second change
+            return f"{self._torch.get_num_interop_threads()} (could not change: already in use)"
+
+    def _details(self) -> dict:
+        return {
+            "allowed_cores": list(self._cores),
+            "torch_threads": self._torch.get_num_threads() if self._torch is not None else None,
+            "interop_threads": self._interop,
+            "threads_pinned_last_apply": self._threads_pinned,
+            "thread_binding_env": {k: os.environ[k] for k in THREAD_BINDING_ENV if k in os.environ},
+        }
+
+
+def _import_torch():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch

@@ -1,0 +1,164 @@
+"""`green-ctx` backend: a pool of green-context streams, one per SM count; switching = picking one.
+
+A green context's SM set is fixed when it is created, so a share cannot be changed in place. At
+start-up the device's SMs are split **once** with `cuDevSmResourceSplitByCount` into equal groups of
+the driver's granularity (only one split call guarantees the groups are disjoint); a pool entry for
+`k` groups is a green context built from the first `k` groups (prefill) or the last `k` (decode),
+plus one entry holding everything (all groups and the split's remainder). `apply` then only selects
+the entry — microseconds — and the worker launches on `launch_stream()`. A CUDA graph runs in the
+partition of the stream it was captured on, so graphs must be captured per pool entry.
+
+Granularity comes from the driver (`minSmPartitionSize`, `smCoscheduledAlignment`: compute
+capability 8.x min 4 / step 2, 9.0+ min 8 / step 8), and the pool is built from the group sizes the
+split actually returned, never from assumed ones.
+
+Two processes each make their own split; their sets are disjoint only if the driver splits the same
+device identically in both (deterministic, but not a documented guarantee) — `bullet doctor` checks
+the SM ids each pool stream really runs on. Whether green contexts work inside MPS clients is not
+established either; the doctor is the place to find out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bullet.partition.base import Granularity, PartitionBackend, PartitionUnavailable
+
+
+@dataclass(frozen=True)
+class PoolShare:
+    """One pool entry's composition: groups [first, first + count) (+ the remainder)."""
+
+    sms: int
+    first: int
+    count: int
+    with_remainder: bool
+    positions: range  # logical SM slots it covers (group order, remainder last)
+
+
+class GroupLayout:
+    """Bookkeeping of one split: which logical SM slots each pool share covers, per role."""
+
+    def __init__(self, group_sms: list[int], remainder_sms: int):
+        if not group_sms or min(group_sms) < 1 or remainder_sms < 0:
+            raise ValueError(f"a split needs at least one non-empty group, got {group_sms}")
+        self.group_sms = list(group_sms)
+        self.remainder_sms = remainder_sms
+        self.offsets = [0]
+        for g in group_sms:
+            self.offsets.append(self.offsets[-1] + g)
+        self.total = self.offsets[-1] + remainder_sms
+
+    def share(self, role: str, count: int) -> PoolShare:
+        """Share of `count` groups: the first ones for prefill, the last ones for decode."""
+        n = len(self.group_sms)
+        if not 1 <= count <= n:
+            raise ValueError(f"count must be in 1..{n}")
+        first = 0 if role == "prefill" else n - count
+        lo, hi = self.offsets[first], self.offsets[first + count]
+        return PoolShare(hi - lo, first, count, False, range(lo, hi))
+
+    def full(self) -> PoolShare:
+        return PoolShare(self.total, 0, len(self.group_sms), self.remainder_sms > 0, range(0, self.total))
+
+    def plan(self, role: str, counts: list[int] | None = None) -> list[PoolShare]:
+        """Pool entries, ascending by SM count. `counts` limits the pool to the smallest share
+        covering each requested count (fewer green contexts, less memory); the full share is
+        always included so a worker can run on the whole device."""
+        candidates = [self.share(role, k) for k in range(1, len(self.group_sms) + 1)]
+        if self.remainder_sms:
+            candidates.append(self.full())
+        if counts is not None:
+            chosen = {next((c for c in candidates if c.sms >= want), candidates[-1]).sms for want in counts}
+            candidates = [c for c in candidates if c.sms in chosen or c.sms == self.total]
+        return sorted(candidates, key=lambda c: c.sms)
+
+
+@dataclass
+class _PoolEntry:
+    share: PoolShare
+    green_ctx: int
+    stream: int
+
+
+class GreenContextBackend(PartitionBackend):
+    name = "green-ctx"
+    unit_kind = "SM"
+
+    def __init__(self, role: str, device: int = 0, group_sms: int | None = None,
+                 counts: list[int] | None = None, split_flags: int = 0, driver=None):
+        """`group_sms`: SMs per split group (default: the driver's co-scheduling alignment, which
+        the driver raises to its minimum partition if needed). `counts`: SM counts the pool must
+        cover (default: every multiple of the group). `split_flags`: CUdevSmResourceSplit_flags.
+        `driver`: the object making driver calls (default: the C helper, `gpu_helper`)."""
+        self._pool: dict[int, _PoolEntry] = {}
+        self._split = None
+        try:
+            if driver is None:
+                from bullet.partition.gpu_helper import load_helper
+
+                driver = load_helper()
+            driver.green_ctx_supported()  # "no CUDA driver" / "driver lacks cuGreenCtxCreate" / ...
+        except PartitionUnavailable as e:
+            raise PartitionUnavailable(f"green-ctx unavailable: {e}") from e
+        self._driver = driver
+        self._resource = driver.sm_resource(device)
+        group = group_sms or max(self._resource.coscheduled_alignment, 1)
+        self._split = driver.split(device, group, split_flags)
+        try:
+            self._layout = GroupLayout(self._split.group_sms, self._split.remainder_sms)
+            for share in self._layout.plan(role, counts):
+                ctx, stream = driver.create_stream(self._split, share.first, share.count, share.with_remainder)
+                self._pool[share.sms] = _PoolEntry(share, ctx, stream)
+        except BaseException:
+            self.close()
+            raise
+        smallest = min(self._pool)
+        super().__init__(role, self._layout.total, Granularity(smallest, self._layout.group_sms[0]))
+        self._device, self._flags = device, split_flags
+        self._active = self._pool[self._layout.total]
+
+    def feasible_units(self) -> list[int]:
+        return sorted(self._pool)
+
+    def unit_set(self) -> frozenset[int]:
+        return frozenset(self._active.share.positions)
+
+    def launch_stream(self) -> int | None:
+        return self._active.stream
+
+    def pool_streams(self) -> dict[int, int]:
+        """SM count -> stream handle, for capturing one CUDA graph per pool entry."""
+        return {sms: entry.stream for sms, entry in sorted(self._pool.items())}
+
+    def _apply(self, units: int) -> None:
+        entry = self._pool.get(units)
+        if entry is None:  # round_units only yields pool sizes; this guards direct misuse
+            raise PartitionUnavailable(f"green-ctx: no pool stream with {units} SMs")
+        self._active = entry
+
+    def close(self) -> None:
+        errors = []
+        for entry in self._pool.values():
+            try:
+                self._driver.destroy_stream(entry.green_ctx, entry.stream)
+            except PartitionUnavailable as e:
+                errors.append(str(e))
+        self._pool.clear()
+        if self._split is not None:
+            self._driver.free_split(self._split)
+            self._split = None
+        if errors:
+            raise PartitionUnavailable("green-ctx: destroying the pool failed: " + "; ".join(errors))
+
+    def _details(self) -> dict:
+        return {
+            "device": self._device,
+            "sm_resource": {"sm_count": self._resource.sm_count,
+                            "min_partition_size": self._resource.min_partition_size,
+                            "coscheduled_alignment": self._resource.coscheduled_alignment},
+            "groups": list(self._layout.group_sms),
+            "remainder_sms": self._layout.remainder_sms,
+            "pool": sorted(self._pool),
+            "split_flags": self._flags,
+            "stream": hex(self._active.stream) if self._pool else None,
+        }
