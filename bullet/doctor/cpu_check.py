@@ -1,0 +1,105 @@
+"""Does the `cpu` backend really restrict a worker? Ask a child process to apply a share, then read
+every one of its threads' allowed cores from /proc — the kernel's view, not the child's claim."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bullet.doctor.report import CheckResult, failed, passed, skipped
+from bullet.partition import format_id_list, parse_id_list
+from bullet.partition.cpu import THREAD_BINDING_ENV
+
+
+class CpuProbeChild:
+    """Drives `python -m bullet.doctor.cpu_probe_child` over its stdin/stdout."""
+
+    def __init__(self, role: str, cores: str | None = None, size: int = 128, preexec_fn=None,
+                 timeout: float = 60.0):
+        cmd = [sys.executable, "-m", "bullet.doctor.cpu_probe_child", "--role", role, "--size", str(size)]
+        if cores:
+            cmd += ["--cores", cores]
+        self.timeout = timeout
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     preexec_fn=preexec_fn)
+        self.ready = self._read()
+        self.pid = self.proc.pid
+
+    def _read(self) -> dict:
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            r, _, _ = select.select([self.proc.stdout], [], [], 0.5)
+            if r:
+                line = self.proc.stdout.readline()
+                if not line:
+                    break
+                return json.loads(line)
+            if self.proc.poll() is not None:
+                break
+        raise RuntimeError(f"cpu probe child (pid {self.proc.pid}) gave no answer; exit code {self.proc.poll()}")
+
+    def send(self, command: str) -> dict:
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=10)
+            except (BrokenPipeError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def thread_affinities(pid: int) -> dict[int, set[int]]:
+    """tid -> allowed cpu ids, from /proc/<pid>/task/<tid>/status."""
+    result = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            status = (task / "status").read_text()
+        except FileNotFoundError:
+            continue  # thread exited
+        line = next(l for l in status.splitlines() if l.startswith("Cpus_allowed_list:"))
+        result[int(task.name)] = parse_id_list(line.split(":", 1)[1])
+    return result
+
+
+def check_cpu_backend() -> CheckResult:
+    name = "cpu backend restricts a worker"
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        return skipped(name, f"only {len(allowed)} core allowed: nothing to divide")
+    binding = {k: os.environ[k] for k in THREAD_BINDING_ENV if k in os.environ}
+    if binding:
+        return failed(name, "thread-binding variables are set: OpenMP would re-pin threads it creates later",
+                      variables=binding)
+    try:
+        with CpuProbeChild("decode") as child:
+            reply = child.send("apply 1")
+            affinity = thread_affinities(child.pid)
+    except (RuntimeError, OSError, ValueError) as e:
+        return failed(name, f"probe child failed: {e}")
+    want = {allowed[-1]}
+    wrong = {tid: format_id_list(cpus) for tid, cpus in affinity.items() if cpus != want}
+    details = {"threads": len(affinity), "expected_cores": format_id_list(want),
+               "torch_threads": reply["torch_threads"], "apply_us": reply["apply_cost"]["mean_us"]}
+    if wrong:
+        return failed(name, f"{len(wrong)} of {len(affinity)} threads not restricted", wrong=wrong, **details)
+    if reply["torch_threads"] != 1:
+        return failed(name, f"torch uses {reply['torch_threads']} threads on a 1-core share", **details)
+    return passed(name, f"all {len(affinity)} threads of a child pinned to core {allowed[-1]}, torch threads 1",
+                  **details)
