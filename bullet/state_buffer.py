@@ -68,6 +68,7 @@ SEGMENT_SIZE = 4096
 
 _HEADER = struct.Struct("<8sIIIIQQQ64s")  # magic .. instance_id; control is written atomically
 _CONTROL_OFFSET = 40
+_HEARTBEAT_COUNT = struct.Struct("<Q")  # at block offset 16
 
 
 class WorkerFlags(enum.IntFlag):
@@ -195,8 +196,10 @@ class StateBuffer:
         object is not modified); returns the heartbeat count written."""
         offset = HEADER_SIZE + BLOCK_STRIDE * _role_index(role)
         beats = self._beats.get(role)
-        if beats is None:  # continue the count of a previous writer of this role (a restarted worker)
-            beats = self.read(role).heartbeat_count
+        if beats is None:
+            # Continue the count of a previous writer of this role (a restarted worker). Read it without
+            # the seqlock: we are now the only writer, and the old one may have died mid-write.
+            beats = _HEARTBEAT_COUNT.unpack_from(self._segment.mm, offset + 16)[0]
         beats += 1
         self._beats[role] = beats
         self._region.seqlock_write(offset, _PAYLOAD.pack(time.monotonic_ns(), beats, *_get_published(state)))

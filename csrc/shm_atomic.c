@@ -197,8 +197,8 @@ static PyObject *region_seqlock_read(SharedRegionObject *self, PyObject *const *
     }
     Py_DECREF(out);
     if (!PyErr_Occurred())
-        PyErr_Format(SeqlockTimeout, "block at offset %zd stayed mid-write for %.3f s (writer dead or stalled?)",
-                     offset, timeout);
+        PyErr_Format(SeqlockTimeout, "block at offset %zd stayed mid-write for %lld ms (writer dead or stalled?)",
+                     offset, (long long)(timeout * 1e3));
     return NULL;
 }
 

@@ -131,7 +131,7 @@ static PyObject *mutex_acquire(RobustMutexObject *self, PyObject *args, PyObject
         if (rc) return raise_errno(rc, "pthread_mutex_consistent");
         Py_RETURN_TRUE;
     case EBUSY:
-        return PyErr_Format(PyExc_TimeoutError, "robust mutex not acquired within %.3f s", timeout);
+        return PyErr_Format(PyExc_TimeoutError, "robust mutex not acquired within %lld ms", (long long)(timeout * 1e3));
     case EDEADLK:
         return PyErr_Format(PyExc_RuntimeError, "robust mutex is already held by this thread");
     case ENOTRECOVERABLE:

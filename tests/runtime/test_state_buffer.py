@@ -1,0 +1,265 @@
+"""State buffer: layout, API, isolation between instances, and tear-freedom under a real concurrent
+writer process (real POSIX shared memory, spawn-context processes)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import operator
+import os
+import struct
+import time
+from dataclasses import fields
+
+import pytest
+
+import bullet.state_buffer as sbmod
+from bullet import shm
+from bullet.state_buffer import (ControlFlags, SeqlockTimeout, StateBuffer, StateBufferLayoutError, WorkerFlags,
+                                 WorkerState)
+
+SPAWN = mp.get_context("spawn")
+STRESS_UPDATES = 1_000_000
+
+
+@pytest.fixture
+def iid():
+    """A fresh instance id; after the test, asserts that nothing this process created is left in
+    /dev/shm (and removes it either way)."""
+    before = {i.instance_id for i in shm.list_instances()}
+    instance_id = shm.new_instance_id()
+    yield instance_id
+    mine = {i.instance_id for i in shm.list_instances() if i.creator_pid == os.getpid()} - before
+    leaked = {i: shm.segments_of(i) for i in mine | {instance_id} if shm.segments_of(i)}
+    for i in leaked:
+        shm.cleanup_instance(i)
+    assert not leaked, f"test leaked shared memory: {leaked}"
+
+
+def _all_fields(value: int) -> WorkerState:
+    """A state whose every published field (everything publish() does not stamp) equals `value`."""
+    return WorkerState(0, 0, *([value] * (len(fields(WorkerState)) - 2)))
+
+
+def test_publish_read_round_trip_and_heartbeat(iid):
+    sb = StateBuffer.create(iid)
+    try:
+        assert sb.read("prefill") == WorkerState() and sb.read("decode") == WorkerState()
+        st = WorkerState(pid=os.getpid(), step=7, flags=WorkerFlags.READY | WorkerFlags.PAUSED, batch_size=3,
+                         queued_requests=4, queued_tokens=2**40, tokens_in_flight=512, remaining_layers=11,
+                         ttft_pred_p90_ms=1.5, ttft_obs_ms=2.25, tpot_pred_p90_ms=40.0, tpot_obs_ms=38.5,
+                         step_pred_ms=0.125, step_obs_ms=0.25)
+        st.set_units([0, 5, 63, 64, 127])
+        v0 = sb.version("prefill")
+        t0 = time.monotonic_ns()
+        assert sb.publish("prefill", st) == 1
+        got = sb.read("prefill")
+        assert t0 <= got.heartbeat_ns <= time.monotonic_ns() and got.heartbeat_count == 1
+        assert (got.heartbeat_ns, got.heartbeat_count) != (st.heartbeat_ns, st.heartbeat_count)  # caller's object untouched
+        got.heartbeat_ns, got.heartbeat_count = st.heartbeat_ns, st.heartbeat_count
+        assert got == st
+        assert got.units() == [0, 5, 63, 64, 127] and got.compute_units == 5
+        assert WorkerFlags(got.flags) == WorkerFlags.READY | WorkerFlags.PAUSED
+        assert sb.version("prefill") == v0 + 2 and sb.version("prefill") % 2 == 0
+        assert sb.read("decode") == WorkerState()  # the other role's block is untouched
+        assert sb.publish("prefill", st) == 2
+    finally:
+        sb.close()
+        sb.unlink()
+
+
+def test_header_fields_and_control_bits(iid):
+    sb = StateBuffer.create(iid)
+    other = StateBuffer.attach(iid)
+    try:
+        assert (other.instance_id, other.creator_pid, other.layout_version) == (iid, os.getpid(), sbmod.LAYOUT_VERSION)
+        assert abs(other.created_ns - time.time_ns()) < 60e9
+        assert other.control() == ControlFlags(0)
+        sb.set_control(ControlFlags.DRAIN)
+        assert other.set_control(ControlFlags.SHUTDOWN) == ControlFlags.DRAIN
+        assert sb.control() == ControlFlags.DRAIN | ControlFlags.SHUTDOWN
+        sb.clear_control(ControlFlags.DRAIN)
+        assert other.control() == ControlFlags.SHUTDOWN
+    finally:
+        other.close()
+        sb.close()
+        sb.unlink()
+
+
+def test_restarted_writer_continues_heartbeat_count(iid):
+    sb = StateBuffer.create(iid)
+    try:
+        for _ in range(3):
+            sb.publish("decode", WorkerState())
+        successor = StateBuffer.attach(iid)
+        assert successor.publish("decode", WorkerState()) == 4
+        successor.close()
+    finally:
+        sb.close()
+        sb.unlink()
+
+
+def test_unknown_role_is_rejected(iid):
+    with StateBuffer.create(iid) as sb:
+        with pytest.raises(ValueError, match="role"):
+            sb.read("encode")
+        sb.unlink()
+
+
+def test_attach_rejects_wrong_magic_and_version(iid):
+    seg = shm.create_segment(iid, "state", 4096)
+    seg.mm[:8] = b"NOTMAGIC"
+    with pytest.raises(StateBufferLayoutError, match="not a Bullet state buffer"):
+        StateBuffer.attach(iid)
+    seg.close()
+    seg.unlink()
+
+    sb = StateBuffer.create(iid)
+    struct.pack_into("<I", sb._segment.mm, 8, sbmod.LAYOUT_VERSION + 1)
+    with pytest.raises(StateBufferLayoutError, match=f"version {sbmod.LAYOUT_VERSION + 1}"):
+        StateBuffer.attach(iid)
+    sb.close()
+    sb.unlink()
+
+
+def test_attach_to_missing_instance_is_a_clear_error(iid):
+    with pytest.raises(FileNotFoundError, match=f"bullet-{iid}-state"):
+        StateBuffer.attach(iid)
+
+
+def test_dead_writer_mid_write_times_out_then_recovers(iid):
+    sb = StateBuffer.create(iid)
+    try:
+        offset = StateBuffer.block_offset("decode")
+        sb.region.store_u64(offset, sb.version("decode") + 1)  # a writer that died with the sequence odd
+        t0 = time.monotonic()
+        with pytest.raises(SeqlockTimeout):
+            sb.read("decode", timeout=0.05)
+        assert time.monotonic() - t0 < 2.0
+        sb.publish("decode", _all_fields(9))  # the next writer makes the block consistent again
+        assert sb.read("decode").batch_size == 9 and sb.version("decode") % 2 == 0
+    finally:
+        sb.close()
+        sb.unlink()
+
+
+def test_layout_docstring_matches_code():
+    doc = sbmod.__doc__.splitlines()
+    rows = sbmod.payload_table().splitlines()
+    positions = [next(i for i, line in enumerate(doc) if line.startswith(row)) for row in rows]
+    assert positions == sorted(positions)
+    assert struct.calcsize("<" + sbmod.PAYLOAD_FORMAT) == 144 - 8
+
+
+def test_two_instances_side_by_side(iid):
+    second = shm.new_instance_id()
+    a, b = StateBuffer.create(iid), StateBuffer.create(second)
+    try:
+        assert a.name != b.name
+        a.publish("decode", _all_fields(1))
+        b.publish("decode", _all_fields(2))
+        a2 = StateBuffer.attach(iid)
+        assert a2.read("decode").batch_size == 1 and b.read("decode").batch_size == 2
+        a2.close()
+        assert shm.segments_of(iid) == [f"bullet-{iid}-state"]
+        assert shm.segments_of(second) == [f"bullet-{second}-state"]
+        shm.cleanup_instance(iid)
+        assert shm.segments_of(iid) == [] and shm.segments_of(second) == [f"bullet-{second}-state"]
+        assert b.read("decode").batch_size == 2
+    finally:
+        a.close()
+        b.close()
+        shm.cleanup_instance(second)
+
+
+# ---- tearing stress: a writer process and a checking reader -------------------------------------
+
+def _publish_counter(instance_id: str, role: str, n: int) -> None:
+    sb = StateBuffer.attach(instance_id)
+    for i in range(1, n + 1):
+        sb.publish(role, WorkerState(0, 0, i, i, i, i, i, i, i, i, i, i, i, i, i, i, i, i, i))
+    sb.close()
+
+
+_published = operator.attrgetter(*(f.name for f in fields(WorkerState)[1:]))  # all but heartbeat_ns
+
+
+def test_no_torn_reads_under_concurrent_writer_1m_updates(iid):
+    sb = StateBuffer.create(iid)
+    writer = SPAWN.Process(target=_publish_counter, args=(iid, "decode", STRESS_UPDATES))
+    reads = torn = regressions = 0
+    distinct, last = set(), 0
+    t0 = time.monotonic()
+    try:
+        writer.start()
+        while last < STRESS_UPDATES:
+            values = _published(sb.read("decode"))
+            reads += 1
+            if len(set(values)) != 1:  # every field of one publish carries the same counter
+                torn += 1
+                continue
+            if values[0] < last:
+                regressions += 1
+            last = values[0]
+            distinct.add(last)
+            if reads % 50_000 == 0 and (not writer.is_alive() or time.monotonic() - t0 > 180):
+                last = max(last, _published(sb.read("decode"))[0])
+                break
+        writer.join(60)
+        print(f"\n{STRESS_UPDATES} updates, {reads} checked reads, {len(distinct)} distinct values seen, "
+              f"{torn} torn, {time.monotonic() - t0:.1f} s")
+        assert writer.exitcode == 0 and last == STRESS_UPDATES
+        assert torn == 0 and regressions == 0
+        assert len(distinct) > 100, "reader and writer barely overlapped: the test proved nothing"
+    finally:
+        if writer.is_alive():
+            writer.kill()
+            writer.join()
+        sb.close()
+        sb.unlink()
+
+
+def _raw_writer(instance_id: str, offset: int, words: int, n: int) -> None:
+    seg = shm.attach_segment(instance_id, "state")
+    from bullet._shmatomic import SharedRegion
+
+    region = SharedRegion(seg.mm)
+    for i in range(1, n + 1):
+        region.seqlock_write(offset, i.to_bytes(8, "little") * words)
+    region.release()
+    seg.close()
+
+
+def test_no_torn_reads_raw_1kib_block(iid):
+    """The C seqlock alone, with a 1 KiB payload (a copy long enough to be overlapped often)."""
+    from bullet._shmatomic import SharedRegion
+
+    words, n = 128, 1_000_000
+    seg = shm.create_segment(iid, "state", 4096)
+    region = SharedRegion(seg.mm)
+    writer = SPAWN.Process(target=_raw_writer, args=(iid, 0, words, n))
+    reads = torn = 0
+    distinct, last = set(), 0
+    t0 = time.monotonic()
+    try:
+        writer.start()
+        while last < n:
+            data = region.seqlock_read(0, 8 * words)
+            reads += 1
+            if data != data[:8] * words:
+                torn += 1
+                continue
+            last = int.from_bytes(data[:8], "little")
+            distinct.add(last)
+            if reads % 50_000 == 0 and (not writer.is_alive() or time.monotonic() - t0 > 180):
+                break
+        writer.join(60)
+        assert writer.exitcode == 0
+        print(f"\nraw: {n} updates, {reads} reads, {len(distinct)} distinct, {torn} torn")
+        assert torn == 0 and len(distinct) > 100
+    finally:
+        if writer.is_alive():
+            writer.kill()
+            writer.join()
+        region.release()
+        seg.close()
+        seg.unlink()
