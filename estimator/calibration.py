@@ -1,0 +1,169 @@
+"""Calibration of the SRM against measurements (Bullet Eq. 2, alpha = measured / SRM).
+
+Samples are raw measurements — what ran, in which state, on how many units, how long it took — so
+that a profile stays valid when the SRM or the hardware description changes: the estimator turns
+them into alpha curves when it is built.
+
+Two kinds of samples:
+* op samples time one kernel (`kind` = a class of `estimator.ops.ALL_CLASSES`), e.g. from an operator
+  profile such as Vidur's; `seconds` is one launch.
+* phase samples time a whole step of the served model (`kind` = "prefill" or "decode"), e.g. from
+  `bullet profile`; they calibrate what the op-level model still misses, end to end.
+
+At most a couple of samples per kind are needed. Between two samples alpha is interpolated, outside
+them it is held flat ("log" mode: linear in log(size)), or the pair is read as a fixed cost plus a
+slope ("affine" mode: measured = q + p * SRM, i.e. alpha linear in 1/SRM), which suits kernels with a
+large fixed cost such as split-KV decode attention."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from estimator.ops import ALL_CLASSES
+
+PHASES = ("prefill", "decode")
+Interpolation = Literal["log", "affine"]
+# Decode attention pays planning and split-KV merge costs whatever the context: a fixed cost plus
+# a bandwidth-bound slope fits it (numbers.md: batch 1..128), alpha(log size) does not.
+DEFAULT_INTERPOLATION: dict[str, Interpolation] = {"attn_decode": "affine"}
+# A kernel without samples borrows the curve of a kernel of the same kind.
+FALLBACK_CLASS = {"post_attn_norm": "input_norm", "final_norm": "input_norm", "input_norm": "post_attn_norm",
+                  "lm_head": "gate_up_proj", "embedding": "residual_add"}
+
+
+class Sample(BaseModel):
+    """One measured latency. The state is a packed prefill (`prefill_lens`) and/or a decode batch
+    (`decode_batch` requests holding `decode_context` KV tokens in total). For a per-token kernel a
+    T-row sample is simply `prefill_lens=[T]`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: str
+    units: int = Field(gt=0)
+    seconds: float = Field(gt=0)
+    prefill_lens: tuple[int, ...] = ()
+    decode_batch: int = 0
+    decode_context: int = 0
+    num_layers: int | None = None  # phase samples: layers run (None = all)
+    include_head: bool = True  # phase samples: embedding + LM head included
+    co_running: int = 0  # phase samples: decode batch / prefill tokens running on the other units
+
+    def model_post_init(self, _context) -> None:
+        if self.kind not in ALL_CLASSES and self.kind not in PHASES:
+            raise ValueError(f"unknown sample kind {self.kind!r}")
+        if not self.prefill_lens and not self.decode_batch:
+            raise ValueError("a sample needs prefill_lens or a decode batch")
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.prefill_lens) + self.decode_batch
+
+
+class AlphaCurve:
+    """alpha as a function of size (log mode) or of the SRM time itself (affine mode), from points
+    (size, srm_seconds, measured_seconds). Points of equal size are averaged first."""
+
+    def __init__(self, points: Sequence[tuple[float, float, float]], mode: Interpolation = "log"):
+        if not points:
+            raise ValueError("an alpha curve needs at least one sample")
+        by_size: dict[float, list[tuple[float, float]]] = {}
+        for size, srm, measured in points:
+            by_size.setdefault(size, []).append((srm, measured))
+        merged = sorted((s, sum(p[0] for p in v) / len(v), sum(p[1] for p in v) / len(v))
+                        for s, v in by_size.items())
+        self.mode = mode
+        self.log_sizes = tuple(math.log(max(s, 1.0)) for s, _, _ in merged)
+        self.alphas = tuple(m / srm for _, srm, m in merged)
+        self.srms = tuple(srm for _, srm, _ in merged)
+        # affine: measured = q + p * srm through the two outermost points
+        if mode == "affine" and len(merged) >= 2 and merged[-1][1] != merged[0][1]:
+            (_, s0, m0), (_, s1, m1) = merged[0], merged[-1]
+            self.slope = (m1 - m0) / (s1 - s0)
+            self.fixed = m0 - self.slope * s0
+        else:
+            self.slope, self.fixed = self.alphas[0], 0.0
+
+    def segment(self) -> tuple[float, float, float, float]:
+        """(x0, x1, alpha0, alpha1) of the log-mode segment, for the predictor's fast path."""
+        return self.log_sizes[0], self.log_sizes[-1], self.alphas[0], self.alphas[-1]
+
+    def alpha_at_log_size(self, log_size: float) -> float:
+        xs, ys = self.log_sizes, self.alphas
+        if log_size <= xs[0]:
+            return ys[0]
+        if log_size >= xs[-1]:
+            return ys[-1]
+        for k in range(1, len(xs)):
+            if log_size <= xs[k]:
+                t = (log_size - xs[k - 1]) / (xs[k] - xs[k - 1])
+                return ys[k - 1] + t * (ys[k] - ys[k - 1])
+        return ys[-1]
+
+    def calibrated(self, size: float, srm_seconds: float) -> float:
+        """Predicted seconds = alpha * SRM."""
+        if self.mode == "affine":
+            predicted = self.fixed + self.slope * srm_seconds
+            if self.fixed < 0 and srm_seconds < self.srms[0]:  # a negative floor: hold alpha flat
+                return self.alphas[0] * srm_seconds
+            return predicted if predicted > 0 else self.alphas[0] * srm_seconds
+        return self.alpha_at_log_size(math.log(max(size, 1.0))) * srm_seconds
+
+
+class OnlineCorrection(BaseModel):
+    """Multiplicative corrections learnt from observed step latencies, as an exponentially weighted
+    moving average of observed / predicted per (phase, size bucket, units bucket), falling back on
+    (phase, size bucket) and then (phase) while a finer bucket has no observation yet."""
+
+    weight: float = Field(0.25, gt=0, le=1, description="EWMA weight of a new observation")
+    units_buckets: int = Field(4, gt=0)
+    factors: dict[str, float] = Field(default_factory=dict)  # "phase", "phase/s", "phase/s/u"
+
+    def keys(self, phase: str, size: int, units: int, total_units: int) -> tuple[str, str, str]:
+        size_bucket = max(size, 1).bit_length()  # log2 buckets
+        units_bucket = min(self.units_buckets - 1, units * self.units_buckets // (total_units + 1))
+        return (f"{phase}/{size_bucket}/{units_bucket}", f"{phase}/{size_bucket}", phase)
+
+    def factor(self, phase: str, size: int, units: int, total_units: int) -> float:
+        if not self.factors:
+            return 1.0
+        for key in self.keys(phase, size, units, total_units):
+            found = self.factors.get(key)
+            if found is not None:
+                return found
+        return 1.0
+
+    def observe(self, phase: str, size: int, units: int, total_units: int, ratio: float) -> None:
+        """Fold one observed / predicted ratio (of the uncorrected prediction) into every level."""
+        for key in self.keys(phase, size, units, total_units):
+            old = self.factors.get(key)
+            self.factors[key] = ratio if old is None else old + self.weight * (ratio - old)
+
+    def reset(self) -> None:
+        self.factors.clear()
+
+
+class Calibration(BaseModel):
+    """Everything measured about one (model, device): samples plus the online corrections."""
+
+    samples: list[Sample] = Field(default_factory=list)
+    interpolation: dict[str, Interpolation] = Field(default_factory=lambda: dict(DEFAULT_INTERPOLATION))
+    online: OnlineCorrection = Field(default_factory=OnlineCorrection)
+
+    def add(self, kind: str, seconds: float, units: int, **state) -> Sample:
+        """Record one measurement, e.g. `add("qkv_proj", 43e-6, 108, prefill_lens=[128])` or
+        `add("decode", 0.012, 2, decode_batch=8, decode_context=8192)`."""
+        sample = Sample(kind=kind, seconds=seconds, units=units, **state)
+        self.samples.append(sample)
+        return sample
+
+    def of_kind(self, kind: str) -> list[Sample]:
+        return [s for s in self.samples if s.kind == kind]
+
+    def kinds(self) -> set[str]:
+        return {s.kind for s in self.samples}
+
+    def mode(self, kind: str) -> Interpolation:
+        return self.interpolation.get(kind, "log")

@@ -1,0 +1,90 @@
+"""Interference between the two workers when they run side by side on disjoint units (Bullet §3.2.3).
+
+Units are isolated but memory is not. Decode, bandwidth-bound, loses bandwidth to a prefill running
+on the other units: we keep the attainable bandwidth D_{p,sl} as a fraction of the bandwidth the
+same p units get alone, measured for a few prefill lengths sl (a bandwidth probe on p units beside a
+large GEMM on the others) and interpolated in log(sl). Prefill, compute-bound, barely notices decode
+(paper: < 8 % above 60 % of the SMs); an optional slowdown table over the decode batch covers it.
+
+No table means no contention: that is the state of the built-in GPU descriptions until the profiler
+has measured them on a device."""
+
+from __future__ import annotations
+
+import bisect
+import math
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+
+
+class BandwidthPoint(BaseModel):
+    """D_{p,sl} / D_p measured with `units` units running the bandwidth probe."""
+
+    model_config = ConfigDict(frozen=True)
+    units: int = Field(gt=0)
+    prefill_tokens: int = Field(gt=0)
+    fraction: float = Field(gt=0, le=1.5)
+
+
+class SlowdownPoint(BaseModel):
+    """Prefill time with a decode batch beside it / prefill time alone."""
+
+    model_config = ConfigDict(frozen=True)
+    decode_batch: int = Field(gt=0)
+    factor: float = Field(gt=0)
+
+
+def _interp_log(xs: list[float], ys: list[float], x: float, at_zero: float) -> float:
+    """Piecewise linear in log(x) through (xs, ys); flat beyond the last point; from `at_zero`
+    at x = 0 linearly up to the first point."""
+    if x <= 0 or not xs:
+        return at_zero
+    if x <= xs[0]:
+        return at_zero + (ys[0] - at_zero) * x / xs[0]
+    if x >= xs[-1]:
+        return ys[-1]
+    k = bisect.bisect_right(xs, x)
+    t = (math.log(x) - math.log(xs[k - 1])) / (math.log(xs[k]) - math.log(xs[k - 1]))
+    return ys[k - 1] + t * (ys[k] - ys[k - 1])
+
+
+class ContentionModel(BaseModel):
+    decode_bandwidth: list[BandwidthPoint] = Field(default_factory=list)
+    prefill_slowdown: list[SlowdownPoint] = Field(default_factory=list)
+    _curves: dict[int, tuple[list[float], list[float]]] = PrivateAttr(default_factory=dict)
+    _profiled_units: list[int] = PrivateAttr(default_factory=list)
+    _slow: tuple[list[float], list[float]] = PrivateAttr(default=([], []))
+
+    def model_post_init(self, _context) -> None:
+        self._curves = {}
+        for point in sorted(self.decode_bandwidth, key=lambda p: (p.units, p.prefill_tokens)):
+            xs, ys = self._curves.setdefault(point.units, ([], []))
+            xs.append(float(point.prefill_tokens))
+            ys.append(point.fraction)
+        self._profiled_units = sorted(self._curves)
+        slow = sorted(self.prefill_slowdown, key=lambda p: p.decode_batch)
+        self._slow = ([float(p.decode_batch) for p in slow], [p.factor for p in slow])
+
+    def decode_bandwidth_fraction(self, prefill_tokens: int, units: int) -> float:
+        """D_{p,sl} / D_p for decode on `units` units beside a prefill of `prefill_tokens` tokens,
+        from the curve of the nearest profiled unit count."""
+        if prefill_tokens <= 0 or not self._profiled_units:
+            return 1.0
+        profiled = self._profiled_units
+        k = bisect.bisect_left(profiled, units)
+        nearest = profiled[min(k, len(profiled) - 1)]
+        if k > 0 and (k == len(profiled) or units - profiled[k - 1] < profiled[k] - units):
+            nearest = profiled[k - 1]
+        xs, ys = self._curves[nearest]
+        return _interp_log(xs, ys, float(prefill_tokens), 1.0)
+
+    def prefill_slowdown_factor(self, decode_batch: int) -> float:
+        return _interp_log(*self._slow, float(decode_batch), 1.0)
+
+    def add_bandwidth(self, units: int, prefill_tokens: int, fraction: float) -> None:
+        self.decode_bandwidth.append(BandwidthPoint(units=units, prefill_tokens=prefill_tokens, fraction=fraction))
+        self.model_post_init(None)
+
+    def add_slowdown(self, decode_batch: int, factor: float) -> None:
+        self.prefill_slowdown.append(SlowdownPoint(decode_batch=decode_batch, factor=factor))
+        self.model_post_init(None)

@@ -1,0 +1,193 @@
+"""Calibrated per-kernel latencies (SRM x alpha) for one (model, device, dtype), with the fast paths
+the predictor uses. `op_time` is the reference: one kernel, straight from the formulas."""
+
+from __future__ import annotations
+
+import math
+
+from engines.model_config import ModelConfig
+from estimator.calibration import FALLBACK_CLASS, AlphaCurve, Calibration
+from estimator.hardware import HardwareSpec
+from estimator.ops import (
+    ATTENTION_CLASSES,
+    Op,
+    TokenOp,
+    decode_attention,
+    head_token_ops,
+    layer_token_ops,
+    prefill_attention,
+)
+from estimator.srm import srm_time
+from estimator.tiling import ATTN_QUERY_TILE, FixedTiling, HeuristicTiling, decode_attention_grid, gemm_grid
+
+_CACHE_LIMIT = 8192  # distinct row counts remembered per kernel group
+
+
+def _apply(curve: AlphaCurve | None, size: float, srm: float) -> float:
+    return srm if curve is None else curve.calibrated(size, srm)
+
+
+class _TokenGroup:
+    """Kernels that all see the same row count. Per row count the unit-independent part (alpha,
+    FLOPs, bytes, grid) is cached; per call only the roofline of each GEMM is evaluated, plus one
+    term for all memory-bound kernels together."""
+
+    def __init__(self, kernels: "KernelModel", ops: tuple[TokenOp, ...]):
+        self.k = kernels
+        self.ops = ops
+        self.memory_bound = tuple(op.cols == 0 and kernels.always_memory_bound(op) for op in ops)
+        self.cache: dict[int, tuple] = {}
+        self.compiled: tuple = ()
+
+    def compile(self) -> None:
+        """Flatten each kernel's coefficients and alpha segment into a tuple (after a refit)."""
+        rows = []
+        for op, memory_bound in zip(self.ops, self.memory_bound):
+            curve = self.k.curves.get(op.name)
+            if curve is None:
+                segment = (0.0, 0.0, 1.0, 1.0)
+            elif curve.mode == "log" and len(curve.alphas) <= 2:
+                segment = curve.segment()
+            else:
+                segment = None  # affine, or more than two points: evaluated by the curve itself
+            rows.append((op, memory_bound, curve, segment))
+        self.compiled = tuple(rows)
+        self.cache.clear()
+
+    def _entry(self, rows: int) -> tuple:
+        k = self.k
+        log_rows = math.log(rows) if rows > 1 else 0.0
+        mem_weighted, weight_sum, gemms, affine = 0.0, 0.0, [], []
+        for op, memory_bound, curve, segment in self.compiled:
+            if segment is not None:
+                x0, x1, a0, a1 = segment
+                alpha = a0 if log_rows <= x0 else a1 if log_rows >= x1 else a0 + (a1 - a0) * (log_rows - x0) / (x1 - x0)
+            elif curve.mode == "affine":
+                affine.append((op.at(rows, k.tiling), curve))
+                continue
+            else:
+                alpha = curve.alpha_at_log_size(log_rows)
+            weight = op.count * alpha
+            weight_sum += weight
+            nbytes = op.bytes_fixed + op.bytes_per_row * rows
+            if memory_bound:
+                mem_weighted += weight * nbytes
+            else:
+                grid = gemm_grid(rows, op.cols, k.tiling.gemm_tile(rows, op.cols)) if k.waves and op.cols else 0
+                gemms.append((weight, op.flops_per_row * rows, nbytes, grid))
+        entry = (mem_weighted, weight_sum, tuple(gemms), tuple(affine))
+        if len(self.cache) >= _CACHE_LIMIT:
+            self.cache.clear()
+        self.cache[rows] = entry
+        return entry
+
+    def time(self, rows: int, units: int, bandwidth_scale: float) -> float:
+        entry = self.cache.get(rows) or self._entry(rows)
+        mem_weighted, weight_sum, gemms, affine = entry
+        k = self.k
+        inv_c = k.inv_compute[units]
+        inv_d = k.inv_bandwidth[units] / bandwidth_scale
+        slots = units * k.blocks_per_unit
+        seconds = mem_weighted * inv_d + weight_sum * k.overhead
+        for weight, flops, nbytes, grid in gemms:
+            compute = flops * inv_c
+            if grid:
+                compute *= -(-grid // slots) * slots / grid
+            memory = nbytes * inv_d
+            seconds += weight * (compute if compute > memory else memory)
+        for op, curve in affine:
+            seconds += op.count * curve.calibrated(rows, k.srm(op, units, bandwidth_scale) / op.count)
+        return seconds
+
+
+class KernelModel:
+    def __init__(self, model: ModelConfig, hw: HardwareSpec, dtype_bytes: int = 2, dtype: str = "bf16"):
+        self.model, self.hw, self.dtype_bytes, self.dtype = model, hw, dtype_bytes, dtype
+        self.waves = hw.wave_quantization
+        self.blocks_per_unit = hw.blocks_per_unit
+        self.overhead = hw.kernel_overhead_s
+        self.tiling = HeuristicTiling(hw.units, hw.blocks_per_unit) if self.waves else FixedTiling()
+        self.inv_compute = [0.0] + [1.0 / hw.compute_rate(u, dtype) for u in range(1, hw.units + 1)]
+        self.inv_bandwidth = [0.0] + [1.0 / hw.bandwidth(u) for u in range(1, hw.units + 1)]
+        # compute time / memory time of a 1 FLOP/byte kernel, at its worst over all unit counts
+        self._worst_ratio = max(c / d for c, d in zip(self.inv_compute[1:], self.inv_bandwidth[1:]))
+        heads, d, q, kv = model.num_attention_heads, model.head_dim, model.q_size, model.kv_size
+        self._prefill_attn = (2.0 * heads * d, float((2 * q + 4 * kv) * dtype_bytes), heads)
+        self._decode_attn = (4.0 * heads * d, float(2 * kv * dtype_bytes), float((2 * q + 2 * kv) * dtype_bytes),
+                             model.num_key_value_heads)
+        self.curves: dict[str, AlphaCurve | None] = {}
+        embedding, final_norm, lm_head = head_token_ops(model, dtype_bytes)
+        layer = layer_token_ops(model, dtype_bytes)
+        self._token_ops = {op.name: op for op in layer + (embedding, final_norm, lm_head)}
+        self._groups = (_TokenGroup(self, layer), _TokenGroup(self, (embedding, final_norm)),
+                        _TokenGroup(self, (lm_head,)))
+        self._layer, self._head_rows, self._lm_head = self._groups
+        self.fit(Calibration())
+
+    def always_memory_bound(self, op: TokenOp) -> bool:
+        return op.flops_per_row * self._worst_ratio <= op.bytes_per_row
+
+    # ---- calibration --------------------------------------------------------------------------
+
+    def sample_op(self, sample) -> Op:
+        """The kernel a calibration sample timed, in the sample's state."""
+        if sample.kind == "attn_prefill":
+            return prefill_attention(self.model, sample.prefill_lens, self.dtype_bytes)
+        if sample.kind == "attn_decode":
+            return decode_attention(self.model, sample.decode_batch, sample.decode_context, self.dtype_bytes)
+        return self._token_ops[sample.kind].at(sample.tokens, self.tiling)
+
+    def fit(self, calibration: Calibration) -> None:
+        fitted: dict[str, AlphaCurve] = {}
+        for kind in calibration.kinds():
+            if kind in self._token_ops or kind in ATTENTION_CLASSES:
+                points = []
+                for s in calibration.of_kind(kind):
+                    op = self.sample_op(s)
+                    points.append((op.size, self.srm(op, s.units) / op.count, s.seconds))
+                fitted[kind] = AlphaCurve(points, calibration.mode(kind))
+        names = list(self._token_ops) + list(ATTENTION_CLASSES)
+        self.curves = {n: fitted.get(n, fitted.get(FALLBACK_CLASS.get(n, ""))) for n in names}
+        for group in self._groups:
+            group.compile()
+
+    # ---- one kernel, the reference way ------------------------------------------------------------
+
+    def srm(self, op: Op, units: int, bandwidth_scale: float = 1.0) -> float:
+        return srm_time(op, units, self.hw, self.dtype, bandwidth_scale)
+
+    def op_time(self, op: Op, units: int, bandwidth_scale: float = 1.0) -> float:
+        return op.count * _apply(self.curves.get(op.name), op.size, self.srm(op, units, bandwidth_scale) / op.count)
+
+    # ---- fast paths -----------------------------------------------------------------------------
+
+    def token_ops_time(self, rows: int, units: int, bandwidth_scale: float = 1.0) -> float:
+        """One layer's per-token kernels (everything but attention) over `rows` rows."""
+        return self._layer.time(rows, units, bandwidth_scale)
+
+    def head_time(self, rows: int, output_rows: int, units: int, bandwidth_scale: float = 1.0) -> float:
+        return self._head_rows.time(rows, units, bandwidth_scale) + self._lm_head.time(output_rows, units, bandwidth_scale)
+
+    def _roofline(self, flops: float, nbytes: float, grid: int, units: int, bandwidth_scale: float) -> float:
+        compute = flops * self.inv_compute[units]
+        if self.waves and grid:
+            slots = units * self.blocks_per_unit
+            compute *= -(-grid // slots) * slots / grid
+        memory = nbytes * self.inv_bandwidth[units] / bandwidth_scale
+        return self.overhead + (compute if compute > memory else memory)
+
+    def prefill_attention_time(self, seq_lens, tokens: int, units: int) -> float:
+        per_square, per_token, heads = self._prefill_attn
+        square = tiles = 0
+        for s in seq_lens:
+            square += s * (s + 1)
+            tiles += -(-s // ATTN_QUERY_TILE)
+        srm = self._roofline(per_square * square, per_token * tokens, heads * tiles, units, 1.0)
+        return _apply(self.curves["attn_prefill"], tokens, srm)
+
+    def decode_attention_time(self, batch: int, context: int, units: int, bandwidth_scale: float = 1.0) -> float:
+        per_ctx_flops, per_ctx_bytes, per_request_bytes, kv_heads = self._decode_attn
+        grid = decode_attention_grid(batch, context, kv_heads)
+        srm = self._roofline(per_ctx_flops * context, per_ctx_bytes * context + per_request_bytes * batch, grid,
+                             units, bandwidth_scale)
+        return _apply(self.curves["attn_decode"], context, srm)

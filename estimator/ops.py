@@ -1,0 +1,157 @@
+"""Inventory of the kernels of one Llama-family layer (plus embedding and LM head) for an execution
+state: FLOPs, bytes moved and grid size of every kernel.
+
+An execution state is a packed prefill (sequence lengths) and/or a decode batch (context lengths).
+Linear and element-wise kernels see `T = sum(prefill lens) + decode batch` rows; their work is
+affine in T (`TokenOp`), which is what lets the predictor precompute coefficients. Attention is not:
+prefill attention grows with sum(s^2), decode attention with the total context read.
+
+Byte counts are the minimum traffic to main memory: weights once, activations read and written
+once, KV cache read once (decode) or written once (prefill and decode). `dtype_bytes` is the size of
+weights, activations and KV cache alike (2 for bf16)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from engines.model_config import ModelConfig
+from estimator.tiling import (
+    FixedTiling,
+    HeuristicTiling,
+    decode_attention_grid,
+    gemm_grid,
+    prefill_attention_grid,
+)
+
+Tiling = FixedTiling | HeuristicTiling
+
+# Calibration classes; each kernel has its own. The names of the Vidur profile columns they match
+# are in `estimator.reference_data`.
+LAYER_TOKEN_CLASSES = ("input_norm", "qkv_proj", "rope", "o_proj", "post_attn_norm",
+                       "gate_up_proj", "act", "down_proj", "residual_add")
+ATTENTION_CLASSES = ("attn_prefill", "attn_decode")
+HEAD_CLASSES = ("embedding", "final_norm", "lm_head")
+ALL_CLASSES = LAYER_TOKEN_CLASSES + ATTENTION_CLASSES + HEAD_CLASSES
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One kernel launch (run `count` times per layer) in a concrete execution state."""
+
+    name: str
+    flops: float
+    bytes: float
+    grid: int  # thread blocks; 0 = element-wise kernel, waves not modelled (memory-bound)
+    size: int  # what calibration interpolates over: rows, or KV tokens for attention
+    count: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class TokenOp:
+    """A kernel whose FLOPs and bytes are affine in the number of rows it processes."""
+
+    name: str
+    flops_per_row: float
+    bytes_fixed: float  # weights, read once whatever the batch
+    bytes_per_row: float  # activations in and out
+    cols: int = 0  # output features of a GEMM; 0 for element-wise kernels
+    count: int = 1
+
+    def at(self, rows: int, tiling: Tiling) -> Op:
+        grid = gemm_grid(rows, self.cols, tiling.gemm_tile(rows, self.cols)) if self.cols else 0
+        return Op(self.name, self.flops_per_row * rows, self.bytes_fixed + self.bytes_per_row * rows,
+                  grid, rows, self.count)
+
+
+def _gemm(name: str, k: int, n: int, dt: int) -> TokenOp:
+    return TokenOp(name, flops_per_row=2.0 * k * n, bytes_fixed=float(k * n * dt),
+                   bytes_per_row=float((k + n) * dt), cols=n)
+
+
+def layer_token_ops(cfg: ModelConfig, dtype_bytes: int = 2) -> tuple[TokenOp, ...]:
+    """The per-token kernels of one decoder layer, in execution order (attention excluded)."""
+    h, i, q, kv, dt = cfg.hidden_size, cfg.intermediate_size, cfg.q_size, cfg.kv_size, dtype_bytes
+    norm = dict(flops_per_row=4.0 * h, bytes_fixed=float(h * dt), bytes_per_row=2.0 * h * dt)
+    return (
+        TokenOp("input_norm", **norm),
+        _gemm("qkv_proj", h, q + 2 * kv, dt),
+        # rotates q and k in place: read and write both, ~3 FLOPs per element
+        TokenOp("rope", 3.0 * (q + kv), 0.0, 2.0 * (q + kv) * dt),
+        _gemm("o_proj", q, h, dt),
+        TokenOp("post_attn_norm", **norm),
+        _gemm("gate_up_proj", h, 2 * i, dt),  # gate and up fused in one GEMM
+        # silu(gate) * up: reads 2i, writes i; silu ~ 4 FLOPs + the product
+        TokenOp("act", 5.0 * i, 0.0, 3.0 * i * dt),
+        _gemm("down_proj", i, h, dt),
+        # two residual adds per layer (after attention, after MLP): read 2 vectors, write 1
+        TokenOp("residual_add", float(h), 0.0, 3.0 * h * dt, count=2),
+    )
+
+
+def head_token_ops(cfg: ModelConfig, dtype_bytes: int = 2) -> tuple[TokenOp, ...]:
+    """Embedding lookup and final norm (over all rows) and the LM head (over the output rows)."""
+    h, dt = cfg.hidden_size, dtype_bytes
+    return (
+        TokenOp("embedding", 0.0, 0.0, 2.0 * h * dt),  # gather a row, write it
+        TokenOp("final_norm", 4.0 * h, float(h * dt), 2.0 * h * dt),
+        _gemm("lm_head", h, cfg.vocab_size, dt),
+    )
+
+
+def prefill_attention(cfg: ModelConfig, seq_lens: Sequence[int], dtype_bytes: int = 2) -> Op:
+    """Causal self-attention of a packed prefill (no cached prefix): QK^T and PV over the lower
+    triangle, 2*d*s(s+1)/2 FLOPs each per head; reads Q, K, V, writes O and the new KV cache."""
+    heads, d, q, kv = cfg.num_attention_heads, cfg.head_dim, cfg.q_size, cfg.kv_size
+    tokens = sum(seq_lens)
+    square = sum(s * (s + 1) for s in seq_lens)
+    return Op("attn_prefill", flops=2.0 * heads * d * square,
+              bytes=float(tokens * (2 * q + 4 * kv) * dtype_bytes),
+              grid=prefill_attention_grid(seq_lens, heads), size=tokens)
+
+
+def decode_attention(cfg: ModelConfig, batch: int, sum_ctx: int, dtype_bytes: int = 2) -> Op:
+    """One query token per request against its whole context (the new token included): reads the
+    KV cache, Q, writes O and the new token's K and V."""
+    heads, d, q, kv = cfg.num_attention_heads, cfg.head_dim, cfg.q_size, cfg.kv_size
+    return Op("attn_decode", flops=4.0 * heads * d * sum_ctx,
+              bytes=float((2 * kv * sum_ctx + batch * (2 * q + 2 * kv)) * dtype_bytes),
+              grid=decode_attention_grid(batch, sum_ctx, cfg.num_key_value_heads), size=sum_ctx)
+
+
+@dataclass(frozen=True)
+class ExecutionState:
+    """What one step runs: a packed prefill and/or a decode batch (a hybrid batch has both)."""
+
+    prefill_lens: tuple[int, ...] = ()
+    decode_ctx_lens: tuple[int, ...] = ()
+    tokens: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tokens", sum(self.prefill_lens) + len(self.decode_ctx_lens))
+
+    @property
+    def output_rows(self) -> int:
+        """Rows that reach the LM head: the last token of each prefill, every decode request."""
+        return len(self.prefill_lens) + len(self.decode_ctx_lens)
+
+
+def layer_ops(cfg: ModelConfig, state: ExecutionState, dtype_bytes: int = 2,
+              tiling: Tiling = FixedTiling()) -> list[Op]:
+    """Every kernel of one decoder layer for `state`, in execution order."""
+    tokens = state.tokens
+    ops = [op.at(tokens, tiling) for op in layer_token_ops(cfg, dtype_bytes)]
+    attention = []
+    if state.prefill_lens:
+        attention.append(prefill_attention(cfg, state.prefill_lens, dtype_bytes))
+    if state.decode_ctx_lens:
+        attention.append(decode_attention(cfg, len(state.decode_ctx_lens), sum(state.decode_ctx_lens),
+                                          dtype_bytes))
+    return ops[:3] + attention + ops[3:]  # attention runs after RoPE, before the O projection
+
+
+def head_ops(cfg: ModelConfig, state: ExecutionState, dtype_bytes: int = 2,
+             tiling: Tiling = FixedTiling()) -> list[Op]:
+    embedding, final_norm, lm_head = head_token_ops(cfg, dtype_bytes)
+    return [embedding.at(state.tokens, tiling), final_norm.at(state.tokens, tiling),
+            lm_head.at(state.output_rows, tiling)]

@@ -1,0 +1,174 @@
+"""The latency predictor the schedulers call (Bullet §3.2): SRM over the op inventory, calibrated per
+kernel and per phase, corrected online, with decode's bandwidth reduced by a co-running prefill.
+
+Prediction is on the scheduler's critical path, so the per-kernel work is split in two:
+* what depends only on the row count T (alpha of each kernel, FLOPs, bytes, grid) is computed once
+  per T and cached — the schedulers ask about the same batches for many unit counts;
+* what depends on the unit count is a handful of multiply/max per GEMM, and one term for all the
+  element-wise kernels together (they are memory-bound at any unit count, checked at build time).
+`breakdown()` evaluates the same model kernel by kernel, the slow way; tests hold the two equal."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from engines.model_config import ModelConfig
+from estimator.calibration import AlphaCurve, Calibration
+from estimator.contention import ContentionModel
+from estimator.hardware import DTYPE_BYTES, HardwareSpec
+from estimator.kernels import KernelModel
+from estimator.ops import ExecutionState, head_ops, layer_ops
+
+DecodeBatch = Sequence[int] | tuple[int, int]
+
+
+def decode_summary(context_lens: DecodeBatch) -> tuple[int, int]:
+    """(batch, total context). A tuple is taken as that summary already; pass a list to give one
+    context length per request (KV tokens including the token being decoded)."""
+    if isinstance(context_lens, tuple):
+        if len(context_lens) != 2:
+            raise ValueError("a tuple must be the (batch, total context) summary; pass per-request lengths as a list")
+        return int(context_lens[0]), int(context_lens[1])
+    return len(context_lens), int(sum(context_lens))
+
+
+class Estimator:
+    def __init__(self, model: ModelConfig, hardware: HardwareSpec, calibration: Calibration | None = None,
+                 contention: ContentionModel | None = None, dtype: str = "bf16"):
+        self.model = model
+        self.hardware = hardware
+        self.calibration = calibration if calibration is not None else Calibration()
+        self.contention = contention if contention is not None else ContentionModel()
+        self.dtype = dtype
+        self.kernels = KernelModel(model, hardware, DTYPE_BYTES[dtype], dtype)
+        self.refit()
+
+    # ---- building ---------------------------------------------------------------------------
+
+    def refit(self) -> None:
+        """Rebuild the alpha curves from the calibration samples (after adding samples)."""
+        self.kernels.fit(self.calibration)
+        self._phase_curves: dict[str, AlphaCurve] = {}
+        for phase in ("prefill", "decode"):
+            samples = self.calibration.of_kind(phase)
+            if samples:
+                points = [(self._phase_size(s), self._uncorrected(s, phase_alpha=False), s.seconds) for s in samples]
+                self._phase_curves[phase] = AlphaCurve(points, "log")
+
+    def add_sample(self, kind: str, seconds: float, units: int, **state) -> None:
+        """Record a measurement (see `Calibration.add`) and refit."""
+        self.calibration.add(kind, seconds, units, **state)
+        self.refit()
+
+    @staticmethod
+    def _phase_size(sample) -> int:
+        return sum(sample.prefill_lens) if sample.kind == "prefill" else sample.decode_batch
+
+    def _uncorrected(self, sample, phase_alpha: bool = True) -> float:
+        if sample.kind == "prefill":
+            return self._prefill(list(sample.prefill_lens), sample.units, sample.num_layers, sample.include_head,
+                                 sample.co_running, phase_alpha)
+        return self._decode(sample.decode_batch, sample.decode_context, sample.units, sample.co_running,
+                            sample.include_head, sample.num_layers, phase_alpha)
+
+    # ---- prediction ---------------------------------------------------------------------------
+
+    def prefill_time(self, seq_lens: Sequence[int], units: int, num_layers: int | None = None,
+                     include_head: bool = True, co_decode_batch: int = 0) -> float:
+        """Seconds to run `num_layers` layers (default all) of a packed prefill of `seq_lens` on
+        `units` units, plus embedding and LM head if `include_head`, with a decode batch of
+        `co_decode_batch` requests running on the other units."""
+        seconds = self._prefill(seq_lens, units, num_layers, include_head, co_decode_batch, True)
+        online = self.calibration.online
+        if online.factors:
+            seconds *= online.factor("prefill", sum(seq_lens), units, self.hardware.units)
+        return seconds
+
+    def decode_time(self, context_lens: DecodeBatch, units: int, co_prefill_tokens: int = 0,
+                    include_head: bool = True, num_layers: int | None = None) -> float:
+        """Seconds for one decode step of all layers (+ LM head) on `units` units, with a prefill
+        of `co_prefill_tokens` tokens running on the other units."""
+        batch, context = decode_summary(context_lens)
+        seconds = self._decode(batch, context, units, co_prefill_tokens, include_head, num_layers, True)
+        online = self.calibration.online
+        if online.factors:
+            seconds *= online.factor("decode", batch, units, self.hardware.units)
+        return seconds
+
+    def _prefill(self, seq_lens, units, num_layers, include_head, co_decode_batch, phase_alpha) -> float:
+        if not seq_lens:
+            return 0.0
+        k = self.kernels
+        tokens = sum(seq_lens)
+        layer = k.token_ops_time(tokens, units, 1.0) + k.prefill_attention_time(seq_lens, tokens, units)
+        seconds = layer * (self.model.num_hidden_layers if num_layers is None else num_layers)
+        if include_head:
+            seconds += k.head_time(tokens, len(seq_lens), units, 1.0)
+        if co_decode_batch:
+            seconds *= self.contention.prefill_slowdown_factor(co_decode_batch)
+        if phase_alpha and "prefill" in self._phase_curves:
+            curve = self._phase_curves["prefill"]
+            seconds = curve.calibrated(tokens, seconds)
+        return seconds
+
+    def _decode(self, batch, context, units, co_prefill_tokens, include_head, num_layers, phase_alpha) -> float:
+        if batch <= 0:
+            return 0.0
+        k = self.kernels
+        scale = self.contention.decode_bandwidth_fraction(co_prefill_tokens, units) if co_prefill_tokens else 1.0
+        layer = k.token_ops_time(batch, units, scale) + k.decode_attention_time(batch, context, units, scale)
+        seconds = layer * (self.model.num_hidden_layers if num_layers is None else num_layers)
+        if include_head:
+            seconds += k.head_time(batch, batch, units, scale)
+        if phase_alpha and "decode" in self._phase_curves:
+            seconds = self._phase_curves["decode"].calibrated(batch, seconds)
+        return seconds
+
+    def step_time(self, state: ExecutionState, units: int) -> float:
+        """One hybrid step (chunked-prefill baselines): prefill chunks and decode requests share
+        every linear kernel; attention runs once for each part. Kernel-level model only."""
+        rows = [op for op in layer_ops(self.model, state, self.kernels.dtype_bytes, self.kernels.tiling)]
+        layer = sum(self.kernels.op_time(op, units) for op in rows)
+        head = sum(self.kernels.op_time(op, units) for op in head_ops(self.model, state, self.kernels.dtype_bytes,
+                                                                          self.kernels.tiling))
+        return layer * self.model.num_hidden_layers + head
+
+    def breakdown(self, state: ExecutionState, units: int, bandwidth_scale: float = 1.0) -> list[tuple[str, float, float]]:
+        """(kernel, SRM seconds, calibrated seconds) of one layer then the head ops, kernel by kernel."""
+        k = self.kernels
+        ops = layer_ops(self.model, state, k.dtype_bytes, k.tiling) + head_ops(self.model, state, k.dtype_bytes, k.tiling)
+        return [(op.name, k.srm(op, units, bandwidth_scale), k.op_time(op, units, bandwidth_scale)) for op in ops]
+
+    # ---- online refinement ------------------------------------------------------------------
+
+    def observe_prefill(self, seq_lens: Sequence[int], units: int, seconds: float, num_layers: int | None = None,
+                        include_head: bool = True, co_decode_batch: int = 0) -> None:
+        predicted = self._prefill(seq_lens, units, num_layers, include_head, co_decode_batch, True)
+        if predicted > 0 and seconds > 0:
+            self.calibration.online.observe("prefill", sum(seq_lens), units, self.hardware.units, seconds / predicted)
+
+    def observe_decode(self, context_lens: DecodeBatch, units: int, seconds: float, co_prefill_tokens: int = 0,
+                       include_head: bool = True, num_layers: int | None = None) -> None:
+        batch, context = decode_summary(context_lens)
+        predicted = self._decode(batch, context, units, co_prefill_tokens, include_head, num_layers, True)
+        if predicted > 0 and seconds > 0:
+            self.calibration.online.observe("decode", batch, units, self.hardware.units, seconds / predicted)
+
+    # ---- persistence --------------------------------------------------------------------------
+
+    def save(self, path: str | Path) -> None:
+        from estimator.profile import EstimatorProfile
+
+        EstimatorProfile.from_estimator(self).write(path)
+
+    @classmethod
+    def load(cls, path: str | Path, model: ModelConfig | None = None) -> "Estimator":
+        from estimator.profile import EstimatorProfile
+
+        return EstimatorProfile.read(path).estimator(model)
+
+    def __repr__(self) -> str:
+        kinds = ", ".join(sorted(self.calibration.kinds())) or "none"
+        return f"Estimator({self.model.name} on {self.hardware.name}, {self.dtype}, calibrated: {kinds})"
+

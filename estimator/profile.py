@@ -1,0 +1,73 @@
+"""The estimator profile: one JSON file per (model, device, dtype) holding everything the estimator
+knows from measurement — the hardware description, the calibration samples and online corrections,
+the contention table. `bullet profile` writes it; workers and the simulator load it.
+
+    {
+      "format": "bullet-estimator-profile", "version": 1,
+      "model": {ModelConfig fields},
+      "dtype": "bf16",
+      "hardware": {HardwareSpec fields},
+      "calibration": {"samples": [{"kind": "qkv_proj", "units": 108, "seconds": 4.3e-05,
+                                   "prefill_lens": [128], ...}, ...],
+                      "interpolation": {"attn_decode": "affine"},
+                      "online": {"weight": 0.25, "units_buckets": 4, "factors": {"decode/4": 1.02}}},
+      "contention": {"decode_bandwidth": [{"units": 54, "prefill_tokens": 2048, "fraction": 0.8}],
+                     "prefill_slowdown": [{"decode_batch": 64, "factor": 1.05}]},
+      "notes": ["free text: how and when it was measured"]
+    }
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from engines.model_config import ModelConfig
+from estimator.calibration import Calibration
+from estimator.contention import ContentionModel
+from estimator.hardware import HardwareSpec
+from estimator.predictor import Estimator
+
+FORMAT = "bullet-estimator-profile"
+VERSION = 1
+
+
+class EstimatorProfile(BaseModel):
+    format: Literal["bullet-estimator-profile"] = FORMAT
+    version: int = VERSION
+    model: ModelConfig
+    dtype: str = "bf16"
+    hardware: HardwareSpec
+    calibration: Calibration = Field(default_factory=Calibration)
+    contention: ContentionModel = Field(default_factory=ContentionModel)
+    notes: list[str] = Field(default_factory=list)
+
+    @classmethod
+    def from_estimator(cls, estimator: Estimator, notes: list[str] | None = None) -> "EstimatorProfile":
+        return cls(model=estimator.model, dtype=estimator.dtype, hardware=estimator.hardware,
+                   calibration=estimator.calibration, contention=estimator.contention, notes=notes or [])
+
+    def estimator(self, model: ModelConfig | None = None) -> Estimator:
+        """An estimator for this profile; `model` overrides the stored shape (same-shaped models
+        share calibrations, e.g. Llama-3-8B and Llama-3.1-8B)."""
+        return Estimator(model or self.model, self.hardware, self.calibration.model_copy(deep=True),
+                         self.contention.model_copy(deep=True), self.dtype)
+
+    def write(self, path: str | Path) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.model_dump(mode="json"), indent=1) + "\n")
+        tmp.replace(path)  # readers never see a half-written profile
+
+    @classmethod
+    def read(cls, path: str | Path) -> "EstimatorProfile":
+        data = json.loads(Path(path).read_text())
+        if data.get("format") != FORMAT:
+            raise ValueError(f"{path}: not an estimator profile (format={data.get('format')!r})")
+        if data.get("version") != VERSION:
+            raise ValueError(f"{path}: profile version {data.get('version')} unsupported (expected {VERSION})")
+        return cls.model_validate(data)
