@@ -134,6 +134,7 @@ class WorkerState:
 _FIELD_FORMATS = {"u64": "Q", "u32": "I", "f64": "d"}
 PAYLOAD_FORMAT = "QQQQQIIQQIIQQdddddd"
 _PAYLOAD = struct.Struct("<" + PAYLOAD_FORMAT)
+PAYLOAD_SIZE = _PAYLOAD.size  # bytes after the block's sequence word
 _FIELD_NAMES = tuple(f.name for f in fields(WorkerState))
 _get_published = operator.attrgetter(*_FIELD_NAMES[2:])  # everything but the stamped heartbeat
 assert len(PAYLOAD_FORMAT) == len(_FIELD_NAMES) and 8 + _PAYLOAD.size <= BLOCK_STRIDE

@@ -172,6 +172,7 @@ static PyObject *region_seqlock_read(SharedRegionObject *self, PyObject *const *
         timeout = PyFloat_AsDouble(args[2]);
         if (timeout == -1.0 && PyErr_Occurred()) return NULL;
     }
+    if (size < 0) return PyErr_Format(PyExc_ValueError, "size must be non-negative");
     unsigned char *block = region_at(self, offset, 8 + size, 8);
     if (!block) return NULL;
     PyObject *out = PyBytes_FromStringAndSize(NULL, size);
@@ -263,7 +264,7 @@ static PyObject *region_compare_exchange_u64(SharedRegionObject *self, PyObject 
 static PyObject *region_seqlock_bench(SharedRegionObject *self, PyObject *args) {
     Py_ssize_t offset, size, iterations;
     if (!PyArg_ParseTuple(args, "nnn:seqlock_bench", &offset, &size, &iterations)) return NULL;
-    if (iterations <= 0) return PyErr_Format(PyExc_ValueError, "iterations must be positive");
+    if (iterations <= 0 || size < 0) return PyErr_Format(PyExc_ValueError, "iterations must be positive, size non-negative");
     unsigned char *block = region_at(self, offset, 8 + size, 8);
     if (!block) return NULL;
     unsigned char *scratch = PyMem_Malloc(size > 0 ? size : 1);

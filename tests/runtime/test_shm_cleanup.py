@@ -197,3 +197,36 @@ def test_forked_child_does_not_unlink_parent_segments(tracked):
     finally:
         sb.close()
         sb.unlink()
+
+
+def _blocked_on_allocator(allocator_iid: str, conn) -> None:
+    """Child: own an instance, then block on an allocator lock another process holds."""
+    iid = shm.new_instance_id()
+    StateBuffer.create(iid)
+    alloc = SharedPageAllocator.attach(allocator_iid)
+    conn.send(iid)
+    alloc.alloc(1, owner=1)
+
+
+def test_sigterm_reaches_a_process_blocked_on_the_allocator_lock(tracked):
+    iid = shm.new_instance_id()
+    alloc = SharedPageAllocator.create(iid, 8, 16)
+    alloc._mutex.acquire()
+    parent, child = SPAWN.Pipe()
+    proc = SPAWN.Process(target=_blocked_on_allocator, args=(iid, child))
+    try:
+        proc.start()
+        child_iid = parent.recv()
+        tracked.append(child_iid)
+        time.sleep(0.2)  # let it block in alloc()
+        assert proc.is_alive() and shm.segments_of(child_iid)
+        proc.terminate()
+        proc.join(10)
+        assert proc.exitcode == -signal.SIGTERM and shm.segments_of(child_iid) == []
+    finally:
+        alloc._mutex.release()
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+        alloc.close()
+        alloc.unlink()
