@@ -1,0 +1,130 @@
+"""A single-process engine: one scheduler decides each step's batch, the runner computes it, the
+sampler picks tokens, the finish checker retires requests. The offline `bullet.LLM` and the
+`chunked:<budget>` baseline server both drive this loop."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import torch
+
+from bullet.finish import FinishChecker
+from bullet.request import Request
+from bullet.schedulers.hybrid import HybridScheduler, Scheduled
+from engines.runner import ModelRunner, SeqChunk
+from engines.sampler import SampleRow, sample
+from engines.sampling_params import SamplingParams
+
+
+class RequestError(ValueError):
+    """A request that cannot be served as given (the message says why)."""
+
+
+def validate_prompt(prompt_ids: list[int], params: SamplingParams, vocab_size: int, max_context: int,
+                    pool_tokens: int) -> None:
+    if not prompt_ids:
+        raise RequestError("the prompt is empty")
+    if any(not 0 <= t < vocab_size for t in prompt_ids):
+        raise RequestError(f"prompt token ids must lie in [0, {vocab_size})")
+    if len(prompt_ids) >= max_context:
+        raise RequestError(f"the prompt has {len(prompt_ids)} tokens; the model's context length is {max_context}")
+    if len(prompt_ids) + 1 > pool_tokens:
+        raise RequestError(f"the prompt has {len(prompt_ids)} tokens; the KV pool holds {pool_tokens}")
+    try:
+        params.check_vocab(vocab_size)
+    except ValueError as exc:
+        raise RequestError(str(exc)) from exc
+
+
+def record_prompt_logprobs(req: Request, start: int, logits: torch.Tensor) -> None:
+    """logits[j] predicts the token at position start + j + 1; only prompt positions are kept."""
+    if start == 0:
+        req.prompt_logprobs = [None]
+    targets = req.all_ids[start + 1 : min(start + 1 + logits.shape[0], len(req.prompt_ids))]
+    if targets:
+        lp = torch.log_softmax(logits[: len(targets)], dim=-1)
+        req.prompt_logprobs.extend(lp.gather(1, torch.tensor(targets).unsqueeze(1)).squeeze(1).tolist())
+
+
+class Engine:
+    def __init__(self, runner: ModelRunner, scheduler: HybridScheduler, finish: FinishChecker):
+        self.runner, self.scheduler, self.finish = runner, scheduler, finish
+        self.vocab_size = runner.model.config.vocab_size
+        self.requests: dict[str, Request] = {}
+        self._rids = itertools.count()
+
+    def add_request(self, prompt_ids: list[int], params: SamplingParams, rid: str | None = None) -> Request:
+        validate_prompt(prompt_ids, params, self.vocab_size, self.runner.max_context,
+                        self.scheduler.allocator.total_pages * self.scheduler.allocator.page_size)
+        rid = rid if rid is not None else f"req-{next(self._rids)}"
+        if rid in self.requests:
+            raise RequestError(f"request id {rid!r} is already in use")
+        req = Request(rid=rid, prompt_ids=list(prompt_ids), params=params)
+        self.requests[rid] = req
+        self.scheduler.add(req)
+        return req
+
+    def abort(self, rid: str, message: str = "aborted") -> Request | None:
+        req = self.requests.pop(rid, None)
+        if req is not None and not req.finished:
+            self.scheduler.release(req)
+            req.finish({"type": "abort", "message": message})
+        return req
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> list[Request]:
+        """Run one batch; returns the requests that produced a token or finished."""
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        chunks = [self._chunk(s) for s in batch]
+        out = self.runner.forward(chunks)
+        to_sample: list[tuple[Request, int]] = []
+        done_now: list[Request] = []
+        row = 0
+        for i, (s, chunk) in enumerate(zip(batch, chunks)):
+            req = s.req
+            if chunk.logits == "all":
+                record_prompt_logprobs(req, chunk.start, out.all_logits[i])
+            req.num_cached += s.num_tokens
+            if chunk.logits != "none":
+                if req.num_cached == req.seq_len:
+                    if req.params.max_new_tokens == 0:
+                        done_now.append(req)
+                    else:
+                        to_sample.append((req, row))
+                row += 1
+        if to_sample:
+            self._sample(out.last_logits, to_sample)
+        for req in done_now:
+            self._retire(req, {"type": "length", "length": 0})
+        return [r for r, _ in to_sample] + done_now
+
+    def _chunk(self, s: Scheduled) -> SeqChunk:
+        req, start = s.req, s.req.num_cached
+        completes = start + s.num_tokens == req.seq_len
+        wants_all = req.params.prompt_logprobs and start < len(req.prompt_ids)
+        mode = "all" if wants_all else ("last" if completes else "none")
+        return SeqChunk(req.all_ids[start : start + s.num_tokens], start, req.page_table, mode)
+
+    def _sample(self, logits: torch.Tensor, picks: list[tuple[Request, int]]) -> None:
+        rows = [SampleRow(r.params, r.generator, r.output_ids, self.finish.banned_ids(r)) for r, _ in picks]
+        result = sample(logits[[i for _, i in picks]], rows)
+        for k, (req, _) in enumerate(picks):
+            req.output_ids.append(result.token_ids[k])
+            if req.params.logprobs or req.params.top_logprobs_num:
+                req.output_logprobs.append(result.logprobs[k])
+                req.output_top_logprobs.append(result.top_logprobs[k])
+            if req.first_token_time is None:
+                req.first_token_time = time.monotonic()
+            reason = self.finish.check(req)
+            if reason is not None:
+                self._retire(req, reason)
+
+    def _retire(self, req: Request, reason: dict) -> None:
+        self.scheduler.release(req)
+        req.finish(reason)
+        self.requests.pop(req.rid, None)

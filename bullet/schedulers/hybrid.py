@@ -1,0 +1,97 @@
+"""Hybrid batches with chunked prefill (Sarathi-Serve / SGLang default): every step takes all
+running decodes first (one token each), then fills the rest of a fixed token budget with prefill
+chunks in arrival order. A prompt longer than what is left is split across steps.
+
+This is the `chunked:<budget>` baseline and the offline `bullet.LLM` engine's policy. Memory:
+pages are allocated per step; when a decode cannot get a page the most recently admitted request
+is preempted and later recomputed."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from bullet.page_allocator import OutOfPages, PageAllocator
+from bullet.request import Request, Status
+
+
+@dataclass
+class Scheduled:
+    req: Request
+    num_tokens: int  # tokens computed for it this step (from req.num_cached)
+
+
+class HybridScheduler:
+    def __init__(self, allocator: PageAllocator, token_budget: int, max_running: int):
+        if token_budget < 1 or max_running < 1:
+            raise ValueError("token budget and max running requests must be positive")
+        self.allocator, self.token_budget, self.max_running = allocator, token_budget, max_running
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # admitted: prefilling (possibly chunked) or decoding
+        self.preemptions = 0
+
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _grow(self, req: Request, num_tokens: int) -> None:
+        need = self.allocator.pages_for(req.num_cached + num_tokens) - len(req.page_table)
+        if need > 0:
+            req.page_table.extend(self.allocator.alloc(need, req.uid))
+
+    def release(self, req: Request) -> None:
+        if req.page_table:
+            self.allocator.free(req.page_table, req.uid)
+            req.page_table = []
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+
+    def _preempt_newest(self, keep: Request) -> bool:
+        for victim in reversed(self.running):
+            if victim is not keep:
+                self.release(victim)
+                victim.reset_for_recompute()
+                self.waiting.appendleft(victim)
+                self.preemptions += 1
+                return True
+        return False
+
+    def schedule(self) -> list[Scheduled]:
+        batch: list[Scheduled] = []
+        budget = self.token_budget
+        # 1. running requests: decodes (1 token) and the continuation of chunked prefills
+        for req in list(self.running):
+            if req not in self.running:  # preempted while making room for an earlier one
+                continue
+            n = min(req.num_uncomputed, budget)
+            if n == 0:
+                continue
+            while True:
+                try:
+                    self._grow(req, n)
+                    break
+                except OutOfPages:
+                    if not self._preempt_newest(keep=req):
+                        raise
+            batch.append(Scheduled(req, n))
+            budget -= n
+        # 2. new prompts, first come first served, while budget and memory last
+        while self.waiting and budget > 0 and len(self.running) < self.max_running:
+            req = self.waiting[0]
+            n = min(req.num_uncomputed, budget)
+            try:
+                self._grow(req, n)
+            except OutOfPages:
+                if not self.running and not batch:
+                    raise  # nothing will ever free memory: the caller rejects this request
+                break
+            self.waiting.popleft()
+            req.status = Status.RUNNING
+            self.running.append(req)
+            batch.append(Scheduled(req, n))
+            budget -= n
+        return batch

@@ -1,0 +1,43 @@
+"""Per-step metadata read by the attention layers (positions, KV slots, per-sequence spans).
+
+A step runs a packed batch: the new tokens of every sequence concatenated along one axis. Each
+sequence has `q_len` new tokens appended after `ctx_len - q_len` tokens already in the paged pool.
+The runner builds one `ForwardContext` per step; layers read it instead of threading a dozen
+arguments through every call (nano-vllm's `Context`, made explicit)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class ForwardContext:
+    positions: torch.Tensor  # [T] int64 position of each new token
+    slot_mapping: torch.Tensor  # [T] int64 flat KV slot (page * page_size + offset) of each new token
+    q_lens: list[int]  # new tokens per sequence
+    ctx_lens: list[int]  # total tokens per sequence after this step (cached + new)
+    # Sequences whose whole context is new (plain prefill) attend over their fresh K/V directly.
+    # The others gather their context from the pool through these slot tables:
+    kv_slots: torch.Tensor | None = None  # [B, max_ctx] int64 slots, padded with 0
+    kv_valid: torch.Tensor | None = None  # [B, 1, 1, max_ctx] bool, True where a slot is real
+    # Decode fast path: all sequences have q_len == 1, attention is one batched call.
+    all_decode: bool = False
+    q_starts: list[int] = field(default_factory=list)
+
+    def __post_init__(self):
+        if not self.q_starts:
+            starts, acc = [], 0
+            for n in self.q_lens:
+                starts.append(acc)
+                acc += n
+            self.q_starts = starts
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.positions.shape[0])
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.q_lens)

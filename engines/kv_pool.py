@@ -1,0 +1,37 @@
+"""The paged KV pool: one tensor [num_layers, 2 (K, V), num_pages * page_size, KV heads, head_dim].
+
+A token's K/V live at slot `page * page_size + offset`. The tensor is allocated once; in the
+two-process runtime the launcher allocates it in shared memory (CPU) or shares it by IPC handle
+(CUDA) and both workers address the same storage. Page bookkeeping is the allocator's concern."""
+
+from __future__ import annotations
+
+import torch
+
+from engines.model_config import ModelConfig
+
+
+class KVPool:
+    def __init__(self, config: ModelConfig, num_pages: int, page_size: int, dtype: torch.dtype,
+                 device: torch.device | str = "cpu", tensor: torch.Tensor | None = None):
+        if num_pages <= 0 or page_size <= 0:
+            raise ValueError("the KV pool needs at least one page of at least one token")
+        self.num_pages, self.page_size = num_pages, page_size
+        shape = (config.num_hidden_layers, 2, num_pages * page_size, config.num_key_value_heads, config.head_dim)
+        if tensor is None:
+            tensor = torch.zeros(shape, dtype=dtype, device=device)
+        elif tuple(tensor.shape) != shape:
+            raise ValueError(f"shared KV tensor has shape {tuple(tensor.shape)}, expected {shape}")
+        self.tensor = tensor
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_pages * self.page_size
+
+    @staticmethod
+    def bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
+        return config.num_hidden_layers * 2 * config.kv_size * torch.empty((), dtype=dtype).element_size()
+
+    @classmethod
+    def pages_for_tokens(cls, max_total_tokens: int, page_size: int) -> int:
+        return max(1, -(-max_total_tokens // page_size))

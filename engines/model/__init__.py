@@ -1,0 +1,1 @@
+"""Llama-family transformer with a paged KV pool and layer-range execution."""

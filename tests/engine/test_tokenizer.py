@@ -1,0 +1,55 @@
+"""Tokenizer from GGUF metadata, its HF export, chat template and incremental detokenization."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from engines.detokenizer import IncrementalDetokenizer
+from engines.tokenizer import load_tokenizer
+
+TEXTS = ["Hello world", "Ünïcödé ✓ and emoji 🚀🌍 mixed with 漢字", "  spaces\tand\nnewlines  ", "def f(x):\n    return x**2"]
+
+
+def test_gguf_tokenizer_round_trips_and_exports(llm32, tmp_path):
+    tok = llm32.tokenizer
+    for text in TEXTS:
+        assert tok.decode(tok.encode(text)) == text
+    out = tok.export(tmp_path / "tok")
+    again = load_tokenizer(None, "hf", tokenizer_path=str(out))
+    for text in TEXTS:
+        assert again.encode(text) == tok.encode(text)
+    from transformers import AutoTokenizer  # what clients such as bench_serving load
+
+    client = AutoTokenizer.from_pretrained(str(out))
+    assert client.encode(TEXTS[1], add_special_tokens=False) == tok.encode(TEXTS[1], add_special_tokens=False)
+
+
+def test_chat_template_from_gguf(llm32):
+    text = llm32.tokenizer.apply_chat_template([{"role": "user", "content": "Hi there"}])
+    assert "<|im_start|>user\nHi there<|im_end|>" in text and text.endswith("<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_incremental_detokenizer_equals_full_decode(llm32, seed):
+    tok = llm32.tokenizer
+    rng = random.Random(seed)
+    ids = tok.encode(" ".join(rng.sample(TEXTS, len(TEXTS)))) + [rng.randrange(0, tok.vocab_size) for _ in range(30)]
+    detok = IncrementalDetokenizer(tok)
+    pieces, i = [], 0
+    while i < len(ids):
+        n = rng.randint(1, 3)
+        piece = detok.push(ids[i : i + n])
+        assert "\ufffd" not in piece or piece.endswith("\ufffd") is False
+        pieces.append(piece)
+        i += n
+    pieces.append(detok.flush())
+    assert "".join(pieces) == tok.decode(ids)
+
+
+def test_dummy_weights_have_no_tokenizer_unless_given():
+    from engines.weights import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="--tokenizer-path"):
+        load_tokenizer(None, "dummy")
