@@ -10,7 +10,7 @@ setup(
     ext_modules=[
         Extension(
             "bullet._shmatomic",
-            sources=["csrc/shm_atomic.c", "csrc/shm_atomic_mutex.c"],
+            sources=["csrc/shm_atomic.c", "csrc/shm_atomic_words.c", "csrc/shm_atomic_mutex.c"],
             depends=["csrc/shm_atomic.h"],
             # gnu11: C11 atomics plus the POSIX/GNU declarations Python.h and pthread robust mutexes use.
             extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter",

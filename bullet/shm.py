@@ -168,7 +168,10 @@ class Segment:
 def create_segment(instance_id: str, what: str, size: int) -> Segment:
     """Create (exclusively) and map a zero-filled segment; this process becomes its owner."""
     name = segment_name(instance_id, what)
-    shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=size)
+    try:
+        shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=size)
+    except posix_ipc.ExistentialError:
+        raise FileExistsError(f"shared-memory segment {name} already exists (instance id reused?)") from None
     _registry.add(name)  # registered before mapping so a failure below still gets it unlinked
     try:
         mm = mmap.mmap(shm.fd, size)

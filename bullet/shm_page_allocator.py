@@ -218,7 +218,7 @@ class SharedPageAllocator(PageAllocator):
     def close(self) -> None:
         for view in (self._stack, self._owner):
             view.release()
-        del self._owner_np, self._stack_np
+        self._owner_np = self._stack_np = None  # drop their exports of the mmap so it can close
         self._region.release()
         self._segment.close()
 

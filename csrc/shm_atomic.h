@@ -31,4 +31,12 @@ unsigned char *region_at(SharedRegionObject *region, Py_ssize_t offset, Py_ssize
 
 int shm_atomic_add_mutex_type(PyObject *module);
 
+/* SharedRegion methods on 64-bit words (shm_atomic_words.c), METH_FASTCALL. */
+PyObject *region_load_u64(SharedRegionObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *region_store_u64(SharedRegionObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *region_fetch_add_u64(SharedRegionObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *region_fetch_or_u64(SharedRegionObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *region_fetch_and_u64(SharedRegionObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *region_compare_exchange_u64(SharedRegionObject *self, PyObject *const *args, Py_ssize_t nargs);
+
 #endif

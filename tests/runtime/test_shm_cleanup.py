@@ -89,7 +89,10 @@ def test_close_and_unlink_leave_nothing(tracked):
     iid = shm.new_instance_id()
     sb, pages = _create_instance(iid)
     assert set(shm.owned_segments()) >= {sb.name, pages.name}
+    with pytest.raises(FileExistsError):
+        StateBuffer.create(iid)  # an instance id is never silently shared
     sb.close(), pages.close()
+    sb.close(), pages.close()  # closing twice is harmless
     sb.unlink(), pages.unlink()
     assert shm.segments_of(iid) == [] and not set(shm.owned_segments()) & {sb.name, pages.name}
 
