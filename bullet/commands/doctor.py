@@ -1,0 +1,48 @@
+"""`bullet doctor`: can this machine run Bullet's two workers as designed?"""
+
+from __future__ import annotations
+
+from bullet.doctor.report import exit_code, render_json, render_text
+from bullet.doctor.runner import DoctorOptions, run_checks
+
+NAME = "doctor"
+HELP = "check this machine (shared memory, cores, cpu partitioning; on a GPU: MPS, SM masks, green contexts, IPC)"
+DESCRIPTION = """\
+Checks this machine and prints PASS/FAIL/SKIP per check; exits non-zero if any check FAILs.
+
+Any machine: Python/torch versions, /dev/shm writable with enough free space, leftover
+/dev/shm/bullet-* segments (listed, not removed), core count, and that the cpu partition backend
+really restricts every thread of a child process (read back from /proc).
+
+NVIDIA GPU: CUDA device, MPS daemon (two processes only run kernels concurrently under MPS), driver
+version against libsmctrl's known-working range (CUDA <= 12.8), libsmctrl masks and green-context
+pool streams checked with an %smid probe kernel (built with nvcc) — directly and inside CUDA graph
+replays — and CUDA IPC zero-copy sharing with a spawned child.
+
+The GPU checks are written against official APIs (torch.cuda, the CUDA driver API, the MPS control
+daemon) but have not been run by this project on hardware: on a machine without a GPU they report
+SKIP with the reason. Run `bullet doctor` on the target GPU before trusting the GPU path."""
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--json", action="store_true", help="machine-readable report on stdout")
+    parser.add_argument("-v", "--verbose", action="store_true", help="print every check's details")
+    parser.add_argument("--libsmctrl", metavar="PATH", default=None,
+                        help="libsmctrl.so to check (default: $BULLET_LIBSMCTRL)")
+    parser.add_argument("--allow-untested-driver", action="store_true",
+                        help="check libsmctrl masks even on a driver newer than its known-working range")
+    parser.add_argument("--min-shm-mb", type=int, default=512, help="free /dev/shm space required (MiB)")
+
+
+def run(args) -> int:
+    opts = DoctorOptions(min_shm_mb=args.min_shm_mb, libsmctrl=args.libsmctrl,
+                         allow_untested_driver=args.allow_untested_driver)
+    results, context = run_checks(opts)
+    if args.json:
+        print(render_json(results, context))
+    else:
+        print(f"bullet doctor {context['bullet']} on {context['host']}")
+        if context["gpu"] != "available":
+            print(f"GPU checks: {context['gpu']} — {context['gpu_checks_note']}")
+        print(render_text(results, verbose=args.verbose))
+    return exit_code(results)

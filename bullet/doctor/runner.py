@@ -1,0 +1,47 @@
+"""Runs every doctor check in order; a check that raises is reported as FAIL, never crashes the run."""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass
+
+from bullet.doctor import cpu_check, gpu_checks, host_checks, mask_checks
+from bullet.doctor.report import CheckResult, failed
+
+
+@dataclass
+class DoctorOptions:
+    min_shm_mb: int = 512
+    libsmctrl: str | None = None
+    allow_untested_driver: bool = False
+
+
+def _guarded(name: str, fn, *args) -> CheckResult:
+    try:
+        return fn(*args)
+    except Exception as e:  # a broken check is a finding, and must not hide the other checks
+        return failed(name, f"check raised {type(e).__name__}: {e}")
+
+
+def run_checks(opts: DoctorOptions) -> tuple[list[CheckResult], dict]:
+    no_gpu = gpu_checks.gpu_unavailable_reason()
+    plan = [
+        ("python and torch", host_checks.check_versions),
+        ("/dev/shm writable", host_checks.check_shm, opts.min_shm_mb),
+        ("leftover /dev/shm/bullet-* segments", host_checks.check_stale_segments),
+        ("cores for two workers", host_checks.check_cores),
+        ("cpu backend restricts a worker", cpu_check.check_cpu_backend),
+        ("CUDA device", gpu_checks.check_cuda, no_gpu),
+        ("MPS daemon", gpu_checks.check_mps, no_gpu),
+        ("driver within libsmctrl's range", gpu_checks.check_driver_for_libsmctrl, no_gpu),
+        ("libsmctrl masks", mask_checks.check_libsmctrl_masks, no_gpu, opts.libsmctrl,
+         opts.allow_untested_driver),
+        ("green-context pools", mask_checks.check_green_ctx_pools, no_gpu),
+        ("CUDA IPC zero-copy", gpu_checks.check_cuda_ipc, no_gpu),
+    ]
+    results = [_guarded(name, fn, *args) for name, fn, *args in plan]
+    from bullet import __version__
+
+    context = {"bullet": __version__, "host": platform.node(), "gpu": no_gpu or "available",
+               "gpu_checks_note": gpu_checks.NOT_RUN if no_gpu else "run on this machine"}
+    return results, context
