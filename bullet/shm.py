@@ -9,7 +9,12 @@ Segments outlive processes, so each one has exactly one owner — the process th
 which unlinks it on normal exit (atexit) and on SIGINT/SIGTERM (handlers that chain to whatever was
 installed before). A SIGKILLed owner cannot clean up: the launcher calls `cleanup_instance()` when a
 worker dies or at shutdown, and `stale_instances()` finds what a crashed launcher left behind.
-Attaching processes never unlink anything on exit, and a forked child does not inherit the duty."""
+Attaching processes never unlink anything on exit, and a forked child does not inherit the duty.
+
+The SIGINT/SIGTERM handlers are installed when the process creates its first segment. A handler
+installed after that replaces ours: it should call the handler it replaced, or end the process with
+SystemExit/KeyboardInterrupt (so that atexit runs). Unlinking on a signal does not disturb processes
+that already map a segment; it only stops new ones from attaching."""
 
 from __future__ import annotations
 
