@@ -63,6 +63,7 @@ class CpuCoreBackend(PartitionBackend):
         self._torch = _import_torch() if set_torch_threads else None
         self._interop = self._settle_interop_threads(interop_threads)
         self._threads_pinned = 0
+        self._pinned_cores: set[int] | None = None
 
     def _ids_of(self, positions: range) -> list[int]:
         return [self._cores[i] for i in positions]
@@ -71,7 +72,10 @@ class CpuCoreBackend(PartitionBackend):
         cores = set(self._ids_of(role_slice(self.total_units, units, self.role)))
         if self._torch is not None and self._torch.get_num_threads() != units:
             self._torch.set_num_threads(units)
+        if cores == self._pinned_cores:
+            return  # every thread already holds this set, and threads created since inherited it
         self._threads_pinned = pin_all_threads(cores)
+        self._pinned_cores = cores
 
     def _settle_interop_threads(self, wanted: int | None) -> str:
         if self._torch is None or wanted is None:
