@@ -22,7 +22,8 @@ C calling convention puts an `unsigned __int128`:
   pair. After `stream` in X0, X1 is skipped and the mask travels in X2 (low) and X3 (high), i.e.
   `(void *, uint64_t ignored, uint64_t low, uint64_t high)`.
 Other architectures are refused rather than guessed. The tests compile a fake libsmctrl with gcc
-whose function really takes an `unsigned __int128` and check the halves arrive in order."""
+whose function really takes an `unsigned __int128` and check the halves arrive in order, and check
+this table against the registers gcc (and aarch64-linux-gnu-gcc, when installed) uses for the call."""
 
 from __future__ import annotations
 

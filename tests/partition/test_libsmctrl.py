@@ -178,3 +178,36 @@ def test_drivers_newer_than_known_working_are_refused_unless_allowed(fake, monke
     backend(fake, "prefill", A100_TPCS, allow_untested_driver=True).apply(2)
     monkeypatch.setattr(cuda_driver, "cuda_driver_version", lambda: 12060)
     backend(fake, "prefill", A100_TPCS).apply(2)
+
+
+# Which integer-argument register holds each ctypes slot after `stream`, per architecture.
+ARG_REGISTERS = {"x86_64": ["%esi", "%edx", "%ecx"], "aarch64": ["x1", "x2", "x3"]}
+COMPILERS = {"x86_64": "gcc", "aarch64": "aarch64-linux-gnu-gcc"}
+
+
+@pytest.mark.parametrize("arch", ["x86_64", "aarch64"])
+def test_int128_slot_table_matches_the_compilers_calling_convention(arch, tmp_path):
+    """Compile a call passing low=0x1111, high=0x2222 as one unsigned __int128 and read from the
+    assembly which argument register each half lands in; the ctypes slot table must agree."""
+    import re
+    import shutil
+    import subprocess
+
+    from bullet.partition.libsmctrl import _INT128_SLOTS
+
+    compiler = shutil.which(COMPILERS[arch])
+    if compiler is None or (arch == "x86_64" and subprocess.run(
+            [compiler, "-dumpmachine"], capture_output=True, text=True).stdout.split("-")[0] != "x86_64"):
+        pytest.skip(f"no {arch} C compiler here")
+    src = tmp_path / "call.c"
+    src.write_text("void ext(void *s, unsigned __int128 m);\n"
+                   "void call(void *s) { ext(s, ((unsigned __int128)0x2222 << 64) | 0x1111); }\n")
+    asm = subprocess.run([compiler, "-O2", "-S", str(src), "-o", "-"], capture_output=True, text=True,
+                         check=True).stdout
+    where = {}
+    for value, half in ((4369, "low"), (8738, "high")):
+        m = re.search(rf"mov\w*\s+\$?{value},\s*(\S+)|mov\w*\s+(\S+),\s*#?{value}\b", asm)
+        assert m, asm
+        where[half] = ARG_REGISTERS[arch].index(m.group(1) or m.group(2).rstrip(","))
+    slots = _INT128_SLOTS[arch]
+    assert slots.index("low") == where["low"] and slots.index("high") == where["high"]
