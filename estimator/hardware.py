@@ -35,22 +35,41 @@ class HardwareSpec(BaseModel):
     wave_quantization: bool = Field(True, description="False when kernels split work evenly over units (CPU)")
     kernel_overhead_s: float = Field(0.0, ge=0, description="fixed cost of one kernel launch/dispatch")
     memory_bytes: float | None = None
+    # Measured rates with 1..units units (CPU probe). When present they replace the linear /
+    # saturating SRM curves: a CPU's cores share caches and clocks, so scaling is measured, not assumed.
+    measured_flops: dict[str, list[float]] = Field(default_factory=dict)
+    measured_bandwidth: list[float] = Field(default_factory=list)
     source: str = ""
     assumptions: tuple[str, ...] = ()
 
+    def model_post_init(self, _context) -> None:
+        for name, table in [("measured_bandwidth", self.measured_bandwidth), *self.measured_flops.items()]:
+            if table and len(table) != self.units:
+                raise ValueError(f"{self.name}: {name} has {len(table)} entries for {self.units} units")
+
+    @staticmethod
+    def _dtype_keys(dtype: str) -> tuple[str, ...]:
+        # half types fall back on each other, then on fp32
+        return (dtype, "bf16" if dtype == "fp16" else "fp16", "fp32")
+
     def flops(self, dtype: str = "bf16") -> float:
-        """Peak FLOP/s for `dtype`; half types fall back on each other, then on fp32."""
-        for key in (dtype, "bf16" if dtype == "fp16" else "fp16", "fp32"):
+        """Peak FLOP/s for `dtype` with all units."""
+        for key in self._dtype_keys(dtype):
             if key in self.peak_flops:
                 return self.peak_flops[key]
         raise KeyError(f"{self.name}: no peak FLOP/s for {dtype!r} (have {sorted(self.peak_flops)})")
 
     def compute_rate(self, units: float, dtype: str = "bf16") -> float:
-        """C_p = C_peak * N_p / N: compute scales linearly with the units given."""
+        """C_p = C_peak * N_p / N: compute scales linearly with the units given (or as measured)."""
+        for key in self._dtype_keys(dtype):
+            if key in self.measured_flops and float(units).is_integer() and 1 <= units <= self.units:
+                return self.measured_flops[key][int(units) - 1]
         return self.flops(dtype) * units / self.units
 
     def bandwidth(self, units: float) -> float:
-        """D_p = D_peak * min(1, N_p / N_d): bandwidth saturates at the inflection N_d."""
+        """D_p = D_peak * min(1, N_p / N_d): bandwidth saturates at the inflection N_d (or as measured)."""
+        if self.measured_bandwidth and float(units).is_integer() and 1 <= units <= self.units:
+            return self.measured_bandwidth[int(units) - 1]
         return self.peak_bandwidth * min(1.0, units / self.bandwidth_inflection)
 
     def partition_sizes(self) -> list[int]:

@@ -79,6 +79,8 @@ class Estimator:
         """Seconds to run `num_layers` layers (default all) of a packed prefill of `seq_lens` on
         `units` units, plus embedding and LM head if `include_head`, with a decode batch of
         `co_decode_batch` requests running on the other units."""
+        if not 0 < units <= self.hardware.units:
+            raise ValueError(f"units must be in 1..{self.hardware.units}, got {units}")
         seconds = self._prefill(seq_lens, units, num_layers, include_head, co_decode_batch, True)
         online = self.calibration.online
         if online.factors:
@@ -90,6 +92,8 @@ class Estimator:
         """Seconds for one decode step of all layers (+ LM head) on `units` units, with a prefill
         of `co_prefill_tokens` tokens running on the other units."""
         batch, context = decode_summary(context_lens)
+        if not 0 < units <= self.hardware.units:
+            raise ValueError(f"units must be in 1..{self.hardware.units}, got {units}")
         seconds = self._decode(batch, context, units, co_prefill_tokens, include_head, num_layers, True)
         online = self.calibration.online
         if online.factors:
@@ -157,10 +161,10 @@ class Estimator:
 
     # ---- persistence --------------------------------------------------------------------------
 
-    def save(self, path: str | Path) -> None:
+    def save(self, path: str | Path, notes: list[str] | None = None) -> None:
         from estimator.profile import EstimatorProfile
 
-        EstimatorProfile.from_estimator(self).write(path)
+        EstimatorProfile.from_estimator(self, notes).write(path)
 
     @classmethod
     def load(cls, path: str | Path, model: ModelConfig | None = None) -> "Estimator":

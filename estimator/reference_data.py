@@ -86,3 +86,7 @@ A100_LLAMA3_8B_DECODE_ATTENTION_MS = {  # (batch, context per request) -> ms per
     (1, 1024): 0.77, (8, 1024): 1.25, (32, 1024): 3.17, (128, 1024): 11.1, (32, 4032): 10.7, (64, 4032): 21.6,
 }
 A100_LLAMA3_8B_LAYERS = 32
+# numbers.md end to end (linear + attention, no LM head), ms.
+A100_LLAMA3_8B_PREFILL_MS = {512: 36.2, 1024: 78.7, 2048: 155.6, 4096: 304.5}  # batch 1
+A100_LLAMA3_8B_DECODE_MS = {(1, 1024): 10.5, (8, 1024): 11.2, (32, 1024): 14.1, (128, 1024): 24.3,
+                            (32, 4032): 21.6, (64, 4032): 32.8}

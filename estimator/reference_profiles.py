@@ -20,6 +20,7 @@ from estimator.predictor import Estimator
 from estimator.profile import EstimatorProfile
 from estimator.reference_data import (
     A100_LLAMA3_8B_DECODE_ATTENTION_MS,
+    A100_LLAMA3_8B_DECODE_MS,
     A100_LLAMA3_8B_LAYERS,
     A100_LLAMA3_8B_PREFILL_ATTENTION_MS,
     VIDUR_LAYER_COLUMNS,
@@ -32,6 +33,9 @@ from estimator.reference_data import (
 SAMPLE_TOKENS = (128, 4096)
 PREFILL_ATTENTION_SAMPLES = (1024, 4096)  # prompt lengths, batch 1
 DECODE_ATTENTION_SAMPLES = ((1, 1024), (128, 1024))  # (batch, context per request)
+# End-to-end decode steps (numbers.md, linear + attention, no LM head) as phase samples: the kernel
+# samples start at 128 rows, below which GEMMs are weight-bound at a different efficiency.
+DECODE_PHASE_SAMPLES = ((1, 1024), (128, 1024))
 SHIPPED_PROFILE = Path(__file__).parent / "data" / "a100-llama-3-8b.json"
 DEFAULT_SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -51,6 +55,11 @@ def a100_attention_samples(units: int = 108) -> list[Sample]:
     return prefill + decode
 
 
+def a100_decode_phase_samples(units: int = 108) -> list[Sample]:
+    return [Sample(kind="decode", units=units, decode_batch=b, decode_context=b * c, include_head=False,
+                   seconds=A100_LLAMA3_8B_DECODE_MS[(b, c)] * 1e-3) for b, c in DECODE_PHASE_SAMPLES]
+
+
 def vidur_estimator(csv_path: Path, hardware: HardwareSpec | None = None, tokens=SAMPLE_TOKENS,
                     model: ModelConfig | None = None, with_attention: bool = False) -> Estimator:
     hardware = hardware or HardwareSpec.builtin("a100")
@@ -64,9 +73,12 @@ def vidur_estimator(csv_path: Path, hardware: HardwareSpec | None = None, tokens
 def a100_llama3_8b_profile(shared_data: Path) -> EstimatorProfile:
     csv_path = vidur_csv_path(shared_data, "llama-3-8b")
     estimator = vidur_estimator(csv_path, model=ModelConfig.builtin("llama-3.1-8b"), with_attention=True)
+    estimator.calibration.samples.extend(a100_decode_phase_samples())
+    estimator.refit()
     return EstimatorProfile.from_estimator(estimator, notes=[
         f"kernel samples: Vidur A100 operator profile of Meta-Llama-3-8B (MIT), tokens {list(SAMPLE_TOKENS)}",
         "attention samples: FlashInfer A100 latencies summed in shared/reference/numbers.md, per layer",
+        f"decode phase samples: numbers.md decode steps {list(DECODE_PHASE_SAMPLES)} (batch, context)",
         "no contention table: not measured on a GPU yet",
     ])
 

@@ -1,0 +1,23 @@
+"""The shipped A100 profile is what the public data says, and loads without shared/data."""
+
+from __future__ import annotations
+
+import json
+
+from estimator.predictor import Estimator
+from estimator.reference_profiles import SHIPPED_PROFILE, a100_llama3_8b_profile
+
+
+def test_shipped_profile_is_regenerated_from_shared_data(shared_data):
+    regenerated = a100_llama3_8b_profile(shared_data).model_dump(mode="json")
+    assert json.loads(SHIPPED_PROFILE.read_text()) == regenerated, (
+        "estimator/data/a100-llama-3-8b.json is stale: run `python -m estimator.reference_profiles`")
+
+
+def test_shipped_profile_uses_at_most_two_samples_per_kind():
+    estimator = Estimator.load(SHIPPED_PROFILE)
+    counts = {}
+    for sample in estimator.calibration.samples:
+        counts[sample.kind] = counts.get(sample.kind, 0) + 1
+    assert max(counts.values()) <= 2 and "attn_prefill" in counts and "attn_decode" in counts
+    assert estimator.model.name == "llama-3.1-8b" and estimator.hardware.units == 108
