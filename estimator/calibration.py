@@ -113,16 +113,19 @@ class AlphaCurve:
 
 
 class OnlineCorrection(BaseModel):
-    """Multiplicative corrections learnt from observed step latencies, as an exponentially weighted
-    moving average of observed / predicted per (phase, size bucket, units bucket), falling back on
-    (phase, size bucket) and then (phase) while a finer bucket has no observation yet."""
+    """Multiplicative corrections learnt from observed step latencies: an exponentially weighted
+    moving average of observed / predicted at three levels — (phase), (phase, size bucket) and
+    (phase, size bucket, units bucket). A prediction uses the finest level observed so far; a level
+    seen for the first time starts from its parent's value, so one odd step moves it by `weight`
+    only, and a systematic error spreads at once to sizes and splits not yet observed."""
 
     weight: float = Field(0.25, gt=0, le=1, description="EWMA weight of a new observation")
     units_buckets: int = Field(4, gt=0)
     factors: dict[str, float] = Field(default_factory=dict)  # "phase", "phase/s", "phase/s/u"
 
     def keys(self, phase: str, size: int, units: int, total_units: int) -> tuple[str, str, str]:
-        size_bucket = max(size, 1).bit_length()  # log2 buckets
+        """Finest first. Sizes are bucketed by powers of two, units by fractions of the device."""
+        size_bucket = max(size, 1).bit_length()
         units_bucket = min(self.units_buckets - 1, units * self.units_buckets // (total_units + 1))
         return (f"{phase}/{size_bucket}/{units_bucket}", f"{phase}/{size_bucket}", phase)
 
@@ -137,9 +140,11 @@ class OnlineCorrection(BaseModel):
 
     def observe(self, phase: str, size: int, units: int, total_units: int, ratio: float) -> None:
         """Fold one observed / predicted ratio (of the uncorrected prediction) into every level."""
-        for key in self.keys(phase, size, units, total_units):
-            old = self.factors.get(key)
-            self.factors[key] = ratio if old is None else old + self.weight * (ratio - old)
+        parent = 1.0
+        for key in reversed(self.keys(phase, size, units, total_units)):
+            old = self.factors.get(key, parent)
+            self.factors[key] = old + self.weight * (ratio - old)
+            parent = old
 
     def reset(self) -> None:
         self.factors.clear()

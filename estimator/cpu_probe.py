@@ -125,7 +125,10 @@ def probe_cpu(cores: list[int] | None = None, sizes: ProbeSizes = ProbeSizes(), 
         overhead = dispatch_overhead(sizes.min_seconds)
     steps.update()
     steps.close()
-    peak_bw = max(matvec)
+    raw = {"fp32": list(flops["fp32"]), "bf16": list(flops["bf16"]), "matrix-vector": list(matvec)}
+    flops = {d: _non_decreasing(v) for d, v in flops.items()}
+    matvec = _non_decreasing(matvec)
+    peak_bw = matvec[-1]
     return HardwareSpec(
         name=name or f"cpu-{n}c", kind="cpu", units=n, unit_name="core",
         peak_flops={d: v[-1] for d, v in flops.items()}, peak_bandwidth=peak_bw,
@@ -135,8 +138,21 @@ def probe_cpu(cores: list[int] | None = None, sizes: ProbeSizes = ProbeSizes(), 
         kernel_overhead_s=overhead, measured_flops=flops, measured_bandwidth=matvec,
         source=f"estimator.cpu_probe on cores {cores} (torch {torch.__version__}, "
                f"GEMM {sizes.gemm_n}^3, matrix-vector {sizes.matrix_mb} MB)",
-        assumptions=(f"copy bandwidth by cores (B/s, read+write): {[round(c) for c in copy]}",),
+        assumptions=(
+            "rates made non-decreasing in cores: a drop with more cores is other processes "
+            "interfering (OpenMP waits for a descheduled thread), not the hardware",
+            f"raw measurements by cores (FLOP/s, B/s): { {k: [round(x) for x in v] for k, v in raw.items()} }",
+            f"copy bandwidth by cores (B/s, read+write): {[round(c) for c in copy]}",
+        ),
     )
+
+
+def _non_decreasing(rates: list[float]) -> list[float]:
+    out, best = [], 0.0
+    for rate in rates:
+        best = max(best, rate)
+        out.append(best)
+    return out
 
 
 # ---- contention: decode-like bandwidth beside a prefill-like GEMM ----------------------------------
