@@ -14,7 +14,7 @@ from __future__ import annotations
 import bisect
 import math
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class BandwidthPoint(BaseModel):
@@ -48,43 +48,56 @@ def _interp_log(xs: list[float], ys: list[float], x: float, at_zero: float) -> f
     return ys[k - 1] + t * (ys[k] - ys[k - 1])
 
 
-class ContentionModel(BaseModel):
-    decode_bandwidth: list[BandwidthPoint] = Field(default_factory=list)
-    prefill_slowdown: list[SlowdownPoint] = Field(default_factory=list)
-    _curves: dict[int, tuple[list[float], list[float]]] = PrivateAttr(default_factory=dict)
-    _profiled_units: list[int] = PrivateAttr(default_factory=list)
-    _slow: tuple[list[float], list[float]] = PrivateAttr(default=([], []))
+class ContentionLookup:
+    """The tables of a `ContentionModel` as plain lists, for the predictor's hot path."""
 
-    def model_post_init(self, _context) -> None:
-        self._curves = {}
-        for point in sorted(self.decode_bandwidth, key=lambda p: (p.units, p.prefill_tokens)):
-            xs, ys = self._curves.setdefault(point.units, ([], []))
+    __slots__ = ("curves", "units", "slow")
+
+    def __init__(self, model: "ContentionModel"):
+        self.curves: dict[int, tuple[list[float], list[float]]] = {}
+        for point in sorted(model.decode_bandwidth, key=lambda p: (p.units, p.prefill_tokens)):
+            xs, ys = self.curves.setdefault(point.units, ([], []))
             xs.append(float(point.prefill_tokens))
             ys.append(point.fraction)
-        self._profiled_units = sorted(self._curves)
-        slow = sorted(self.prefill_slowdown, key=lambda p: p.decode_batch)
-        self._slow = ([float(p.decode_batch) for p in slow], [p.factor for p in slow])
+        self.units = sorted(self.curves)
+        slow = sorted(model.prefill_slowdown, key=lambda p: p.decode_batch)
+        self.slow = ([float(p.decode_batch) for p in slow], [p.factor for p in slow])
 
     def decode_bandwidth_fraction(self, prefill_tokens: int, units: int) -> float:
-        """D_{p,sl} / D_p for decode on `units` units beside a prefill of `prefill_tokens` tokens,
-        from the curve of the nearest profiled unit count."""
-        if prefill_tokens <= 0 or not self._profiled_units:
+        if prefill_tokens <= 0 or not self.units:
             return 1.0
-        profiled = self._profiled_units
+        profiled = self.units
         k = bisect.bisect_left(profiled, units)
         nearest = profiled[min(k, len(profiled) - 1)]
         if k > 0 and (k == len(profiled) or units - profiled[k - 1] < profiled[k] - units):
             nearest = profiled[k - 1]
-        xs, ys = self._curves[nearest]
+        xs, ys = self.curves[nearest]
         return _interp_log(xs, ys, float(prefill_tokens), 1.0)
 
     def prefill_slowdown_factor(self, decode_batch: int) -> float:
-        return _interp_log(*self._slow, float(decode_batch), 1.0)
+        if decode_batch <= 0 or not self.slow[0]:
+            return 1.0
+        return _interp_log(*self.slow, float(decode_batch), 1.0)
+
+
+class ContentionModel(BaseModel):
+    decode_bandwidth: list[BandwidthPoint] = Field(default_factory=list)
+    prefill_slowdown: list[SlowdownPoint] = Field(default_factory=list)
+
+    def lookup(self) -> ContentionLookup:
+        return ContentionLookup(self)
+
+    def decode_bandwidth_fraction(self, prefill_tokens: int, units: int) -> float:
+        """D_{p,sl} / D_p for decode on `units` units beside a prefill of `prefill_tokens` tokens,
+        from the curve of the nearest profiled unit count (1 without a table)."""
+        return self.lookup().decode_bandwidth_fraction(prefill_tokens, units)
+
+    def prefill_slowdown_factor(self, decode_batch: int) -> float:
+        """Prefill time beside a decode batch / alone (1 without a table)."""
+        return self.lookup().prefill_slowdown_factor(decode_batch)
 
     def add_bandwidth(self, units: int, prefill_tokens: int, fraction: float) -> None:
         self.decode_bandwidth.append(BandwidthPoint(units=units, prefill_tokens=prefill_tokens, fraction=fraction))
-        self.model_post_init(None)
 
     def add_slowdown(self, decode_batch: int, factor: float) -> None:
         self.prefill_slowdown.append(SlowdownPoint(decode_batch=decode_batch, factor=factor))
-        self.model_post_init(None)

@@ -34,6 +34,11 @@ def decode_summary(context_lens: DecodeBatch) -> tuple[int, int]:
 
 
 class Estimator:
+    """Latency of prefill and decode steps of `model` on `units` of `hardware`'s units.
+
+    Feed it measurements with `add_sample` (offline, Eq. 2) and `observe_prefill` /
+    `observe_decode` (online); change `contention` or `calibration.samples` directly, then `refit()`."""
+
     def __init__(self, model: ModelConfig, hardware: HardwareSpec, calibration: Calibration | None = None,
                  contention: ContentionModel | None = None, dtype: str = "bf16"):
         self.model = model
@@ -47,13 +52,14 @@ class Estimator:
     # ---- building ---------------------------------------------------------------------------
 
     def refit(self) -> None:
-        """Rebuild the alpha curves from the calibration samples (after adding samples)."""
+        """Rebuild the alpha curves and contention tables (after changing samples or tables)."""
+        self._contention = self.contention.lookup()
         self.kernels.fit(self.calibration)
         self._phase_curves: dict[str, AlphaCurve] = {}
         for phase in ("prefill", "decode"):
             samples = self.calibration.of_kind(phase)
             if samples:
-                points = [(self._phase_size(s), self._uncorrected(s, phase_alpha=False), s.seconds) for s in samples]
+                points = [(self._phase_size(s), self._kernel_level_time(s), s.seconds) for s in samples]
                 self._phase_curves[phase] = AlphaCurve(points, "log")
 
     def add_sample(self, kind: str, seconds: float, units: int, **state) -> None:
@@ -65,12 +71,13 @@ class Estimator:
     def _phase_size(sample) -> int:
         return sum(sample.prefill_lens) if sample.kind == "prefill" else sample.decode_batch
 
-    def _uncorrected(self, sample, phase_alpha: bool = True) -> float:
+    def _kernel_level_time(self, sample) -> float:
+        """What the per-kernel model alone predicts for a phase sample."""
         if sample.kind == "prefill":
             return self._prefill(list(sample.prefill_lens), sample.units, sample.num_layers, sample.include_head,
-                                 sample.co_running, phase_alpha)
+                                 sample.co_running, False)
         return self._decode(sample.decode_batch, sample.decode_context, sample.units, sample.co_running,
-                            sample.include_head, sample.num_layers, phase_alpha)
+                            sample.include_head, sample.num_layers, False)
 
     # ---- prediction ---------------------------------------------------------------------------
 
@@ -110,7 +117,7 @@ class Estimator:
         if include_head:
             seconds += k.head_time(tokens, len(seq_lens), units, 1.0)
         if co_decode_batch:
-            seconds *= self.contention.prefill_slowdown_factor(co_decode_batch)
+            seconds *= self._contention.prefill_slowdown_factor(co_decode_batch)
         if phase_alpha and "prefill" in self._phase_curves:
             curve = self._phase_curves["prefill"]
             seconds = curve.calibrated(tokens, seconds)
@@ -120,7 +127,7 @@ class Estimator:
         if batch <= 0:
             return 0.0
         k = self.kernels
-        scale = self.contention.decode_bandwidth_fraction(co_prefill_tokens, units) if co_prefill_tokens else 1.0
+        scale = self._contention.decode_bandwidth_fraction(co_prefill_tokens, units) if co_prefill_tokens else 1.0
         layer = k.token_ops_time(batch, units, scale) + k.decode_attention_time(batch, context, units, scale)
         seconds = layer * (self.model.num_hidden_layers if num_layers is None else num_layers)
         if include_head:
