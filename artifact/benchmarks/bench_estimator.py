@@ -15,6 +15,9 @@ Writes artifact/results/estimator.json."""
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import platform
 import random
 import statistics
 import sys
@@ -24,7 +27,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from artifact.benchmarks.common import print_table, write_results  # noqa: E402
 from engines.model_config import ModelConfig  # noqa: E402
 from estimator.predictor import Estimator  # noqa: E402
 from estimator.reference_data import (  # noqa: E402
@@ -43,6 +45,30 @@ from estimator.reference_profiles import (  # noqa: E402
     vidur_estimator,
 )
 from estimator.waves import TABLE2_COLUMNS, TABLE2_PAPER, prefill_idle_table  # noqa: E402
+
+
+RESULTS = Path(os.environ.get("BULLET_RESULTS_DIR", ROOT / "artifact" / "results"))
+
+
+def write_results(name: str, payload: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    machine = {"platform": platform.platform(), "python": platform.python_version(), "cpu_count": os.cpu_count(),
+               "when": time.strftime("%Y-%m-%d %H:%M:%S")}
+    path.write_text(json.dumps({"machine": machine, **payload}, indent=2) + "\n")
+    return path
+
+
+def print_table(rows: list[dict], columns: list[str], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column, justify="right")
+    for row in rows:
+        table.add_row(*[f"{row[c]:.2f}" if isinstance(row.get(c), float) else str(row.get(c, "")) for c in columns])
+    Console(width=max(120, Console().width)).print(table)
 
 
 def table2() -> list[dict]:
