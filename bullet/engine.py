@@ -5,15 +5,14 @@ sampler picks tokens, the finish checker retires requests. The offline `bullet.L
 from __future__ import annotations
 
 import itertools
-import time
 
 import torch
 
 from bullet.finish import FinishChecker
 from bullet.request import Request
 from bullet.schedulers.hybrid import HybridScheduler, Scheduled
+from bullet.token_step import record_prompt_logprobs, sample_next
 from engines.runner import ModelRunner, SeqChunk
-from engines.sampler import SampleRow, sample
 from engines.sampling_params import SamplingParams
 
 
@@ -35,16 +34,6 @@ def validate_prompt(prompt_ids: list[int], params: SamplingParams, vocab_size: i
         params.check_vocab(vocab_size)
     except ValueError as exc:
         raise RequestError(str(exc)) from exc
-
-
-def record_prompt_logprobs(req: Request, start: int, logits: torch.Tensor) -> None:
-    """logits[j] predicts the token at position start + j + 1; only prompt positions are kept."""
-    if start == 0:
-        req.prompt_logprobs = [None]
-    targets = req.all_ids[start + 1 : min(start + 1 + logits.shape[0], len(req.prompt_ids))]
-    if targets:
-        lp = torch.log_softmax(logits[: len(targets)], dim=-1)
-        req.prompt_logprobs.extend(lp.gather(1, torch.tensor(targets).unsqueeze(1)).squeeze(1).tolist())
 
 
 class Engine:
@@ -111,20 +100,12 @@ class Engine:
         return SeqChunk(req.all_ids[start : start + s.num_tokens], start, req.page_table, mode)
 
     def _sample(self, logits: torch.Tensor, picks: list[tuple[Request, int]]) -> None:
-        rows = [SampleRow(r.params, r.generator, r.output_ids, self.finish.banned_ids(r)) for r, _ in picks]
-        result = sample(logits[[i for _, i in picks]], rows)
-        for k, (req, _) in enumerate(picks):
-            req.output_ids.append(result.token_ids[k])
-            if req.params.logprobs or req.params.top_logprobs_num:
-                req.output_logprobs.append(result.logprobs[k])
-                req.output_top_logprobs.append(result.top_logprobs[k])
-            if req.first_token_time is None:
-                req.first_token_time = time.monotonic()
-            reason = self.finish.check(req)
-            if reason is not None:
-                self._retire(req, reason)
+        reqs = [r for r, _ in picks]
+        for req in sample_next(logits[[i for _, i in picks]], reqs, self.finish):
+            self._retire(req, req.finish_reason)
 
     def _retire(self, req: Request, reason: dict) -> None:
         self.scheduler.release(req)
-        req.finish(reason)
+        if not req.finished:
+            req.finish(reason)
         self.requests.pop(req.rid, None)

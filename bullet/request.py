@@ -40,13 +40,15 @@ class Request:
     output_logprobs: list[float | None] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[int, float]] | None] = field(default_factory=list)
     prompt_logprobs: list[float | None] = field(default_factory=list)
-    generator: torch.Generator | None = None
     first_token_time: float | None = None
     finish_time: float | None = None
 
-    def __post_init__(self):
-        if self.params.seed is not None and self.generator is None:
-            self.generator = torch.Generator().manual_seed(self.params.seed)
+    def step_generator(self) -> torch.Generator | None:
+        """A seeded request draws token k from a generator derived from (seed, k): the output is
+        the same whichever worker samples it and whatever else is in the batch."""
+        if self.params.seed is None:
+            return None
+        return torch.Generator().manual_seed((self.params.seed * 0x9E3779B97F4A7C15 + len(self.output_ids)) % 2**63)
 
     @property
     def seq_len(self) -> int:

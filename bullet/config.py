@@ -1,0 +1,89 @@
+"""Server configuration: one pydantic model, with SGLang's flag names where they overlap
+(`--model-path`, `--host`, `--port`, `--page-size`, `--max-total-tokens`, …). The CLI builds its
+flags from the field descriptions here, so `--help` and validation never drift apart."""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class ServerArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # model
+    model_path: str | None = Field(None, description="a .gguf file, an HF directory, or a config for "
+                                   "--load-format dummy (default: the embedded SmolLM2-135M-Instruct)")
+    tokenizer_path: str | None = Field(None, description="HF tokenizer directory (default: the model's own)")
+    load_format: Literal["auto", "gguf", "safetensors", "dummy"] = Field("auto", description="weight format")
+    dtype: str = Field("auto", description="auto (bf16 where the hardware has it, else fp32) | float32 | bfloat16 | float16")
+    device: str = Field("cpu", description="cpu | cuda | auto")
+    served_model_name: str | None = Field(None, description="model name reported by the API (default: from the path)")
+    seed: int = Field(0, description="seed for dummy weights")
+    # HTTP
+    host: str = Field("127.0.0.1", description="address to listen on")
+    port: int = Field(30000, ge=0, le=65535, description="HTTP port (0 = pick a free one)")
+    api_key: str | None = Field(None, description="require 'Authorization: Bearer <key>' on every request")
+    # memory
+    page_size: int = Field(16, ge=1, le=1024, description="tokens per KV page")
+    max_total_tokens: int = Field(32768, ge=64, description="KV pool capacity in tokens (shared by both workers)")
+    max_running_requests: int = Field(64, ge=1, description="largest decode batch")
+    max_prefill_tokens: int = Field(4096, ge=16, description="largest prefill batch, in prompt tokens")
+    # scheduling
+    policy: str = Field("static", description="bullet | static[:<prefill units>] | naive | chunked:<token budget>")
+    prefill_layers_per_step: int = Field(4, ge=1, description="layers a prefill step runs before the scheduler runs again")
+    partition_backend: Literal["cpu", "libsmctrl", "green-ctx", "none"] = Field(
+        "cpu", description="how compute units are divided between the workers")
+    cores: str | None = Field(None, description="CPU cores the server may use, e.g. '0-3' (default: all allowed)")
+    ttft_slo: str = Field("3.0ms/token", description="TTFT target: absolute ('2s', '500ms') or per input token ('3ms/token')")
+    tpot_slo: str = Field("150ms", description="TPOT target ('150ms', '0.2s')")
+    estimator_profile: str | None = Field(None, description="profile written by `bullet profile` (default: measured on first use)")
+    # supervision
+    max_worker_restarts: int = Field(3, ge=0, description="restarts after a worker dies before the server gives up")
+    heartbeat_timeout: float = Field(0.0, ge=0.0, description="declare a busy worker hung after this many seconds without a heartbeat (0 = off)")
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log verbosity")
+
+    @field_validator("policy")
+    @classmethod
+    def _policy(cls, v: str) -> str:
+        name, _, arg = v.partition(":")
+        if name not in ("bullet", "static", "naive", "chunked"):
+            raise ValueError(f"unknown policy {v!r}; choose bullet, static[:<units>], naive or chunked:<tokens>")
+        if name == "chunked" and not arg.isdigit():
+            raise ValueError("chunked needs a token budget, e.g. chunked:256")
+        if arg and not arg.isdigit():
+            raise ValueError(f"policy argument must be a number, got {arg!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.max_total_tokens < self.page_size:
+            raise ValueError("max_total_tokens must hold at least one page")
+        return self
+
+    @property
+    def policy_name(self) -> str:
+        return self.policy.partition(":")[0]
+
+    @property
+    def policy_arg(self) -> int | None:
+        arg = self.policy.partition(":")[2]
+        return int(arg) if arg else None
+
+    @property
+    def num_pages(self) -> int:
+        return -(-self.max_total_tokens // self.page_size)
+
+    def allowed_cores(self) -> list[int]:
+        from bullet.partition import parse_id_list
+
+        allowed = sorted(os.sched_getaffinity(0))
+        if self.cores is None:
+            return allowed
+        wanted = sorted(parse_id_list(self.cores))
+        missing = set(wanted) - set(allowed)
+        if missing:
+            raise ValueError(f"--cores {self.cores}: cores {sorted(missing)} are not available to this process")
+        return wanted

@@ -1,0 +1,1 @@
+"""HTTP frontend: SGLang-native and OpenAI-compatible endpoints, Prometheus metrics."""

@@ -1,0 +1,263 @@
+"""OpenAI-compatible endpoints: /v1/models, /v1/completions, /v1/chat/completions."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from bullet.http.errors import APIError, stream_error_event
+from bullet.http.generation import ClientGone, Update, follow, run_to_completion, submit
+from bullet.http.protocol import ChatBody, CompletionBody, OpenAISampling, parse_body
+from bullet.http.sampling import MAX_N, build_sampling_params
+
+router = APIRouter(prefix="/v1")
+CREATED = int(time.time())
+
+
+@router.get("/models")
+async def models(request: Request):
+    shared = request.app.state.runtime.model
+    return {"object": "list", "data": [{"id": shared.model_name, "object": "model", "created": CREATED,
+                                        "owned_by": "bullet", "root": shared.model_name,
+                                        "max_model_len": shared.config.max_position_embeddings}]}
+
+
+def _check_model(rt, body: OpenAISampling) -> str:
+    name = rt.model.model_name
+    if body.model not in (None, "", name, "default", rt.args.model_path):
+        raise APIError(f"the model '{body.model}' does not exist; this server serves '{name}'", status=404,
+                       type_="invalid_request_error", param="model", code="model_not_found")
+    return name
+
+
+def _params(body: OpenAISampling, max_tokens: int | None, default_max: int, **extra):
+    if body.response_format and body.response_format.get("type") not in (None, "text"):
+        raise APIError("response_format: constrained decoding is not supported by this server", param="response_format")
+    if not 1 <= body.n <= MAX_N:
+        raise APIError(f"n must lie in 1..{MAX_N}", param="n")
+    fields = {"max_new_tokens": default_max if max_tokens is None else max_tokens, "temperature": body.temperature,
+              "top_p": body.top_p, "top_k": body.top_k, "min_p": body.min_p, "stop": body.stop,
+              "stop_token_ids": body.stop_token_ids, "seed": body.seed, "presence_penalty": body.presence_penalty,
+              "frequency_penalty": body.frequency_penalty, "repetition_penalty": body.repetition_penalty,
+              "ignore_eos": body.ignore_eos, "min_new_tokens": body.min_tokens,
+              "skip_special_tokens": body.skip_special_tokens, **extra}
+    return build_sampling_params({k: v for k, v in fields.items() if v is not None}, where="request")
+
+
+def _finish_reason(reason: dict | None) -> str | None:
+    return None if reason is None else reason.get("type")
+
+
+def _usage(states) -> dict:
+    prompt = sum(len(s.prompt_ids) for s in states)
+    completion = sum(len(s.output_ids) for s in states)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+async def _submit_all(rt, jobs) -> list:
+    states = []
+    try:
+        for ids, params in jobs:
+            states.append(await submit(rt, ids, params))
+    except APIError:
+        for st in states:
+            await rt.client.abort(st.rid, "another prompt of the request was rejected")
+        raise
+    return states
+
+
+async def _finals(request: Request, rt, states) -> list[Update]:
+    try:
+        finals = await asyncio.gather(*[run_to_completion(request, follow(rt, st)) for st in states])
+    except ClientGone:
+        raise APIError("client disconnected", status=499)
+    for u in finals:
+        reason = u.state.finish_reason or {}
+        if reason.get("type") == "abort":
+            raise APIError(reason.get("message", "request failed"), status=503, type_="server_error")
+    return finals
+
+
+async def _merged(rt, states):
+    """(choice index, update) from all requests as they arrive."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i, st):
+        try:
+            async for u in follow(rt, st):
+                await queue.put((i, u))
+        finally:
+            await queue.put((i, None))
+
+    tasks = [asyncio.ensure_future(pump(i, st)) for i, st in enumerate(states)]
+    remaining = len(tasks)
+    try:
+        while remaining:
+            i, u = await queue.get()
+            if u is None:
+                remaining -= 1
+            else:
+                yield i, u
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _sse(obj) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+# -- completions ---------------------------------------------------------------------------------
+
+def _completion_logprobs(tok, st, n_top: int, offset0: int) -> dict:
+    tokens = [tok.id_to_text(t) for t in st.output_ids]
+    offsets, pos = [], offset0
+    for t in tokens:
+        offsets.append(pos)
+        pos += len(t)
+    tops = [{tok.id_to_text(i): lp for i, lp in (top or [])} for top in st.output_top_logprobs] if n_top else None
+    return {"tokens": tokens, "token_logprobs": list(st.output_logprobs), "top_logprobs": tops, "text_offset": offsets}
+
+
+@router.post("/completions")
+async def completions(request: Request):
+    rt = request.app.state.runtime
+    body: CompletionBody = parse_body(await request.body(), CompletionBody)
+    model = _check_model(rt, body)
+    p = body.prompt
+    if isinstance(p, str):
+        prompts = [p]
+    elif p and all(isinstance(x, int) for x in p):
+        prompts = [p]
+    else:
+        prompts = list(p)
+    if not prompts or any(len(x) == 0 for x in prompts):
+        raise APIError("prompt is empty", param="prompt")
+    if body.max_tokens is not None and body.max_tokens < (0 if body.echo else 1):
+        raise APIError("max_tokens must be at least 1 (0 is allowed only with echo)", param="max_tokens")
+    want_lp = body.logprobs is not None
+    params = _params(body, body.max_tokens, 16, logprobs=want_lp, top_logprobs_num=body.logprobs or 0)
+    encoded = [rt.tokenizer.encode(x) if isinstance(x, str) else list(x) for x in prompts]
+    jobs = [(ids, params) for ids in encoded for _ in range(body.n)]
+    states = await _submit_all(rt, jobs)
+    cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    echo_text = [(prompts[k // body.n] if isinstance(prompts[k // body.n], str)
+                  else rt.tokenizer.decode(encoded[k // body.n])) if body.echo else "" for k in range(len(jobs))]
+
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+        async def events():
+            sent_echo = set()
+            async for i, u in _merged(rt, states):
+                reason = u.state.finish_reason or {}
+                if reason.get("type") == "abort":
+                    yield _sse(stream_error_event(reason.get("message", "request failed"), 503))
+                    continue
+                text = u.delta
+                if body.echo and i not in sent_echo:
+                    text, _ = echo_text[i] + text, sent_echo.add(i)
+                if not text and not u.done:
+                    continue
+                yield _sse({"id": cid, "object": "text_completion", "created": created, "model": model,
+                            "choices": [{"index": i, "text": text, "logprobs": None,
+                                         "finish_reason": _finish_reason(u.state.finish_reason)}]})
+            if include_usage:
+                yield _sse({"id": cid, "object": "text_completion", "created": created, "model": model,
+                            "choices": [], "usage": _usage(states)})
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    finals = await _finals(request, rt, states)
+    choices = []
+    for i, u in enumerate(finals):
+        lp = _completion_logprobs(rt.tokenizer, u.state, body.logprobs or 0, len(echo_text[i])) if want_lp else None
+        choices.append({"index": i, "text": echo_text[i] + u.text, "logprobs": lp,
+                        "finish_reason": _finish_reason(u.state.finish_reason)})
+    return JSONResponse({"id": cid, "object": "text_completion", "created": created, "model": model,
+                         "choices": choices, "usage": _usage([u.state for u in finals])})
+
+
+# -- chat ----------------------------------------------------------------------------------------
+
+def _message_text(content) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for part in content:
+        if part.get("type") != "text":
+            raise APIError(f"message content of type {part.get('type')!r} is not supported (text only)")
+        parts.append(part.get("text", ""))
+    return "".join(parts)
+
+
+def _chat_logprobs(tok, st, n_top: int) -> dict:
+    content = []
+    for k, (t, lp) in enumerate(zip(st.output_ids, st.output_logprobs)):
+        text = tok.id_to_text(t)
+        tops = [{"token": tok.id_to_text(i), "logprob": v, "bytes": list(tok.id_to_text(i).encode())}
+                for i, v in (st.output_top_logprobs[k] or [])] if n_top else []
+        content.append({"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": tops})
+    return {"content": content}
+
+
+@router.post("/chat/completions")
+async def chat_completions(request: Request):
+    rt = request.app.state.runtime
+    body: ChatBody = parse_body(await request.body(), ChatBody)
+    model = _check_model(rt, body)
+    if not body.messages:
+        raise APIError("messages must not be empty", param="messages")
+    messages = [{"role": m.role, "content": _message_text(m.content)} for m in body.messages]
+    try:
+        prompt = rt.tokenizer.apply_chat_template(messages)
+    except Exception as exc:
+        raise APIError(f"cannot apply the chat template: {exc}", param="messages") from exc
+    ids = rt.tokenizer.encode(prompt, add_special_tokens=False)
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    if max_tokens is not None and max_tokens < 1:
+        raise APIError("max_tokens must be at least 1", param="max_tokens")
+    n_top = body.top_logprobs or 0
+    params = _params(body, max_tokens, rt.model.config.max_position_embeddings - len(ids),
+                     logprobs=body.logprobs, top_logprobs_num=n_top if body.logprobs else 0)
+    states = await _submit_all(rt, [(ids, params)] * body.n)
+    cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+        def chunk(i, delta, reason=None):
+            return _sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                         "choices": [{"index": i, "delta": delta, "logprobs": None, "finish_reason": reason}]})
+
+        async def events():
+            for i in range(len(states)):
+                yield chunk(i, {"role": "assistant", "content": ""})
+            async for i, u in _merged(rt, states):
+                reason = u.state.finish_reason or {}
+                if reason.get("type") == "abort":
+                    yield _sse(stream_error_event(reason.get("message", "request failed"), 503))
+                elif u.delta or u.done:
+                    yield chunk(i, {"content": u.delta} if u.delta else {}, _finish_reason(u.state.finish_reason))
+            if include_usage:
+                yield _sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                            "choices": [], "usage": _usage(states)})
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    finals = await _finals(request, rt, states)
+    choices = [{"index": i, "message": {"role": "assistant", "content": u.text},
+                "logprobs": _chat_logprobs(rt.tokenizer, u.state, n_top) if body.logprobs else None,
+                "finish_reason": _finish_reason(u.state.finish_reason)} for i, u in enumerate(finals)]
+    return JSONResponse({"id": cid, "object": "chat.completion", "created": created, "model": model,
+                         "choices": choices, "usage": _usage([u.state for u in finals])})

@@ -1,0 +1,1 @@
+"""The multi-process runtime: shared model, launcher, supervision, frontend client."""

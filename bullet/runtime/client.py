@@ -1,0 +1,173 @@
+"""The frontend's side of the runtime: submit tokenized requests to the prefill worker, merge the
+outputs that stream back from both workers, abort, and fail everything when a worker dies.
+
+Outputs carry the index of their first token, so updates from prefill (the first token) and decode
+(the rest) can arrive in either order; a request is done once its finish reason has arrived and
+every token before it has too."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+import zmq
+import zmq.asyncio
+
+from bullet.engine import validate_prompt
+from bullet.messages import Abort, GenerateRequest, OutputBatch, RequestOutput, decode, encode
+from bullet.runtime.endpoints import Endpoints
+from engines.sampling_params import SamplingParams
+
+
+@dataclass
+class RequestState:
+    rid: str
+    uid: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    arrival: float
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float | None] = field(default_factory=list)
+    output_top_logprobs: list = field(default_factory=list)
+    prompt_logprobs: list[float | None] | None = None
+    finish_reason: dict | None = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    token_times: list[float] = field(default_factory=list)  # arrival time of each output token
+    _pending: dict[int, RequestOutput] = field(default_factory=dict)
+    _final: tuple[int, dict] | None = None  # (number of tokens, reason) once announced
+    _updated: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def stage(self) -> str:
+        return "decode" if len(self.output_ids) > 0 else "prefill"
+
+
+class RuntimeClient:
+    def __init__(self, vocab_size: int, max_context: int, pool_tokens: int):
+        self.vocab_size, self.max_context, self.pool_tokens = vocab_size, max_context, pool_tokens
+        self.ctx = zmq.asyncio.Context(1)
+        self.inflight: dict[str, RequestState] = {}
+        self._uids = itertools.count(1)
+        self._rids = itertools.count(1)
+        self._inbox = self._to_prefill = self._to_decode = None
+        self._recv_task: asyncio.Task | None = None
+        self.on_finish = None  # optional callback(RequestState), e.g. metrics
+
+    async def start(self, endpoints: Endpoints) -> None:
+        self._inbox = self.ctx.socket(zmq.PULL)
+        self._inbox.bind(endpoints.frontend_in)
+        self.connect_workers(endpoints)
+        self._recv_task = asyncio.get_running_loop().create_task(self._receive())
+
+    def connect_workers(self, endpoints: Endpoints) -> None:
+        """(Re)connect to a worker incarnation; messages for a dead one are dropped, not resent."""
+        for sock in (self._to_prefill, self._to_decode):
+            if sock is not None:
+                sock.close(linger=0)
+        self._to_prefill = self.ctx.socket(zmq.PUSH)
+        self._to_prefill.connect(endpoints.prefill_in)
+        self._to_decode = self.ctx.socket(zmq.PUSH)
+        self._to_decode.connect(endpoints.decode_in)
+
+    async def close(self) -> None:
+        if self._recv_task:
+            self._recv_task.cancel()
+        for sock in (self._inbox, self._to_prefill, self._to_decode):
+            if sock is not None:
+                sock.close(linger=0)
+        self.ctx.term()
+
+    # -- requests ------------------------------------------------------------------------------
+    async def submit(self, input_ids: list[int], params: SamplingParams, rid: str | None = None) -> RequestState:
+        validate_prompt(input_ids, params, self.vocab_size, self.max_context, self.pool_tokens)
+        rid = rid or f"r{next(self._rids)}-{int(time.time() * 1000) % 10**8}"
+        if rid in self.inflight:
+            from bullet.engine import RequestError
+
+            raise RequestError(f"request id {rid!r} is already in flight")
+        state = RequestState(rid=rid, uid=next(self._uids), prompt_ids=list(input_ids), params=params,
+                             arrival=time.monotonic())
+        self.inflight[rid] = state
+        await self._to_prefill.send(encode(GenerateRequest(rid=rid, uid=state.uid, input_ids=state.prompt_ids,
+                                                           params=params, arrival=state.arrival)))
+        return state
+
+    async def stream(self, state: RequestState) -> AsyncIterator[RequestState]:
+        """Yields the (cumulative) state after each update, ending with the finished state."""
+        while True:
+            await state._updated.wait()
+            state._updated.clear()
+            yield state
+            if state.done:
+                return
+
+    async def generate(self, input_ids: list[int], params: SamplingParams, rid: str | None = None) -> RequestState:
+        state = await self.submit(input_ids, params, rid)
+        async for _ in self.stream(state):
+            pass
+        return state
+
+    async def abort(self, rid: str, message: str = "aborted by the client") -> None:
+        state = self.inflight.get(rid)
+        if state is None:
+            return
+        msg = encode(Abort(rid=rid, uid=state.uid, message=message))
+        # both workers: the request may be queued, in prefill, in transit, or decoding
+        await self._to_prefill.send(msg)
+        await self._to_decode.send(msg)
+        self._finish(state, {"type": "abort", "message": message})
+
+    def fail_all(self, message: str) -> list[int]:
+        """Finish every in-flight request with an error; returns their page-owner ids."""
+        uids = [s.uid for s in self.inflight.values()]
+        for state in list(self.inflight.values()):
+            self._finish(state, {"type": "abort", "message": message})
+        return uids
+
+    # -- outputs -------------------------------------------------------------------------------
+    async def _receive(self) -> None:
+        while True:
+            batch = decode(await self._inbox.recv())
+            if isinstance(batch, OutputBatch):
+                for out in batch.outputs:
+                    state = self.inflight.get(out.rid)
+                    if state is not None:  # else: finished or failed already (e.g. a late abort ack)
+                        self._merge(state, out)
+
+    def _merge(self, state: RequestState, out: RequestOutput) -> None:
+        if out.prompt_logprobs is not None:
+            state.prompt_logprobs = out.prompt_logprobs
+        if out.finish_reason is not None:
+            state._final = (out.start + len(out.token_ids), out.finish_reason)
+        if out.token_ids:
+            state._pending[out.start] = out
+        now = time.monotonic()
+        while len(state.output_ids) in state._pending:
+            part = state._pending.pop(len(state.output_ids))
+            state.token_times.extend([now] * len(part.token_ids))
+            state.output_ids.extend(part.token_ids)
+            state.output_logprobs.extend(part.logprobs)
+            state.output_top_logprobs.extend(part.top_logprobs)
+        if state.output_ids and state.first_token_time is None:
+            state.first_token_time = now
+        if state._final is not None and len(state.output_ids) >= state._final[0]:
+            self._finish(state, state._final[1])
+        else:
+            state._updated.set()
+
+    def _finish(self, state: RequestState, reason: dict) -> None:
+        if state.done:
+            return
+        state.finish_reason, state.finish_time = reason, time.monotonic()
+        self.inflight.pop(state.rid, None)
+        state._updated.set()
+        if self.on_finish is not None:
+            self.on_finish(state)

@@ -1,0 +1,124 @@
+"""The launcher: loads weights and allocates the KV pool once, creates the instance's shared
+memory (state buffer, page allocator), starts the prefill and decode worker processes, restarts
+or stops them, and removes every segment however the server ends."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+
+import torch.multiprocessing as mp
+
+from bullet.config import ServerArgs
+from bullet.runtime.endpoints import Endpoints
+from bullet.runtime.shared_model import load_shared_model
+from bullet.schedulers.factory import initial_units
+from bullet.shm import cleanup_instance, new_instance_id
+from bullet.shm_page_allocator import SharedPageAllocator
+from bullet.state_buffer import ControlFlags, StateBuffer, WorkerFlags
+from engines.workers.bootstrap import WorkerSpec, worker_main
+
+log = logging.getLogger("bullet.launcher")
+ROLES = ("prefill", "decode")
+
+
+class WorkerStartupError(RuntimeError):
+    pass
+
+
+class Launcher:
+    def __init__(self, args: ServerArgs):
+        self.args = args
+        self.instance_id = new_instance_id()
+        self.procs: dict[str, mp.Process] = {}
+        self.incarnation = 0
+        self.restarts = 0
+        self.shared = self.tokenizer = self.state = self.allocator = None
+        self.endpoints: Endpoints | None = None
+        self.cores = args.allowed_cores()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> None:
+        """Load the model into shared memory, create the segments, start both workers (returns
+        without waiting for them; see wait_ready)."""
+        t0 = time.monotonic()
+        self.shared, self.tokenizer = load_shared_model(self.args)
+        log.info("loaded %s (%s, %.0f MB weights, %.0f MB KV pool of %d pages) in %.1fs", self.shared.model_name,
+                 self.shared.dtype, self.shared.weight_bytes() / 2**20, self.shared.kv_bytes() / 2**20,
+                 self.shared.num_pages, time.monotonic() - t0)
+        self.state = StateBuffer.create(self.instance_id)
+        self.allocator = SharedPageAllocator.create(self.instance_id, self.shared.num_pages, self.shared.page_size)
+        self.spawn_workers()
+
+    def spawn_workers(self) -> None:
+        self.incarnation += 1
+        self.endpoints = Endpoints.for_instance(self.instance_id, self.incarnation)
+        self.state.clear_control(ControlFlags.SHUTDOWN | ControlFlags.DRAIN)
+        ctx = mp.get_context("spawn")
+        units = dict(zip(ROLES, initial_units(self.args, len(self.cores))))
+        for role in ROLES:
+            spec = WorkerSpec(role=role, instance_id=self.instance_id, incarnation=self.incarnation, args=self.args,
+                              model=self.shared, endpoints=self.endpoints, cores=self.cores,
+                              launcher_pid=os.getpid(), initial_units=units[role])
+            proc = ctx.Process(target=worker_main, args=(spec,), name=f"bullet-{role}-{self.instance_id}", daemon=False)
+            proc.start()
+            self.procs[role] = proc
+
+    async def wait_ready(self, timeout: float = 300.0) -> None:
+        """Until both workers published READY in this incarnation; raises if one exits first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            dead = self.dead_workers()
+            if dead:
+                raise WorkerStartupError(", ".join(f"{r} worker exited with code {c} during startup" for r, c in dead))
+            states = [self.state.read(r) for r in ROLES]
+            if all(s.flags & WorkerFlags.READY and s.pid == self.procs[r].pid for r, s in zip(ROLES, states)):
+                return
+            await asyncio.sleep(0.05)
+        raise WorkerStartupError(f"workers not ready after {timeout:.0f}s")
+
+    def dead_workers(self) -> list[tuple[str, int]]:
+        return [(role, p.exitcode) for role, p in self.procs.items() if p.exitcode is not None]
+
+    def worker_pids(self) -> dict[str, int]:
+        return {role: p.pid for role, p in self.procs.items()}
+
+    def terminate_workers(self, grace: float = 5.0) -> None:
+        """SIGTERM (stop after the current step), then SIGKILL whatever is still alive."""
+        self.state.set_control(ControlFlags.SHUTDOWN)
+        for p in self.procs.values():
+            if p.exitcode is None:
+                p.terminate()
+        deadline = time.monotonic() + grace
+        for p in self.procs.values():
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.exitcode is None:
+                p.kill()
+                p.join(2.0)
+
+    def restart_workers(self, failed_uids: list[int]) -> None:
+        """After a worker died: stop the survivor, return the failed requests' pages, start a new
+        incarnation of both (a clean slate: no request is half in one worker and half in the other)."""
+        self.terminate_workers()
+        for uid in failed_uids:
+            self.allocator.free_owner(uid)
+        self.restarts += 1
+        self.spawn_workers()
+
+    def stop(self) -> None:
+        if self.state is None:
+            return
+        try:
+            self.terminate_workers()
+        finally:
+            for seg in (self.allocator, self.state):
+                if seg is not None:
+                    try:
+                        seg.close()
+                        seg.unlink()
+                    except Exception:
+                        pass
+            cleanup_instance(self.instance_id)
+            self.state = self.allocator = None

@@ -1,0 +1,115 @@
+"""A running server's core, without HTTP: the launcher, the frontend client and the supervisor
+that watches the workers. The HTTP app and the tests drive this object."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from bullet.config import ServerArgs
+from bullet.runtime.client import RuntimeClient
+from bullet.runtime.launcher import Launcher
+
+log = logging.getLogger("bullet.serving")
+SUPERVISE_INTERVAL_S = 0.2
+
+
+class ServingRuntime:
+    def __init__(self, args: ServerArgs):
+        self.args = args
+        self.launcher = Launcher(args)
+        self.client: RuntimeClient | None = None
+        self.status = "starting"  # starting | serving | restarting | failed | stopped
+        self.last_failure: str | None = None
+        self.failures: list[dict] = []
+        self._supervisor: asyncio.Task | None = None
+        self.on_fatal = None  # called once the workers cannot be restarted any more
+        self.started_at = time.time()
+
+    @property
+    def tokenizer(self):
+        return self.launcher.tokenizer
+
+    @property
+    def model(self):
+        return self.launcher.shared
+
+    async def start(self) -> None:
+        self.launcher.start()
+        shared = self.launcher.shared
+        self.client = RuntimeClient(shared.config.vocab_size, shared.config.max_position_embeddings,
+                                    shared.num_pages * shared.page_size)
+        await self.client.start(self.launcher.endpoints)
+        try:
+            await self.launcher.wait_ready()
+        except Exception:
+            await self.stop()
+            raise
+        self.status = "serving"
+        self._supervisor = asyncio.get_running_loop().create_task(self._supervise())
+
+    async def stop(self) -> None:
+        if self._supervisor:
+            self._supervisor.cancel()
+        if self.client:
+            self.client.fail_all("the server is shutting down")
+            await self.client.close()
+        self.launcher.stop()
+        self.status = "stopped"
+
+    @property
+    def model_source(self) -> str | None:
+        return self.model.source if self.model else None
+
+    def internal_state(self) -> dict:
+        """For /server_info: what each worker last published, the pool, the supervisor's record."""
+        info = {"status": self.status, "instance_id": self.launcher.instance_id,
+                "incarnation": self.launcher.incarnation, "worker_restarts": self.launcher.restarts,
+                "worker_pids": self.launcher.worker_pids(), "failures": self.failures[-5:],
+                "inflight_requests": len(self.client.inflight) if self.client else 0}
+        if self.launcher.state is not None:
+            for role in ("prefill", "decode"):
+                ws = self.launcher.state.read(role)
+                info[role] = {"pid": ws.pid, "step": ws.step, "flags": ws.flags, "batch_size": ws.batch_size,
+                              "queued_requests": ws.queued_requests, "compute_units": ws.compute_units,
+                              "units": ws.units(), "step_ms": ws.step_obs_ms}
+        if self.launcher.allocator is not None:
+            info["kv_pages_free"] = self.launcher.allocator.num_free()
+            info["kv_pages_total"] = self.launcher.allocator.total_pages
+            info["page_size"] = self.launcher.allocator.page_size
+        return info
+
+    @property
+    def healthy(self) -> bool:
+        return self.status == "serving"
+
+    async def _supervise(self) -> None:
+        while True:
+            await asyncio.sleep(SUPERVISE_INTERVAL_S)
+            dead = self.launcher.dead_workers()
+            if not dead:
+                continue
+            what = ", ".join(f"the {role} worker died (exit code {code})" for role, code in dead)
+            log.error("%s; failing %d in-flight requests", what, len(self.client.inflight))
+            self.last_failure = what
+            self.failures.append({"time": time.time(), "what": what, "inflight": len(self.client.inflight)})
+            uids = self.client.fail_all(f"request failed: {what}")
+            if self.launcher.restarts >= self.args.max_worker_restarts:
+                self.status = "failed"
+                log.error("giving up after %d restarts", self.launcher.restarts)
+                self.launcher.terminate_workers()
+                for uid in uids:
+                    self.launcher.allocator.free_owner(uid)
+                if self.on_fatal is not None:
+                    self.on_fatal(what)
+                return
+            self.status = "restarting"
+            self.launcher.restart_workers(uids)
+            self.client.connect_workers(self.launcher.endpoints)
+            try:
+                await self.launcher.wait_ready()
+                self.status = "serving"
+                log.info("workers restarted (incarnation %d)", self.launcher.incarnation)
+            except Exception as exc:  # the next loop iteration sees the dead worker again
+                log.error("restart failed: %s", exc)

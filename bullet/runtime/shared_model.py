@@ -1,0 +1,77 @@
+"""Weights and the paged KV pool, allocated once by the launcher and handed to the workers by
+handle: on the CPU the tensors live in shared memory (torch.multiprocessing passes their file
+descriptors), on CUDA they are shared by IPC handle (the same reductions). Workers build their
+model around these tensors with `assign=True`, so nothing is copied."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from bullet.config import ServerArgs
+from engines.device import resolve_device, resolve_dtype
+from engines.kv_pool import KVPool
+from engines.model_config import ModelConfig
+from engines.tokenizer import Tokenizer, load_tokenizer
+from engines.weights import load_weights
+
+
+@dataclass
+class SharedModel:
+    config: ModelConfig
+    state: dict[str, torch.Tensor]  # shared weights, model naming
+    kv: torch.Tensor  # [layers, 2, slots, kv heads, head dim], shared
+    num_pages: int
+    page_size: int
+    device: str
+    dtype: str
+    model_name: str
+    tokenizer_dir: str | None  # an HF tokenizer directory equivalent to the model's tokenizer
+    source: str | None = None  # the file or directory the weights came from
+
+    def weight_bytes(self) -> int:
+        seen, total = set(), 0
+        for t in self.state.values():
+            key = t.untyped_storage().data_ptr()
+            if key not in seen:
+                seen.add(key)
+                total += t.untyped_storage().nbytes()
+        return total
+
+    def kv_bytes(self) -> int:
+        return self.kv.untyped_storage().nbytes()
+
+
+def _share(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    if device.type == "cpu":
+        return t.share_memory_()
+    return t.to(device)  # CUDA tensors are shared by IPC handle when sent to a spawned process
+
+
+def load_shared_model(args: ServerArgs) -> tuple[SharedModel, Tokenizer | None]:
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    weights = load_weights(args.model_path, args.load_format, dtype, seed=args.seed)
+    tokenizer = None
+    if weights.load_format != "dummy" or args.tokenizer_path:
+        tokenizer = load_tokenizer(weights.source, weights.load_format, args.tokenizer_path)
+    state = {}
+    for name, tensor in weights.state.items():
+        state[name] = _share(tensor, device)
+    num_pages = args.num_pages
+    kv = KVPool(weights.config, num_pages, args.page_size, dtype, "cpu" if device.type == "cpu" else device).tensor
+    kv = _share(kv, device)
+    name = args.served_model_name or _model_name(args, weights.source, weights.config)
+    return SharedModel(weights.config, state, kv, num_pages, args.page_size, str(device), str(dtype).removeprefix("torch."),
+                       name, str(tokenizer.source_dir) if tokenizer else None,
+                       str(weights.source) if weights.source else None), tokenizer
+
+
+def _model_name(args: ServerArgs, source: Path | None, config: ModelConfig) -> str:
+    if args.model_path is None:
+        from engines.weights import DEFAULT_MODEL
+
+        return DEFAULT_MODEL
+    return Path(args.model_path).name.removesuffix(".gguf") if source else config.name

@@ -1,0 +1,1 @@
+"""Worker processes: the prefill and decode loops and what they share (bootstrap, IO)."""

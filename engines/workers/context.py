@@ -1,0 +1,107 @@
+"""Everything a worker loop uses, built once per process: the model runner over the shared
+weights and KV pool, the shared page allocator and state buffer, the partition backend, the
+sockets, the policy, and the finish checker."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from bullet.finish import FinishChecker
+from bullet.partition import PartitionBackend, make_backend
+from bullet.schedulers.base import MonotonicClock
+from bullet.shm_page_allocator import SharedPageAllocator
+from bullet.state_buffer import ControlFlags, StateBuffer, WorkerFlags, WorkerState
+from engines.kv_pool import KVPool
+from engines.model.build import build_model
+from engines.runner import ModelRunner
+from engines.workers.bootstrap import StopFlag, WorkerSpec
+from engines.workers.io import WorkerIO
+
+
+@dataclass
+class WorkerContext:
+    spec: WorkerSpec
+    stop: StopFlag
+    runner: ModelRunner
+    allocator: SharedPageAllocator
+    state: StateBuffer
+    partition: PartitionBackend
+    io: WorkerIO
+    finish: FinishChecker
+    clock: MonotonicClock
+    flags: int = 0
+    step: int = 0
+
+    @property
+    def role(self) -> str:
+        return self.spec.role
+
+    @property
+    def peer_role(self) -> str:
+        return "decode" if self.spec.role == "prefill" else "prefill"
+
+    def should_stop(self) -> bool:
+        if self.stop.stop or os.getppid() != self.spec.launcher_pid:
+            return True
+        return bool(self.state.control() & ControlFlags.SHUTDOWN)
+
+    def read_peer(self) -> WorkerState:
+        return self.state.read(self.peer_role)
+
+    def apply_units(self, units: int) -> None:
+        if units != self.partition.current_units:
+            self.partition.apply(units)
+
+    def publish(self, **fields) -> None:
+        ws = WorkerState(pid=os.getpid(), step=self.step, flags=self.flags, **fields)
+        ws.set_units(u for u in self.partition.unit_set() if u < 128)
+        self.state.publish(self.role, ws)
+
+    def mark_failed(self) -> None:
+        try:
+            self.flags |= WorkerFlags.FAILED
+            self.publish()
+        except Exception:
+            pass
+
+    def close(self) -> None:
+        for closer in (self.io.close, self.partition.close, self.allocator.close, self.state.close):
+            try:
+                closer()
+            except Exception:
+                pass
+
+
+def build_context(spec: WorkerSpec, stop: StopFlag) -> WorkerContext:
+    import torch
+
+    args, shared = spec.args, spec.model
+    partition = make_backend(args.partition_backend, spec.role, **_backend_options(spec))
+    partition.apply(spec.initial_units)  # before the model runs: its threads start inside the share
+    model = build_model(shared.config, shared.state, shared.device)
+    kv = KVPool(shared.config, shared.num_pages, shared.page_size, shared.kv.dtype, shared.device, tensor=shared.kv)
+    runner = ModelRunner(model, kv, shared.device)
+    tokenizer = None
+    if shared.tokenizer_dir:
+        from engines.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(None, "hf", tokenizer_path=shared.tokenizer_dir)
+    eos = set(shared.config.eos_token_ids) | (tokenizer.eos_token_ids if tokenizer else set())
+    finish = FinishChecker(tokenizer, eos, shared.config.max_position_embeddings)
+    torch.set_grad_enabled(False)
+    return WorkerContext(
+        spec=spec, stop=stop, runner=runner,
+        allocator=SharedPageAllocator.attach(spec.instance_id),
+        state=StateBuffer.attach(spec.instance_id),
+        partition=partition, io=WorkerIO(spec.role, spec.endpoints), finish=finish, clock=MonotonicClock(),
+    )
+
+
+def _backend_options(spec: WorkerSpec) -> dict:
+    name = spec.args.partition_backend
+    if name == "cpu":
+        return {"cores": spec.cores}
+    if name == "none":
+        return {"total_units": len(spec.cores)}
+    return {}
