@@ -74,6 +74,9 @@ class ServingRuntime:
                 info[role] = {"pid": ws.pid, "step": ws.step, "flags": ws.flags, "batch_size": ws.batch_size,
                               "queued_requests": ws.queued_requests, "compute_units": ws.compute_units,
                               "units": ws.units(), "step_ms": ws.step_obs_ms}
+        if self.launcher.shared is not None:
+            info["weight_bytes"] = self.launcher.shared.weight_bytes()
+            info["kv_bytes"] = self.launcher.shared.kv_bytes()
         if self.launcher.allocator is not None:
             info["kv_pages_free"] = self.launcher.allocator.num_free()
             info["kv_pages_total"] = self.launcher.allocator.total_pages

@@ -58,6 +58,13 @@ class WorkerContext:
         ws.set_units(u for u in self.partition.unit_set() if u < 128)
         self.state.publish(self.role, ws)
 
+    def became_idle(self) -> None:
+        """Return the step's freed activation memory to the OS (glibc keeps it otherwise): an idle
+        worker should hold little beyond the shared weights and pool."""
+        from bullet.runtime.shared_model import release_free_heap
+
+        release_free_heap()
+
     def mark_failed(self) -> None:
         try:
             self.flags |= WorkerFlags.FAILED
@@ -84,11 +91,10 @@ def build_context(spec: WorkerSpec, stop: StopFlag) -> WorkerContext:
     runner = ModelRunner(model, kv, shared.device)
     tokenizer = None
     if shared.tokenizer_dir:
-        from engines.tokenizer import load_tokenizer
+        from engines.tokenizer import DecodeTokenizer
 
-        tokenizer = load_tokenizer(None, "hf", tokenizer_path=shared.tokenizer_dir)
-    eos = set(shared.config.eos_token_ids) | (tokenizer.eos_token_ids if tokenizer else set())
-    finish = FinishChecker(tokenizer, eos, shared.config.max_position_embeddings)
+        tokenizer = DecodeTokenizer(shared.tokenizer_dir)
+    finish = FinishChecker(tokenizer, set(shared.eos_token_ids), shared.config.max_position_embeddings)
     torch.set_grad_enabled(False)
     return WorkerContext(
         spec=spec, stop=stop, runner=runner,

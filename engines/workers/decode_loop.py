@@ -40,8 +40,11 @@ class DecodeLoop:
             wait = IDLE_POLL_MS if not self.running else (PAUSED_POLL_MS if self.paused else 0)
             for msg in self.ctx.io.receive(wait):
                 self._handle(msg)
+            busy = not (not self.running)
             self.step()
             self._publish()
+            if busy and not self.running:
+                self.ctx.became_idle()
         self.ctx.flags = (self.ctx.flags & ~WorkerFlags.READY) | WorkerFlags.STOPPED
         self._publish()
 

@@ -41,8 +41,11 @@ class PrefillLoop:
             idle = not self.queue and self.inflight is None
             for msg in self.ctx.io.receive(IDLE_POLL_MS if idle else 0):
                 self._handle(msg)
+            busy = not (not self.queue and self.inflight is None)
             self.step()
             self._publish()
+            if busy and not self.queue and self.inflight is None:
+                self.ctx.became_idle()
         self.ctx.flags = (self.ctx.flags & ~WorkerFlags.READY) | WorkerFlags.STOPPED
         self._publish()
 
