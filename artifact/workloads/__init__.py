@@ -1,0 +1,1 @@
+"""Workloads for benchmarks and tests: request traces built from public datasets."""
