@@ -40,6 +40,7 @@ class ServerArgs(BaseModel):
     ttft_slo: str = Field("3.0ms/token", description="TTFT target: absolute ('2s', '500ms') or per input token ('3ms/token')")
     tpot_slo: str = Field("150ms", description="TPOT target ('150ms', '0.2s')")
     estimator_profile: str | None = Field(None, description="profile written by `bullet profile` (default: measured on first use)")
+    timeline_dir: str | None = Field(None, description="write every scheduling decision to <dir>/<role>.jsonl")
     # supervision
     max_worker_restarts: int = Field(3, ge=0, description="restarts after a worker dies before the server gives up")
     heartbeat_timeout: float = Field(0.0, ge=0.0, description="declare a busy worker hung after this many seconds without a heartbeat (0 = off)")

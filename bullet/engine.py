@@ -43,13 +43,18 @@ class Engine:
         self.requests: dict[str, Request] = {}
         self._rids = itertools.count()
 
-    def add_request(self, prompt_ids: list[int], params: SamplingParams, rid: str | None = None) -> Request:
+    def add_request(self, prompt_ids: list[int], params: SamplingParams, rid: str | None = None,
+                    uid: int | None = None, arrival: float | None = None) -> Request:
         validate_prompt(prompt_ids, params, self.vocab_size, self.runner.max_context,
                         self.scheduler.allocator.total_pages * self.scheduler.allocator.page_size)
         rid = rid if rid is not None else f"req-{next(self._rids)}"
         if rid in self.requests:
             raise RequestError(f"request id {rid!r} is already in use")
         req = Request(rid=rid, prompt_ids=list(prompt_ids), params=params)
+        if uid is not None:
+            req.uid = uid
+        if arrival is not None:
+            req.arrival = arrival
         self.requests[rid] = req
         self.scheduler.add(req)
         return req

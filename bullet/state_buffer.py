@@ -2,12 +2,12 @@
 (Bullet §3.4.1, "global metadata buffer"). One POSIX shared-memory segment per server instance,
 `/bullet-<instance_id>-state`, one 4 KiB page.
 
-Layout, version 1 (all little-endian; offsets in bytes):
+Layout, version 2 (all little-endian; offsets in bytes):
 
     header, offset 0, 128 bytes
       0   8  magic            b"BULLETSB"; stored last, with release order, by the creator, so an
                               attacher that sees it also sees the rest of the header
-      8   4  layout_version   u32 = 1; bumped on any change to this table
+      8   4  layout_version   u32 = 2; bumped on any change to this table (2: pause_budget_ms)
      12   4  header_size      u32 = 128
      16   4  block_stride     u32 = 256 (one block per worker, 256-byte aligned: no false sharing)
      20   4  num_blocks       u32 = 2
@@ -41,7 +41,10 @@ Layout, version 1 (all little-endian; offsets in bytes):
     120   8  tpot_obs_ms      f64  last observed TPOT
     128   8  step_pred_ms     f64  predicted latency of the next step
     136   8  step_obs_ms      f64  observed latency of the last step
-    144      (end; the rest of the 256-byte block is free for later versions)
+    144   8  pause_budget_ms  f64  decode: how long it could pause now with every running request still
+                              meeting its TPOT target (prefill: 0); what lets the prefill scheduler
+                              take every unit during a burst (Bullet §3.3)
+    152      (end; the rest of the 256-byte block is free for later versions)
 
 All latencies are in milliseconds; heartbeat_ns is CLOCK_MONOTONIC, which is system-wide on Linux
 and so comparable between the two workers and the launcher."""
@@ -59,7 +62,7 @@ from bullet._shmatomic import SeqlockTimeout, SharedRegion
 from bullet.shm import Segment, attach_segment, create_segment
 
 MAGIC = b"BULLETSB"
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 HEADER_SIZE = 128
 BLOCK_STRIDE = 256
 ROLES = ("prefill", "decode")
@@ -111,6 +114,7 @@ class WorkerState:
     tpot_obs_ms: float = 0.0  # f64 last observed TPOT
     step_pred_ms: float = 0.0  # f64 predicted latency of the next step
     step_obs_ms: float = 0.0  # f64 observed latency of the last step
+    pause_budget_ms: float = 0.0  # f64 decode: pause it can absorb with every request still meeting TPOT
 
     @property
     def unit_mask(self) -> int:
@@ -132,7 +136,7 @@ class WorkerState:
 
 
 _FIELD_FORMATS = {"u64": "Q", "u32": "I", "f64": "d"}
-PAYLOAD_FORMAT = "QQQQQIIQQIIQQdddddd"
+PAYLOAD_FORMAT = "QQQQQIIQQIIQQddddddd"
 _PAYLOAD = struct.Struct("<" + PAYLOAD_FORMAT)
 PAYLOAD_SIZE = _PAYLOAD.size  # bytes after the block's sequence word
 _FIELD_NAMES = tuple(f.name for f in fields(WorkerState))

@@ -3,23 +3,23 @@ once both workers are ready), an API-key check, routes, errors, metrics."""
 
 from __future__ import annotations
 
-import hmac
 import logging
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from bullet import __version__
 from bullet.config import ServerArgs
 from bullet.http import native, openai_api
 from bullet.http.errors import APIError, api_error_handler
 from bullet.http.metrics import Metrics
+from bullet.http.middleware import AuthAndCount
 from bullet.runtime.serving import ServingRuntime
 
 log = logging.getLogger("bullet.http")
-OPEN_PATHS = {"/health", "/metrics"}  # liveness probes and scrapers need no key
 
 
 def create_app(args: ServerArgs, runtime: ServingRuntime | None = None) -> FastAPI:
@@ -44,21 +44,19 @@ def create_app(args: ServerArgs, runtime: ServingRuntime | None = None) -> FastA
     async def _validation(request: Request, exc: RequestValidationError):
         return await api_error_handler(request, APIError(f"invalid request: {exc.errors()[:3]}"))
 
-    @app.middleware("http")
-    async def _auth_and_count(request: Request, call_next):
-        if args.api_key and request.url.path not in OPEN_PATHS:
-            header = request.headers.get("authorization", "")
-            token = header[7:] if header.lower().startswith("bearer ") else ""
-            if not hmac.compare_digest(token.encode(), args.api_key.encode()):
-                return await api_error_handler(request, APIError(
-                    "missing or wrong API key: send 'Authorization: Bearer <key>'", status=401,
-                    type_="authentication_error"))
-        response = await call_next(request)
-        metrics = getattr(request.app.state, "metrics", None)
-        if metrics is not None:
-            metrics.http.labels(request.url.path if response.status_code != 404 else "other",
-                                str(response.status_code)).inc()
-        return response
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        # unknown paths and wrong methods answer in the same JSON shapes as every other error
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        return await api_error_handler(request, APIError(message, status=exc.status_code))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception):
+        log.exception("unhandled error in %s %s", request.method, request.url.path)
+        return await api_error_handler(request, APIError(f"internal error: {type(exc).__name__}: {exc}", status=500,
+                                                         type_="server_error"))
+
+    app.add_middleware(AuthAndCount, api_key=args.api_key, metrics_of=lambda: getattr(app.state, "metrics", None))
 
     app.include_router(native.router)
     app.include_router(openai_api.router)

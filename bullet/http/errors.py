@@ -14,7 +14,8 @@ class APIError(Exception):
         super().__init__(message)
         self.message, self.status, self.type, self.param = message, status, type_, param
         self.code = code or {400: "invalid_request", 401: "invalid_api_key", 404: "not_found",
-                             413: "too_large", 503: "unavailable"}.get(status, "error")
+                             405: "method_not_allowed", 413: "too_large", 499: "client_closed_request",
+                             500: "internal_error", 503: "unavailable"}.get(status, "error")
 
     def native_body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "code": self.status}}

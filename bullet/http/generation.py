@@ -33,6 +33,25 @@ class ClientGone(Exception):
     pass
 
 
+def check_fits(runtime: ServingRuntime, input_ids: list[int], params: SamplingParams, *,
+               prompt_field: str = "text", max_field: str = "max_new_tokens") -> None:
+    """400s that name the field the client sent: an empty or out-of-vocabulary prompt, one longer
+    than the context, or a generation budget that cannot fit in the context after the prompt (a
+    request for 10**9 tokens is a client bug, not something to run for minutes and cut short)."""
+    config = runtime.model.config
+    ctx, vocab, n = config.max_position_embeddings, config.vocab_size, len(input_ids)
+    if n == 0:
+        raise APIError(f"{prompt_field} is empty", param=prompt_field)
+    if any(not 0 <= t < vocab for t in input_ids):
+        raise APIError(f"{prompt_field}: token ids must lie in [0, {vocab})", param=prompt_field)
+    if n >= ctx:
+        raise APIError(f"{prompt_field}: the prompt has {n} tokens, but the model's context length is {ctx} "
+                       f"tokens (prompt and output together)", param=prompt_field)
+    if n + params.max_new_tokens > ctx:
+        raise APIError(f"{max_field} is {params.max_new_tokens}, but the prompt's {n} tokens leave room for at most "
+                       f"{ctx - n} new tokens in the model's context length of {ctx}", param=max_field)
+
+
 async def submit(runtime: ServingRuntime, input_ids: list[int], params: SamplingParams,
                  rid: str | None = None) -> RequestState:
     if not runtime.healthy:
@@ -84,3 +103,15 @@ async def run_to_completion(request: Request, updates: AsyncIterator[Update], po
 
 def latency(state: RequestState) -> float:
     return (state.finish_time or time.monotonic()) - state.arrival
+
+
+async def run_all(request: Request, runtime: ServingRuntime, states: list[RequestState]) -> list[Update]:
+    """Final updates of several requests; if the client disconnects, every one of them is aborted
+    (not only the first to notice) before ClientGone is raised."""
+    try:
+        return await asyncio.gather(*[run_to_completion(request, follow(runtime, st)) for st in states])
+    except BaseException:
+        for st in states:
+            if not st.done:
+                await runtime.client.abort(st.rid, "the client disconnected")
+        raise

@@ -5,25 +5,31 @@ max_new_tokens 0), /model_info, /server_info (and their get_ spellings), /health
 from __future__ import annotations
 
 import asyncio
-import json
 import time
+from contextlib import aclosing
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
 from bullet import __version__
 from bullet.http.errors import APIError, stream_error_event
-from bullet.http.generation import ClientGone, Update, follow, latency, run_to_completion, submit
+from bullet.http.generation import (ClientGone, Update, check_fits, follow, latency, run_all, run_to_completion,
+                                     submit)
 from bullet.http.protocol import GenerateBody, parse_body
 from bullet.http.sampling import build_sampling_params
+from bullet.http.streaming import DONE, EventStream, merged_updates, sse
 
 router = APIRouter()
+MAX_TOP_LOGPROBS = 20
 
 
-def _item(value, i: int, default=None):
+def _item(body: GenerateBody, name: str, i: int, default=None):
+    """Field `name` for batch item i: a per-item list, or one value for every item."""
+    value = getattr(body, name)
     if isinstance(value, list):
         if i >= len(value):
-            raise APIError("per-item lists must have one entry per prompt")
+            raise APIError(f"{name} is a list of {len(value)} entries, but the batch has more prompts; "
+                           "give one entry per prompt", param=name)
         return value[i]
     return value if value is not None else default
 
@@ -31,27 +37,31 @@ def _item(value, i: int, default=None):
 def _prepare(rt, body: GenerateBody) -> tuple[list[dict], bool]:
     """The list of request items and whether the input was a batch."""
     if (body.text is None) == (body.input_ids is None):
-        raise APIError("give exactly one of 'text' or 'input_ids'")
+        raise APIError("give exactly one of 'text' or 'input_ids' (the prompt)", param="text")
+    field = "text" if body.text is not None else "input_ids"
     if body.text is not None:
         batch = isinstance(body.text, list)
         texts = body.text if batch else [body.text]
         if any(not t for t in texts):
-            raise APIError("'text' is empty")
+            raise APIError("text is empty", param="text")
         prompts = [rt.tokenizer.encode(t) for t in texts]
     else:
         batch = bool(body.input_ids) and isinstance(body.input_ids[0], list)
         prompts = body.input_ids if batch else [body.input_ids]
     if not prompts:
-        raise APIError("the batch is empty")
+        raise APIError(f"{field} is an empty list: the batch has no prompt", param=field)
     items = []
     for i, ids in enumerate(prompts):
-        want_lp = bool(_item(body.return_logprob, i, False))
-        start = int(_item(body.logprob_start_len, i, -1))
-        top = int(_item(body.top_logprobs_num, i, 0) or 0)
+        want_lp = bool(_item(body, "return_logprob", i, False))
+        start = int(_item(body, "logprob_start_len", i, -1))
+        top = int(_item(body, "top_logprobs_num", i, 0) or 0)
+        if want_lp and not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise APIError(f"top_logprobs_num must lie in 0..{MAX_TOP_LOGPROBS}", param="top_logprobs_num")
         params = build_sampling_params(
-            _item(body.sampling_params, i, {}), logprobs=want_lp, top_logprobs_num=top if want_lp else 0,
+            _item(body, "sampling_params", i, {}), logprobs=want_lp, top_logprobs_num=top if want_lp else 0,
             prompt_logprobs=want_lp and start >= 0)
-        items.append({"ids": ids, "params": params, "rid": _item(body.rid, i), "logprob": want_lp,
+        check_fits(rt, ids, params, prompt_field=field)
+        items.append({"ids": ids, "params": params, "rid": _item(body, "rid", i), "logprob": want_lp,
                       "start": start, "top": top})
     return items, batch
 
@@ -101,9 +111,9 @@ async def generate(request: Request):
         raise
     with_text = body.return_text_in_logprobs
     if body.stream:
-        return StreamingResponse(_stream(rt, items, states, batch, with_text), media_type="text/event-stream")
+        return EventStream(_events(rt, items, states, batch, with_text), rt, states)
     try:
-        finals = await asyncio.gather(*[run_to_completion(request, follow(rt, st)) for st in states])
+        finals = await run_all(request, rt, states)
     except ClientGone:
         return JSONResponse({"error": {"message": "client disconnected"}}, status_code=499)
     failed = [m for m in map(_server_failure, finals) if m]
@@ -113,37 +123,18 @@ async def generate(request: Request):
     return JSONResponse(out if batch else out[0])
 
 
-async def _stream(rt, items, states, batch: bool, with_text: bool):
-    queue: asyncio.Queue = asyncio.Queue()
-
-    async def pump(i: int, st):
-        try:
-            async for u in follow(rt, st):
-                await queue.put((i, u))
-        finally:
-            await queue.put((i, None))
-
-    tasks = [asyncio.ensure_future(pump(i, st)) for i, st in enumerate(states)]
-    remaining = len(tasks)
-    try:
-        while remaining:
-            i, u = await queue.get()
-            if u is None:
-                remaining -= 1
-                continue
+async def _events(rt, items, states, batch: bool, with_text: bool):
+    async with aclosing(merged_updates(rt, states)) as updates:
+        async for i, u in updates:
             failure = _server_failure(u) if u.done else None
             if failure:
-                yield f"data: {json.dumps(stream_error_event(failure, 503))}\n\n"
+                yield sse(stream_error_event(failure, 503))
                 continue
             event = _response(rt, u, items[i], with_text)
             if batch:
                 event["index"] = i
-            yield f"data: {json.dumps(event)}\n\n"
-        yield "data: [DONE]\n\n"
-    finally:  # the client went away: stop following (follow() aborts what is unfinished)
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+            yield sse(event)
+    yield DONE
 
 
 def model_info(rt) -> dict:

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
-import json
 import time
 import uuid
+from contextlib import aclosing
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
 from bullet.http.errors import APIError, stream_error_event
-from bullet.http.generation import ClientGone, Update, follow, run_to_completion, submit
+from bullet.http.generation import ClientGone, Update, check_fits, run_all, submit
 from bullet.http.protocol import ChatBody, CompletionBody, OpenAISampling, parse_body
 from bullet.http.sampling import MAX_N, build_sampling_params
+from bullet.http.streaming import DONE, EventStream, merged_updates, sse
 
 router = APIRouter(prefix="/v1")
 CREATED = int(time.time())
@@ -73,7 +73,7 @@ async def _submit_all(rt, jobs) -> list:
 
 async def _finals(request: Request, rt, states) -> list[Update]:
     try:
-        finals = await asyncio.gather(*[run_to_completion(request, follow(rt, st)) for st in states])
+        finals = await run_all(request, rt, states)
     except ClientGone:
         raise APIError("client disconnected", status=499)
     for u in finals:
@@ -81,36 +81,6 @@ async def _finals(request: Request, rt, states) -> list[Update]:
         if reason.get("type") == "abort":
             raise APIError(reason.get("message", "request failed"), status=503, type_="server_error")
     return finals
-
-
-async def _merged(rt, states):
-    """(choice index, update) from all requests as they arrive."""
-    queue: asyncio.Queue = asyncio.Queue()
-
-    async def pump(i, st):
-        try:
-            async for u in follow(rt, st):
-                await queue.put((i, u))
-        finally:
-            await queue.put((i, None))
-
-    tasks = [asyncio.ensure_future(pump(i, st)) for i, st in enumerate(states)]
-    remaining = len(tasks)
-    try:
-        while remaining:
-            i, u = await queue.get()
-            if u is None:
-                remaining -= 1
-            else:
-                yield i, u
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def _sse(obj) -> str:
-    return f"data: {json.dumps(obj)}\n\n"
 
 
 # -- completions ---------------------------------------------------------------------------------
@@ -144,6 +114,8 @@ async def completions(request: Request):
     want_lp = body.logprobs is not None
     params = _params(body, body.max_tokens, 16, logprobs=want_lp, top_logprobs_num=body.logprobs or 0)
     encoded = [rt.tokenizer.encode(x) if isinstance(x, str) else list(x) for x in prompts]
+    for ids in encoded:
+        check_fits(rt, ids, params, prompt_field="prompt", max_field="max_tokens")
     jobs = [(ids, params) for ids in encoded for _ in range(body.n)]
     states = await _submit_all(rt, jobs)
     cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
@@ -155,25 +127,26 @@ async def completions(request: Request):
 
         async def events():
             sent_echo = set()
-            async for i, u in _merged(rt, states):
-                reason = u.state.finish_reason or {}
-                if reason.get("type") == "abort":
-                    yield _sse(stream_error_event(reason.get("message", "request failed"), 503))
-                    continue
-                text = u.delta
-                if body.echo and i not in sent_echo:
-                    text, _ = echo_text[i] + text, sent_echo.add(i)
-                if not text and not u.done:
-                    continue
-                yield _sse({"id": cid, "object": "text_completion", "created": created, "model": model,
-                            "choices": [{"index": i, "text": text, "logprobs": None,
-                                         "finish_reason": _finish_reason(u.state.finish_reason)}]})
+            async with aclosing(merged_updates(rt, states)) as updates:
+                async for i, u in updates:
+                    reason = u.state.finish_reason or {}
+                    if reason.get("type") == "abort":
+                        yield sse(stream_error_event(reason.get("message", "request failed"), 503))
+                        continue
+                    text = u.delta
+                    if body.echo and i not in sent_echo:
+                        text, _ = echo_text[i] + text, sent_echo.add(i)
+                    if not text and not u.done:
+                        continue
+                    yield sse({"id": cid, "object": "text_completion", "created": created, "model": model,
+                               "choices": [{"index": i, "text": text, "logprobs": None,
+                                            "finish_reason": _finish_reason(u.state.finish_reason)}]})
             if include_usage:
-                yield _sse({"id": cid, "object": "text_completion", "created": created, "model": model,
-                            "choices": [], "usage": _usage(states)})
-            yield "data: [DONE]\n\n"
+                yield sse({"id": cid, "object": "text_completion", "created": created, "model": model,
+                           "choices": [], "usage": _usage(states)})
+            yield DONE
 
-        return StreamingResponse(events(), media_type="text/event-stream")
+        return EventStream(events(), rt, states)
 
     finals = await _finals(request, rt, states)
     choices = []
@@ -195,8 +168,12 @@ def _message_text(content) -> str:
     parts = []
     for part in content:
         if part.get("type") != "text":
-            raise APIError(f"message content of type {part.get('type')!r} is not supported (text only)")
-        parts.append(part.get("text", ""))
+            raise APIError(f"messages: content parts of type {part.get('type')!r} are not supported (text only)",
+                           param="messages")
+        text = part.get("text", "")
+        if not isinstance(text, str):
+            raise APIError("messages: a text content part's 'text' must be a string", param="messages")
+        parts.append(text)
     return "".join(parts)
 
 
@@ -223,12 +200,16 @@ async def chat_completions(request: Request):
     except Exception as exc:
         raise APIError(f"cannot apply the chat template: {exc}", param="messages") from exc
     ids = rt.tokenizer.encode(prompt, add_special_tokens=False)
-    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    max_field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    max_tokens = getattr(body, max_field)
     if max_tokens is not None and max_tokens < 1:
-        raise APIError("max_tokens must be at least 1", param="max_tokens")
+        raise APIError(f"{max_field} must be at least 1", param=max_field)
     n_top = body.top_logprobs or 0
-    params = _params(body, max_tokens, rt.model.config.max_position_embeddings - len(ids),
-                     logprobs=body.logprobs, top_logprobs_num=n_top if body.logprobs else 0)
+    # by default the reply may fill the rest of the context (at least one token: a prompt too long
+    # for the context is then reported as such by check_fits)
+    room = max(rt.model.config.max_position_embeddings - len(ids), 1)
+    params = _params(body, max_tokens, room, logprobs=body.logprobs, top_logprobs_num=n_top if body.logprobs else 0)
+    check_fits(rt, ids, params, prompt_field="messages", max_field=max_field)
     states = await _submit_all(rt, [(ids, params)] * body.n)
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
@@ -236,24 +217,25 @@ async def chat_completions(request: Request):
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
         def chunk(i, delta, reason=None):
-            return _sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-                         "choices": [{"index": i, "delta": delta, "logprobs": None, "finish_reason": reason}]})
+            return sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                        "choices": [{"index": i, "delta": delta, "logprobs": None, "finish_reason": reason}]})
 
         async def events():
             for i in range(len(states)):
                 yield chunk(i, {"role": "assistant", "content": ""})
-            async for i, u in _merged(rt, states):
-                reason = u.state.finish_reason or {}
-                if reason.get("type") == "abort":
-                    yield _sse(stream_error_event(reason.get("message", "request failed"), 503))
-                elif u.delta or u.done:
-                    yield chunk(i, {"content": u.delta} if u.delta else {}, _finish_reason(u.state.finish_reason))
+            async with aclosing(merged_updates(rt, states)) as updates:
+                async for i, u in updates:
+                    reason = u.state.finish_reason or {}
+                    if reason.get("type") == "abort":
+                        yield sse(stream_error_event(reason.get("message", "request failed"), 503))
+                    elif u.delta or u.done:
+                        yield chunk(i, {"content": u.delta} if u.delta else {}, _finish_reason(u.state.finish_reason))
             if include_usage:
-                yield _sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-                            "choices": [], "usage": _usage(states)})
-            yield "data: [DONE]\n\n"
+                yield sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                           "choices": [], "usage": _usage(states)})
+            yield DONE
 
-        return StreamingResponse(events(), media_type="text/event-stream")
+        return EventStream(events(), rt, states)
 
     finals = await _finals(request, rt, states)
     choices = [{"index": i, "message": {"role": "assistant", "content": u.text},

@@ -1,5 +1,6 @@
 """Request bodies. Unknown top-level fields are accepted and ignored (clients send many unused
-ones: lora_path, return_hidden_states, session_id, …); the fields we use are type-checked."""
+ones: lora_path, return_hidden_states, session_id, …); the fields we use are type-checked strictly
+(no "5" for 5, no "yes" for true: a client that sends those has a bug worth reporting)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from bullet.http.errors import APIError
 
 
 class Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class GenerateBody(Body):
@@ -85,4 +86,5 @@ def parse_body(raw: bytes, model: type[Body]) -> Body:
         for err in exc.errors()[:5]:
             loc = ".".join(str(x) for x in err["loc"] if not str(x).startswith(("function-", "union")))
             parts.append(f"{loc or 'body'}: {err['msg']}")
-        raise APIError("invalid request: " + "; ".join(parts)) from exc
+        first = exc.errors()[0]["loc"] if exc.errors() else ()
+        raise APIError("invalid request: " + "; ".join(parts), param=str(first[0]) if first else None) from exc

@@ -51,8 +51,9 @@ class RequestState:
 
 
 class RuntimeClient:
-    def __init__(self, vocab_size: int, max_context: int, pool_tokens: int):
+    def __init__(self, vocab_size: int, max_context: int, pool_tokens: int, has_decode_worker: bool = True):
         self.vocab_size, self.max_context, self.pool_tokens = vocab_size, max_context, pool_tokens
+        self.has_decode_worker = has_decode_worker  # False for the single-process chunked baseline
         self.ctx = zmq.asyncio.Context(1)
         self.inflight: dict[str, RequestState] = {}
         self._uids = itertools.count(1)
@@ -74,8 +75,10 @@ class RuntimeClient:
                 sock.close(linger=0)
         self._to_prefill = self.ctx.socket(zmq.PUSH)
         self._to_prefill.connect(endpoints.prefill_in)
-        self._to_decode = self.ctx.socket(zmq.PUSH)
-        self._to_decode.connect(endpoints.decode_in)
+        self._to_decode = None
+        if self.has_decode_worker:
+            self._to_decode = self.ctx.socket(zmq.PUSH)
+            self._to_decode.connect(endpoints.decode_in)
 
     async def close(self) -> None:
         if self._recv_task:
@@ -122,7 +125,8 @@ class RuntimeClient:
         msg = encode(Abort(rid=rid, uid=state.uid, message=message))
         # both workers: the request may be queued, in prefill, in transit, or decoding
         await self._to_prefill.send(msg)
-        await self._to_decode.send(msg)
+        if self._to_decode is not None:
+            await self._to_decode.send(msg)
         self._finish(state, {"type": "abort", "message": message})
 
     def fail_all(self, message: str) -> list[int]:

@@ -14,14 +14,16 @@ import torch.multiprocessing as mp
 from bullet.config import ServerArgs
 from bullet.runtime.endpoints import Endpoints
 from bullet.runtime.shared_model import load_shared_model
-from bullet.schedulers.factory import initial_units
+from bullet.schedulers.factory import initial_units, roles_for
 from bullet.shm import cleanup_instance, new_instance_id
 from bullet.shm_page_allocator import SharedPageAllocator
 from bullet.state_buffer import ControlFlags, StateBuffer, WorkerFlags
 from engines.workers.bootstrap import WorkerSpec, worker_main
 
 log = logging.getLogger("bullet.launcher")
-ROLES = ("prefill", "decode")
+
+def state_role(role: str) -> str:
+    return "prefill" if role == "unified" else role
 
 
 class WorkerStartupError(RuntimeError):
@@ -38,6 +40,8 @@ class Launcher:
         self.shared = self.tokenizer = self.state = self.allocator = None
         self.endpoints: Endpoints | None = None
         self.cores = args.allowed_cores()
+        self.roles = roles_for(args)
+        self.estimator_profile: str | None = args.estimator_profile
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -48,6 +52,8 @@ class Launcher:
         log.info("loaded %s (%s, %.0f MB weights, %.0f MB KV pool of %d pages) in %.1fs", self.shared.model_name,
                  self.shared.dtype, self.shared.weight_bytes() / 2**20, self.shared.kv_bytes() / 2**20,
                  self.shared.num_pages, time.monotonic() - t0)
+        if self.args.policy_name == "bullet" and self.estimator_profile is None:
+            self.estimator_profile = str(self._profile())
         self.state = StateBuffer.create(self.instance_id)
         self.allocator = SharedPageAllocator.create(self.instance_id, self.shared.num_pages, self.shared.page_size)
         self.spawn_workers()
@@ -57,11 +63,13 @@ class Launcher:
         self.endpoints = Endpoints.for_instance(self.instance_id, self.incarnation)
         self.state.clear_control(ControlFlags.SHUTDOWN | ControlFlags.DRAIN)
         ctx = mp.get_context("spawn")
-        units = dict(zip(ROLES, initial_units(self.args, len(self.cores))))
-        for role in ROLES:
+        prefill_units, decode_units = initial_units(self.args, len(self.cores))
+        units = {"prefill": prefill_units, "decode": decode_units, "unified": len(self.cores)}
+        for role in self.roles:
             spec = WorkerSpec(role=role, instance_id=self.instance_id, incarnation=self.incarnation, args=self.args,
                               model=self.shared, endpoints=self.endpoints, cores=self.cores,
-                              launcher_pid=os.getpid(), initial_units=units[role])
+                              launcher_pid=os.getpid(), initial_units=units[role],
+                              extra={"estimator_profile": self.estimator_profile})
             proc = ctx.Process(target=worker_main, args=(spec,), name=f"bullet-{role}-{self.instance_id}", daemon=False)
             proc.start()
             self.procs[role] = proc
@@ -73,8 +81,8 @@ class Launcher:
             dead = self.dead_workers()
             if dead:
                 raise WorkerStartupError(", ".join(f"{r} worker exited with code {c} during startup" for r, c in dead))
-            states = [self.state.read(r) for r in ROLES]
-            if all(s.flags & WorkerFlags.READY and s.pid == self.procs[r].pid for r, s in zip(ROLES, states)):
+            states = [self.state.read(state_role(r)) for r in self.roles]
+            if all(s.flags & WorkerFlags.READY and s.pid == self.procs[r].pid for r, s in zip(self.roles, states)):
                 return
             await asyncio.sleep(0.05)
         raise WorkerStartupError(f"workers not ready after {timeout:.0f}s")
@@ -106,6 +114,14 @@ class Launcher:
             self.allocator.free_owner(uid)
         self.restarts += 1
         self.spawn_workers()
+
+    def _profile(self):
+        """The estimator profile of this model on these cores: cached, or measured now (minutes)."""
+        from estimator.local_profile import ensure_profile
+
+        log.info("the bullet policy needs an estimator profile of this model on %d cores: measuring "
+                 "(once; cached for later runs)", len(self.cores))
+        return ensure_profile(self.args.model_path, self.args.load_format, self.shared.dtype, self.cores, quick=True)
 
     def stop(self) -> None:
         if self.state is None:

@@ -39,7 +39,8 @@ class ServingRuntime:
         self.launcher.start()
         shared = self.launcher.shared
         self.client = RuntimeClient(shared.config.vocab_size, shared.config.max_position_embeddings,
-                                    shared.num_pages * shared.page_size)
+                                    shared.num_pages * shared.page_size,
+                                    has_decode_worker="decode" in self.launcher.roles)
         await self.client.start(self.launcher.endpoints)
         try:
             await self.launcher.wait_ready()
@@ -69,7 +70,7 @@ class ServingRuntime:
                 "worker_pids": self.launcher.worker_pids(), "failures": self.failures[-5:],
                 "inflight_requests": len(self.client.inflight) if self.client else 0}
         if self.launcher.state is not None:
-            for role in ("prefill", "decode"):
+            for role in ("prefill", "decode"):  # the chunked baseline reports in the prefill block
                 ws = self.launcher.state.read(role)
                 info[role] = {"pid": ws.pid, "step": ws.step, "flags": ws.flags, "batch_size": ws.batch_size,
                               "queued_requests": ws.queued_requests, "compute_units": ws.compute_units,

@@ -59,6 +59,8 @@ class PrefillDecision:
     num_layers: int = 0  # layers to run now (0 = idle this step)
     units: int = 1  # compute share for this step
     predicted_s: float = 0.0  # the policy's estimate of this step, reported for the timeline
+    reason: str = ""  # which rule chose the split (timeline, debugging)
+    published: dict = field(default_factory=dict)  # predictions for the state buffer (WorkerState fields)
 
 
 @dataclass
@@ -75,6 +77,8 @@ class DecodeDecision:
     run: bool = True  # False: pause this step (yield the units to a prefill burst)
     units: int = 1
     predicted_s: float = 0.0
+    reason: str = ""
+    published: dict = field(default_factory=dict)
 
 
 class PrefillPolicy(ABC):

@@ -5,6 +5,14 @@ from __future__ import annotations
 from bullet.config import ServerArgs
 from bullet.schedulers.base import DecodePolicy, PrefillPolicy
 from bullet.schedulers.static import StaticDecodePolicy, StaticPrefillPolicy
+from bullet.slo import SLO
+
+TWO_WORKER_POLICIES = ("bullet", "static", "naive")
+
+
+def roles_for(args: ServerArgs) -> tuple[str, ...]:
+    """Worker processes a policy runs: the chunked baseline is one process doing both phases."""
+    return ("unified",) if args.policy_name == "chunked" else ("prefill", "decode")
 
 
 def static_split(args: ServerArgs, total_units: int) -> tuple[int, int]:
@@ -17,22 +25,38 @@ def static_split(args: ServerArgs, total_units: int) -> tuple[int, int]:
     return prefill, max(1, total_units - prefill)
 
 
-def make_prefill_policy(args: ServerArgs, total_units: int) -> PrefillPolicy:
-    if args.policy_name in ("static", "naive"):
-        units, _ = static_split(args, total_units)
-        return StaticPrefillPolicy(units, args.prefill_layers_per_step, args.max_prefill_tokens)
-    raise ValueError(f"policy {args.policy!r} has no prefill worker")
-
-
-def make_decode_policy(args: ServerArgs, total_units: int) -> DecodePolicy:
-    if args.policy_name in ("static", "naive"):
-        _, units = static_split(args, total_units)
-        return StaticDecodePolicy(units)
-    raise ValueError(f"policy {args.policy!r} has no decode worker")
-
-
 def initial_units(args: ServerArgs, total_units: int) -> tuple[int, int]:
     """Shares the workers start with (prefill, decode)."""
     if args.policy_name in ("static", "naive"):
         return static_split(args, total_units)
     return total_units, total_units
+
+
+def slo_of(args: ServerArgs) -> SLO:
+    return SLO.parse(args.ttft_slo, args.tpot_slo)
+
+
+def make_prefill_policy(args: ServerArgs, feasible_units: list[int], num_layers: int, estimator=None,
+                        batch_token_limit=None) -> PrefillPolicy:
+    total = max(feasible_units)
+    if args.policy_name in ("static", "naive"):
+        units, _ = static_split(args, total)
+        return StaticPrefillPolicy(units, args.prefill_layers_per_step, args.max_prefill_tokens)
+    if args.policy_name == "bullet":
+        from bullet.schedulers.bullet_prefill import BulletPrefillPolicy
+
+        return BulletPrefillPolicy(estimator, slo_of(args), feasible_units, args.prefill_layers_per_step, num_layers,
+                                   args.max_prefill_tokens, batch_token_limit or (lambda units: args.max_prefill_tokens))
+    raise ValueError(f"policy {args.policy!r} has no prefill worker")
+
+
+def make_decode_policy(args: ServerArgs, feasible_units: list[int], estimator=None) -> DecodePolicy:
+    total = max(feasible_units)
+    if args.policy_name in ("static", "naive"):
+        _, units = static_split(args, total)
+        return StaticDecodePolicy(units)
+    if args.policy_name == "bullet":
+        from bullet.schedulers.bullet_decode import BulletDecodePolicy
+
+        return BulletDecodePolicy(estimator, slo_of(args), feasible_units)
+    raise ValueError(f"policy {args.policy!r} has no decode worker")

@@ -25,7 +25,7 @@ PR_SET_PDEATHSIG = 1
 
 @dataclass
 class WorkerSpec:
-    role: str  # "prefill" | "decode"
+    role: str  # "prefill" | "decode" | "unified" (the chunked baseline's single worker)
     instance_id: str
     incarnation: int
     args: ServerArgs
@@ -71,6 +71,10 @@ def worker_main(spec: WorkerSpec) -> None:
             from engines.workers.prefill_loop import PrefillLoop
 
             PrefillLoop(ctx).run()
+        elif spec.role == "unified":
+            from engines.workers.unified_loop import UnifiedLoop
+
+            UnifiedLoop(ctx).run()
         else:
             from engines.workers.decode_loop import DecodeLoop
 

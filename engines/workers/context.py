@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from bullet.finish import FinishChecker
 from bullet.partition import PartitionBackend, make_backend
 from bullet.schedulers.base import MonotonicClock
+from bullet.schedulers.timeline import Timeline
 from bullet.shm_page_allocator import SharedPageAllocator
 from bullet.state_buffer import ControlFlags, StateBuffer, WorkerFlags, WorkerState
 from engines.kv_pool import KVPool
@@ -30,6 +31,9 @@ class WorkerContext:
     io: WorkerIO
     finish: FinishChecker
     clock: MonotonicClock
+    timeline: Timeline
+    estimator: object | None = None  # estimator.Estimator for SLO-aware policies
+    batch_token_limit: object | None = None  # units -> tokens where prefill batching stops paying
     flags: int = 0
     step: int = 0
 
@@ -53,10 +57,17 @@ class WorkerContext:
         if units != self.partition.current_units:
             self.partition.apply(units)
 
-    def publish(self, **fields) -> None:
+    def publish(self, idle: bool = False, **fields) -> None:
+        """Publish this worker's state; an idle worker reports no units (it uses none)."""
         ws = WorkerState(pid=os.getpid(), step=self.step, flags=self.flags, **fields)
-        ws.set_units(u for u in self.partition.unit_set() if u < 128)
-        self.state.publish(self.role, ws)
+        if not idle:
+            ws.set_units(u for u in self.partition.unit_set() if u < 128)
+        self.state.publish(self.state_role, ws)
+
+    @property
+    def state_role(self) -> str:
+        # the chunked baseline's single worker reports in the prefill block
+        return "prefill" if self.role == "unified" else self.role
 
     def became_idle(self) -> None:
         """Return the step's freed activation memory to the OS (glibc keeps it otherwise): an idle
@@ -73,7 +84,7 @@ class WorkerContext:
             pass
 
     def close(self) -> None:
-        for closer in (self.io.close, self.partition.close, self.allocator.close, self.state.close):
+        for closer in (self.timeline.flush, self.io.close, self.partition.close, self.allocator.close, self.state.close):
             try:
                 closer()
             except Exception:
@@ -84,7 +95,8 @@ def build_context(spec: WorkerSpec, stop: StopFlag) -> WorkerContext:
     import torch
 
     args, shared = spec.args, spec.model
-    partition = make_backend(args.partition_backend, spec.role, **_backend_options(spec))
+    backend_role = "decode" if spec.role == "decode" else "prefill"  # unified: the whole device
+    partition = make_backend(args.partition_backend, backend_role, **_backend_options(spec))
     partition.apply(spec.initial_units)  # before the model runs: its threads start inside the share
     model = build_model(shared.config, shared.state, shared.device)
     kv = KVPool(shared.config, shared.num_pages, shared.page_size, shared.kv.dtype, shared.device, tensor=shared.kv)
@@ -96,11 +108,20 @@ def build_context(spec: WorkerSpec, stop: StopFlag) -> WorkerContext:
         tokenizer = DecodeTokenizer(shared.tokenizer_dir)
     finish = FinishChecker(tokenizer, set(shared.eos_token_ids), shared.config.max_position_embeddings)
     torch.set_grad_enabled(False)
+    estimator = limit = None
+    if args.policy_name == "bullet":
+        from bullet.schedulers.intensity import ridge_token_limit
+        from estimator import Estimator
+
+        estimator = Estimator.load(spec.extra["estimator_profile"], model=shared.config)
+        limit = ridge_token_limit(shared.config, estimator.hardware, estimator.dtype,
+                                  shared.kv.element_size())
     return WorkerContext(
         spec=spec, stop=stop, runner=runner,
         allocator=SharedPageAllocator.attach(spec.instance_id),
         state=StateBuffer.attach(spec.instance_id),
         partition=partition, io=WorkerIO(spec.role, spec.endpoints), finish=finish, clock=MonotonicClock(),
+        timeline=Timeline(args.timeline_dir, spec.role), estimator=estimator, batch_token_limit=limit,
     )
 
 
@@ -110,4 +131,8 @@ def _backend_options(spec: WorkerSpec) -> dict:
         return {"cores": spec.cores}
     if name == "none":
         return {"total_units": len(spec.cores)}
+    if name == "libsmctrl":  # masks the stream this worker launches on
+        import torch
+
+        return {"stream": lambda: torch.cuda.current_stream().cuda_stream}
     return {}

@@ -26,11 +26,13 @@ TOMBSTONE_TTL_S = 300.0
 class DecodeLoop:
     def __init__(self, ctx: WorkerContext):
         self.ctx = ctx
-        self.policy = make_decode_policy(ctx.spec.args, ctx.partition.total_units)
+        self.policy = make_decode_policy(ctx.spec.args, ctx.partition.feasible_units(), ctx.estimator)
+        self.published: dict = {}
         self.running: list[Request] = []
         # aborts that overtook their handoff (prefill sent it before the abort reached prefill)
         self.tombstones: dict[str, float] = {}
         self.paused = False
+        self._was_paused = False
         self.last_step_ms = 0.0
 
     def run(self) -> None:
@@ -73,10 +75,17 @@ class DecodeLoop:
 
     def step(self) -> None:
         ctx = self.ctx
+        t_decide = time.perf_counter()  # scheduler overhead: reading the peer's state + deciding
         view = DecodeView(now=ctx.clock.now(), running=self.running, peer=ctx.read_peer(),
                           total_units=ctx.partition.total_units, current_units=ctx.partition.current_units)
         decision = self.policy.decide(view)
+        self.decide_us = (time.perf_counter() - t_decide) * 1e6
+        self.published = decision.published
         self.paused = bool(self.running) and not decision.run
+        if self.paused and not self._was_paused:
+            ctx.timeline.record(view.now, 0, run=False, batch=len(self.running), reason=decision.reason,
+                            sched_us=round(self.decide_us, 1))
+        self._was_paused = self.paused
         if not decision.run or not self.running:
             return
         ctx.apply_units(decision.units)
@@ -95,6 +104,10 @@ class DecodeLoop:
         self.last_step_ms = elapsed * 1e3
         self.policy.observe(decision, elapsed, view)
         ctx.step += 1
+        ctx.timeline.record(view.now, ctx.partition.current_units, run=True, batch=len(batch),
+                            context=sum(r.seq_len for r in batch), prefill_units=view.peer.compute_units,
+                            pred_ms=decision.predicted_s * 1e3, obs_ms=elapsed * 1e3, reason=decision.reason,
+                            sched_us=round(self.decide_us, 1))
         outputs = []
         for r in batch:
             n = len(r.output_ids) - 1
@@ -135,5 +148,7 @@ class DecodeLoop:
             self.ctx.flags |= WorkerFlags.PAUSED
         else:
             self.ctx.flags &= ~WorkerFlags.PAUSED
-        self.ctx.publish(batch_size=len(self.running), tokens_in_flight=len(self.running),
-                         tpot_obs_ms=self.last_step_ms, step_obs_ms=self.last_step_ms)
+        fields = {"tpot_obs_ms": self.last_step_ms, **self.published}
+        self.ctx.publish(idle=not self.running, batch_size=len(self.running),
+                         tokens_in_flight=sum(r.seq_len for r in self.running), step_obs_ms=self.last_step_ms,
+                         **fields)

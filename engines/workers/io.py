@@ -13,7 +13,7 @@ class WorkerIO:
     def __init__(self, role: str, endpoints: Endpoints):
         self.ctx = zmq.Context(1)
         self.inbox = self.ctx.socket(zmq.PULL)
-        self.inbox.bind(endpoints.prefill_in if role == "prefill" else endpoints.decode_in)
+        self.inbox.bind(endpoints.decode_in if role == "decode" else endpoints.prefill_in)
         self.to_frontend = self._push(endpoints.frontend_in)
         self.to_decode = self._push(endpoints.decode_in) if role == "prefill" else None
         self.poller = zmq.Poller()

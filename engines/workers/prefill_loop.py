@@ -25,7 +25,9 @@ IDLE_POLL_MS = 50
 class PrefillLoop:
     def __init__(self, ctx: WorkerContext):
         self.ctx = ctx
-        self.policy = make_prefill_policy(ctx.spec.args, ctx.partition.total_units)
+        self.policy = make_prefill_policy(ctx.spec.args, ctx.partition.feasible_units(),
+                                          ctx.runner.model.num_layers, ctx.estimator, ctx.batch_token_limit)
+        self.published: dict = {}
         self.queue: list[Request] = []
         self.inflight: InflightPrefill | None = None
         self.layers: LayerwiseState | None = None
@@ -70,8 +72,11 @@ class PrefillLoop:
                            free_pages=ctx.allocator.num_free(), page_size=ctx.allocator.page_size)
 
     def step(self) -> None:
+        t_decide = time.perf_counter()  # scheduler overhead: reading the peer's state + deciding
         view = self.view()
         decision = self.policy.decide(view)
+        self.decide_us = (time.perf_counter() - t_decide) * 1e6
+        self.published = decision.published
         if decision.num_layers <= 0:
             return
         self.ctx.apply_units(decision.units)
@@ -84,6 +89,11 @@ class PrefillLoop:
         self.inflight.layers_done = self.layers.next_layer
         self.policy.observe(decision, elapsed, view)
         self.ctx.step += 1
+        self.ctx.timeline.record(view.now, self.ctx.partition.current_units, run=True, layers=decision.num_layers,
+                                 batch=len(self.inflight.requests), tokens=self.inflight.num_tokens,
+                                 queue=len(self.queue), decode_batch=view.peer.batch_size,
+                                 pred_ms=decision.predicted_s * 1e3, obs_ms=elapsed * 1e3, reason=decision.reason,
+                            sched_us=round(self.decide_us, 1))
         if done:
             self._complete()
 
@@ -156,6 +166,7 @@ class PrefillLoop:
     def _publish(self) -> None:
         inflight = self.inflight
         self.ctx.publish(
+            idle=inflight is None, **self.published,
             batch_size=len(inflight.requests) if inflight else 0,
             queued_requests=len(self.queue), queued_tokens=sum(len(r.prompt_ids) for r in self.queue),
             tokens_in_flight=inflight.num_tokens if inflight else 0,

@@ -1,0 +1,181 @@
+"""Bullet's prefill scheduler (Algorithm 1), one decision per layer-group step:
+
+1. predict the TTFT of every in-flight and queued request; publish the P90;
+2. read decode's state (batch, context, predicted TPOT P90, pause budget) from the state buffer;
+3. order the queue by least predicted latency, except requests that the reordering would make
+   miss their TTFT target (or that waited too long): those keep arrival order, ahead;
+4. with nothing in flight, batch from the head of the queue until the batch's arithmetic intensity
+   reaches the device's ridge point (more tokens only add latency);
+5. split the units: both SLOs broken → balanced; TPOT holding → decode gets the fewest units that
+   keep it (none, i.e. decode pauses, during a burst if its pause budget covers this step); TPOT
+   broken → prefill yields units until it holds; on the last step of a batch with an empty queue,
+   prefill keeps only what its in-flight TTFTs need and hands the rest back to decode."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from bullet.request import Request
+from bullet.schedulers.base import PrefillDecision, PrefillPolicy, PrefillView
+from bullet.schedulers.predict import Predictor, p90, predict_ttfts
+from bullet.slo import SLO
+
+TPOT_MARGIN = 0.9  # aim decode steps at 90% of the TPOT target: predictions are not exact
+
+
+class BulletPrefillPolicy(PrefillPolicy):
+    name = "bullet"
+
+    def __init__(self, est: Predictor, slo: SLO, feasible_units: list[int], layers_per_step: int, num_layers: int,
+                 max_prefill_tokens: int, batch_token_limit: Callable[[int], int], max_wait_s: float = 30.0):
+        self.est, self.slo, self.feasible = est, slo, sorted(feasible_units)
+        self.total = self.feasible[-1]
+        self.k, self.num_layers, self.max_tokens = layers_per_step, num_layers, max_prefill_tokens
+        self.batch_token_limit, self.max_wait_s = batch_token_limit, max_wait_s
+        self.last_reason = ""
+        self.last_ttft_p90 = 0.0
+
+    # -- Algorithm 1 --------------------------------------------------------------------------
+    def decide(self, view: PrefillView) -> PrefillDecision:
+        peer = view.peer
+        decode_batch = peer.batch_size
+        units_now = view.current_units or self.total
+        inflight = view.inflight
+        remaining = 0.0
+        if inflight is not None:
+            remaining = self.est.prefill_time([len(r.prompt_ids) for r in inflight.requests], units_now,
+                                              num_layers=inflight.remaining_layers, co_decode_batch=decode_batch)
+        order = self.order_queue(view, remaining, units_now, decode_batch)
+        ttfts = predict_ttfts(view.now, inflight.requests if inflight else [], remaining, order, self.est,
+                              units_now, decode_batch)
+        self.last_ttft_p90 = p90(list(ttfts.values()))
+        if inflight is not None:
+            satisfy = all(ttfts[r.rid] <= self.slo.ttft_target(len(r.prompt_ids)) for r in inflight.requests)
+            admit = []
+        else:
+            satisfy = self._p90_ok(order, ttfts)
+            admit = self.batch(order, view)
+            if not admit:
+                return PrefillDecision(units=units_now, published=self._published(0.0))
+        batch_lens = [len(r.prompt_ids) for r in (inflight.requests if inflight else admit)]
+        units, reason = self.split(view, batch_lens, satisfy, inflight, order)
+        self.last_reason = reason
+        step = self.est.prefill_time(batch_lens, units, num_layers=min(self.k, self._remaining(inflight)),
+                                     include_head=False, co_decode_batch=decode_batch)
+        return PrefillDecision(admit=admit, num_layers=self.k, units=units, predicted_s=step, reason=reason,
+                               published=self._published(step))
+
+    def _published(self, step_s: float) -> dict:
+        return {"ttft_pred_p90_ms": self.last_ttft_p90 * 1e3, "step_pred_ms": step_s * 1e3}
+
+    def _remaining(self, inflight) -> int:
+        return inflight.remaining_layers if inflight is not None else self.num_layers
+
+    def _p90_ok(self, reqs: list[Request], ttfts: dict[str, float]) -> bool:
+        # P90 of the TTFT-to-target ratio: targets differ per request when they scale with length
+        ratios = [ttfts[r.rid] / self.slo.ttft_target(len(r.prompt_ids)) for r in reqs]
+        return p90(ratios) <= 1.0
+
+    # -- line 5: least predicted latency first, without starvation ---------------------------------
+    def order_queue(self, view: PrefillView, remaining: float, units: int, decode_batch: int) -> list[Request]:
+        fcfs = list(view.queue)
+        if len(fcfs) < 2:
+            return fcfs
+        cost = {r.rid: self.est.prefill_time([len(r.prompt_ids)], units, co_decode_batch=decode_batch) for r in fcfs}
+        sjf = sorted(fcfs, key=lambda r: cost[r.rid])
+        in_sjf = predict_ttfts(view.now, [], remaining, sjf, self.est, units, decode_batch)
+        in_fcfs = predict_ttfts(view.now, [], remaining, fcfs, self.est, units, decode_batch)
+        urgent = [r for r in fcfs
+                  if view.now - r.arrival > self.max_wait_s
+                  or (in_sjf[r.rid] > self.slo.ttft_target(len(r.prompt_ids))
+                      and in_fcfs[r.rid] <= self.slo.ttft_target(len(r.prompt_ids)))]
+        rest = [r for r in sjf if r not in urgent]
+        return urgent + rest
+
+    # -- lines 10-13: batch until the arithmetic-intensity limit ---------------------------------
+    def batch(self, order: list[Request], view: PrefillView) -> list[Request]:
+        limit = min(self.max_tokens, self.batch_token_limit(view.current_units or self.total))
+        reserve = view.peer.batch_size + view.peer.queued_requests  # a page each for decode to grow into
+        pages = view.free_pages - reserve
+        batch, tokens = [], 0
+        for r in order:
+            n = len(r.prompt_ids)
+            need = -(-n // view.page_size)
+            if need > pages or (batch and tokens >= limit) or (batch and tokens + n > self.max_tokens):
+                break
+            batch.append(r)
+            tokens += n
+            pages -= need
+        return batch
+
+    # -- lines 14-19: the compute split -----------------------------------------------------------
+    def split(self, view: PrefillView, batch_lens: list[int], satisfy: bool, inflight, order) -> tuple[int, str]:
+        peer = view.peer
+        b, ctx = peer.batch_size, peer.tokens_in_flight
+        if b == 0:
+            return self.total, "decode idle: prefill takes every unit"
+        tokens = sum(batch_lens)
+        tpot_p90 = peer.tpot_pred_p90_ms / 1e3
+        tpot_ok = tpot_p90 <= self.slo.tpot
+        d_min = self.decode_units_for(b, ctx, tokens, self.slo.tpot * TPOT_MARGIN)
+        if inflight is not None and inflight.remaining_layers <= self.k and not order and d_min is not None:
+            p = self.prefill_units_for_inflight(view, inflight, b)
+            return max(p, self.feasible[0]), "last layers: hand units back to decode"
+        if not satisfy and not tpot_ok:
+            return self.balanced(view, batch_lens, b, ctx), "both SLOs at risk: balanced split"
+        if tpot_ok:
+            full_step = self.est.prefill_time(batch_lens, self.total, num_layers=self.k, include_head=False)
+            if not satisfy and peer.pause_budget_ms / 1e3 >= full_step:
+                return self.total, "burst: decode pauses, TPOT still holds"
+            d = d_min if d_min is not None else self.total - self.feasible[0]
+            return self._prefill_share(self.total - d), "TPOT has slack: decode gets the fewest units that keep it"
+        # decode must catch up, not just hold: aim its steps below target by how far it is over
+        catch_up = self.decode_units_for(b, ctx, tokens, self.slo.tpot * TPOT_MARGIN * self.slo.tpot / tpot_p90)
+        d = catch_up if catch_up is not None else self.total - self.feasible[0]
+        return self._prefill_share(self.total - d), "TPOT at risk: prefill yields units"
+
+    def _prefill_share(self, units: int) -> int:
+        for f in self.feasible:
+            if f >= units:
+                return f
+        return self.total
+
+    def decode_units_for(self, batch: int, context: int, co_tokens: int, target: float) -> int | None:
+        """Fewest units (leaving prefill at least its minimum) with a decode step within target."""
+        candidates = [self.total - f for f in self.feasible if self.total - f > 0]
+        for d in sorted(candidates):
+            if self.est.decode_time((batch, context), d, co_prefill_tokens=co_tokens) <= target:
+                return d
+        return None
+
+    def prefill_units_for_inflight(self, view: PrefillView, inflight, decode_batch: int) -> int:
+        lens = [len(r.prompt_ids) for r in inflight.requests]
+        for p in self.feasible:
+            t = self.est.prefill_time(lens, p, num_layers=inflight.remaining_layers, co_decode_batch=decode_batch)
+            if all(view.now + t - r.arrival <= self.slo.ttft_target(len(r.prompt_ids)) for r in inflight.requests):
+                return p
+        return self.total
+
+    def balanced(self, view: PrefillView, batch_lens: list[int], batch: int, context: int) -> int:
+        """The split that equalizes how far each phase is over its target (minimizes the worse one)."""
+        target_p = min(self.slo.ttft_target(n) for n in batch_lens)
+        best, best_p = float("inf"), self.feasible[0]
+        for p in self.feasible:
+            d = self.total - p
+            if d <= 0:
+                continue
+            over_p = self.est.prefill_time(batch_lens, p, co_decode_batch=batch) / target_p
+            over_d = self.est.decode_time((batch, context), d, co_prefill_tokens=sum(batch_lens)) / self.slo.tpot
+            worst = max(over_p, over_d)
+            if worst < best:
+                best, best_p = worst, p
+        return best_p
+
+    def observe(self, decision: PrefillDecision, seconds: float, view: PrefillView) -> None:
+        observe = getattr(self.est, "observe_prefill", None)
+        reqs = view.inflight.requests if view.inflight is not None else decision.admit
+        if observe is None or not reqs or decision.num_layers <= 0:
+            return
+        layers = min(decision.num_layers, self._remaining(view.inflight))
+        observe([len(r.prompt_ids) for r in reqs], decision.units, seconds, num_layers=layers, include_head=False,
+                co_decode_batch=view.peer.batch_size)

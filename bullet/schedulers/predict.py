@@ -1,0 +1,59 @@
+"""Latency predictions the SLO-aware schedulers need, built on the estimator (Bullet §3.3.2):
+TTFT of every in-flight and queued prefill request, the next decode step, each running decode
+request's TPOT and how long decode could pause without breaking it.
+
+`Predictor` is the small interface the policies call; `estimator.Estimator` satisfies it, and tests
+use a simple analytic stand-in."""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol, Sequence
+
+from bullet.request import Request
+from bullet.slo import SLO
+
+
+class Predictor(Protocol):
+    def prefill_time(self, seq_lens: Sequence[int], units: int, num_layers: int | None = None,
+                     include_head: bool = True, co_decode_batch: int = 0) -> float: ...
+
+    def decode_time(self, context_lens, units: int, co_prefill_tokens: int = 0) -> float: ...
+
+
+def p90(values: Sequence[float]) -> float:
+    if not values:
+        return 0.0
+    s = sorted(values)
+    return s[min(len(s) - 1, math.ceil(0.9 * len(s)) - 1)]
+
+
+def predict_ttfts(now: float, inflight: Sequence[Request], remaining_s: float, queue: Sequence[Request],
+                  est: Predictor, units: int, co_decode_batch: int) -> dict[str, float]:
+    """Predicted TTFT (arrival to first token) of in-flight and queued requests, if the queue runs in
+    the given order after the in-flight batch, one request after another, on `units` units."""
+    out, t = {}, now + remaining_s
+    for r in inflight:
+        out[r.rid] = t - r.arrival
+    for r in queue:
+        t += est.prefill_time([len(r.prompt_ids)], units, co_decode_batch=co_decode_batch)
+        out[r.rid] = t - r.arrival
+    return out
+
+
+def tpot_after_next_step(req: Request, now: float, step_s: float, pause_s: float = 0.0) -> float:
+    """The request's mean time per output token once its next token lands after `pause_s` + a step."""
+    n = len(req.output_ids)  # tokens so far; the next one makes n intervals after the first token
+    start = req.first_token_time if req.first_token_time is not None else now
+    return (now - start + pause_s + step_s) / max(1, n)
+
+
+def pause_budget(running: Sequence[Request], now: float, step_s: float, slo: SLO) -> float:
+    """Longest pause before the next decode step that keeps every running request's TPOT within
+    target (inf when nothing runs; negative when a request is already late)."""
+    budget = math.inf
+    for r in running:
+        n = max(1, len(r.output_ids))
+        start = r.first_token_time if r.first_token_time is not None else now
+        budget = min(budget, slo.tpot * n - (now - start) - step_s)
+    return budget

@@ -1,0 +1,179 @@
+"""Each rule of Bullet's Algorithm 1 (prefill) and of the decode scheduler, reached in a constructed
+situation, with a fake clock (the views' `now`) and a predictor of known latencies."""
+
+from __future__ import annotations
+
+import pytest
+
+from bullet.schedulers.bullet_decode import BulletDecodePolicy
+from bullet.schedulers.bullet_prefill import TPOT_MARGIN, BulletPrefillPolicy
+from bullet.slo import SLO
+from bullet.state_buffer import WorkerState
+from tests.schedulers.fakes import (LAYERS, TOTAL, FakePredictor, decode_state, decode_view, inflight,
+                                    prefill_view, req)
+
+K = 4
+
+
+def policy(ttft="10s", tpot="100ms", limit=10_000, max_tokens=8192, max_wait=30.0, est=None):
+    return BulletPrefillPolicy(est or FakePredictor(), SLO.parse(ttft, tpot), list(range(1, TOTAL + 1)), K, LAYERS,
+                               max_tokens, lambda units: limit, max_wait_s=max_wait)
+
+
+# -- line 5: least predicted latency first, without starvation ------------------------------------
+
+def test_queue_is_ordered_by_least_predicted_latency():
+    p = policy(limit=1)  # batch one request at a time
+    long, short, mid = req("long", 2000, 0.0), req("short", 100, 0.1), req("mid", 500, 0.2)
+    d = p.decide(prefill_view(0.3, [long, short, mid]))
+    assert d.admit == [short]
+    assert [r.rid for r in p.order_queue(prefill_view(0.3, [long, short, mid]), 0.0, TOTAL, 0)] == ["short", "mid", "long"]
+
+
+def test_reordering_never_makes_a_request_miss_its_ttft_it_would_meet_in_order():
+    # 1.05 ms/token TTFT on 1 unit: the long request meets it only if it runs first
+    p = policy(ttft="1.05ms/token", limit=1)
+    long, short = req("long", 1000, 0.0), req("short", 100, 0.01)
+    view = prefill_view(0.02, [long, short], units=1)
+    assert [r.rid for r in p.order_queue(view, 0.0, 1, 0)] == ["long", "short"]
+    # with a generous target the short one goes first
+    assert [r.rid for r in policy(ttft="10ms/token").order_queue(view, 0.0, 1, 0)] == ["short", "long"]
+
+
+def test_a_request_that_waited_too_long_goes_first():
+    p = policy(max_wait=5.0)
+    old, new = req("old", 3000, 0.0), req("new", 10, 9.0)
+    assert [r.rid for r in p.order_queue(prefill_view(10.0, [old, new]), 0.0, TOTAL, 0)] == ["old", "new"]
+
+
+# -- lines 10-13: batch until the arithmetic-intensity limit --------------------------------------
+
+def test_batching_stops_at_the_intensity_limit_and_at_memory():
+    queue = [req(f"r{i}", 100, 0.01 * i) for i in range(5)]
+    assert len(policy(limit=300).decide(prefill_view(1.0, queue)).admit) == 3
+    assert len(policy(limit=10_000, max_tokens=250).decide(prefill_view(1.0, queue)).admit) == 2
+    # 100-token prompts need 7 pages of 16 tokens; 20 free pages fit two
+    assert len(policy(limit=10_000).decide(prefill_view(1.0, queue, free_pages=20)).admit) == 2
+    # a prompt over the limit still runs, alone
+    assert [r.rid for r in policy(limit=50).decide(prefill_view(1.0, queue)).admit] == ["r0"]
+
+
+def test_idle_prefill_decides_nothing():
+    d = policy().decide(prefill_view(1.0, []))
+    assert d.admit == [] and d.num_layers == 0
+
+
+# -- lines 14-19: the split -------------------------------------------------------------------------
+
+def test_decode_idle_gives_prefill_every_unit():
+    d = policy().decide(prefill_view(1.0, [req("a", 500, 0.9)]))
+    assert d.units == TOTAL and d.num_layers == K and "decode idle" in d.reason
+
+
+def test_tpot_slack_gives_decode_the_fewest_units_that_keep_it():
+    # decode step on 1 unit: 20 + 10 = 30 ms <= 0.9 * 100 ms -> 1 unit is enough
+    peer = decode_state(batch=10, context=5000, tpot_p90_ms=30)
+    d = policy().decide(prefill_view(1.0, [req("a", 500, 0.9)], peer=peer))
+    assert d.units == TOTAL - 1 and "fewest units" in d.reason
+    # a tighter TPOT (25 ms): 1 unit (30 ms) is too slow, 2 units (15 ms) keep it
+    d = policy(tpot="25ms").decide(prefill_view(1.0, [req("a", 500, 0.9)], peer=decode_state(10, 5000, 20)))
+    assert d.units == TOTAL - 2
+
+
+def test_burst_pauses_decode_when_its_tpot_still_holds():
+    # TTFT target 0.1 ms/token: the queued prompts cannot all meet it -> TTFT at risk
+    queue = [req(f"r{i}", 400, 0.0) for i in range(4)]
+    roomy = decode_state(batch=10, context=5000, tpot_p90_ms=30, pause_budget_ms=5000)
+    d = policy(ttft="0.1ms/token", limit=1).decide(prefill_view(1.0, queue, peer=roomy))
+    assert d.units == TOTAL and "decode pauses" in d.reason
+    # the same burst, but decode cannot afford to wait for a full-device step: no pause
+    tight = decode_state(batch=10, context=5000, tpot_p90_ms=30, pause_budget_ms=1)
+    d = policy(ttft="0.1ms/token", limit=1).decide(prefill_view(1.0, queue, peer=tight))
+    assert d.units == TOTAL - 1
+
+
+def test_tpot_violated_makes_prefill_yield_units():
+    # decode is at 150 ms against a 100 ms target: it must catch up, 1 unit (30 ms) is not enough
+    # once the target is scaled by 100/150 (0.9 * 100 * 100/150 = 60 ms -> still 1 unit ok); use 40 ms
+    peer = decode_state(batch=10, context=5000, tpot_p90_ms=150)
+    d = policy(tpot="40ms").decide(prefill_view(1.0, [req("a", 100, 0.99)], peer=peer))
+    # target 0.9 * 40 * 40/150 = 9.6 ms: no share is fast enough -> decode gets all but prefill's minimum
+    assert d.units == 1 and "prefill yields" in d.reason
+    d = policy(tpot="100ms").decide(prefill_view(1.0, [req("a", 100, 0.99)], peer=decode_state(10, 5000, 150)))
+    # target 0.9 * 100 * 100/150 = 60 ms: 1 unit (30 ms) catches up
+    assert d.units == TOTAL - 1
+
+
+def test_both_slos_broken_gives_a_balanced_split():
+    est = FakePredictor()
+    p = policy(ttft="0.1ms/token", tpot="10ms", limit=1, est=est)
+    queue = [req("a", 800, 0.0)]
+    peer = decode_state(batch=10, context=5000, tpot_p90_ms=50)
+    d = p.decide(prefill_view(1.0, queue, peer=peer))
+    assert "balanced" in d.reason
+
+    def worst(units):
+        return max(est.prefill_time([800], units) / 0.08, est.decode_time((10, 5000), TOTAL - units) / 0.010)
+
+    assert worst(d.units) == min(worst(u) for u in range(1, TOTAL))
+    assert 1 < d.units < TOTAL
+
+
+def test_last_layers_hand_units_back_to_decode():
+    est = FakePredictor()
+    r = req("a", 800, 0.0)
+    batch = inflight([r], layers_done=LAYERS - K)  # the last group of layers
+    peer = decode_state(batch=10, context=5000, tpot_p90_ms=30)
+    d = policy(ttft="10s", est=est).decide(prefill_view(0.5, [], inflight=batch, peer=peer))
+    assert d.units == 1 and "hand units back" in d.reason  # 1 unit finishes well within 10 s
+    # not the last layers: prefill keeps its priority share
+    d = policy(est=est).decide(prefill_view(0.5, [], inflight=inflight([r], layers_done=8), peer=peer))
+    assert d.units == TOTAL - 1
+
+
+def test_decision_publishes_predictions_and_feedback_reaches_the_estimator():
+    est = FakePredictor()
+    p = policy(est=est)
+    view = prefill_view(1.0, [req("a", 500, 0.5)])
+    d = p.decide(view)
+    assert d.published["ttft_pred_p90_ms"] == pytest.approx((1.0 + 0.5 / TOTAL - 0.5) * 1e3)
+    assert d.predicted_s == pytest.approx(500e-3 / TOTAL * K / LAYERS)
+    p.observe(d, 0.02, view)
+    kind, args, kw = est.observed[-1]
+    assert kind == "prefill" and args[0] == [500] and kw["num_layers"] == K
+
+
+# -- the decode scheduler ---------------------------------------------------------------------------
+
+def dpolicy(tpot="100ms"):
+    return BulletDecodePolicy(FakePredictor(), SLO.parse("10s", tpot), list(range(1, TOTAL + 1)))
+
+
+def test_decode_takes_every_unit_while_prefill_is_idle():
+    running = [req("a", 10, 0.0, outputs=5, first_token_time=0.0)]
+    d = dpolicy().decide(decode_view(1.0, running, WorkerState()))
+    assert d.run and d.units == TOTAL
+
+
+def test_decode_follows_prefills_share_and_pauses_when_it_takes_everything():
+    running = [req("a", 10, 0.0, outputs=50, first_token_time=0.0)]  # 50 tokens in 1 s: 20 ms each
+    d = dpolicy().decide(decode_view(1.0, running, WorkerState(remaining_layers=8, compute_units=6)))
+    assert d.run and d.units == 2
+    d = dpolicy().decide(decode_view(1.0, running, WorkerState(remaining_layers=8, compute_units=TOTAL)))
+    assert not d.run and d.published["pause_budget_ms"] > 0
+
+
+def test_decode_runs_anyway_once_the_pause_budget_is_spent():
+    running = [req("a", 10, 0.0, outputs=5, first_token_time=0.0)]  # 5 tokens in 1 s: already late
+    d = dpolicy().decide(decode_view(1.0, running, WorkerState(remaining_layers=8, compute_units=TOTAL)))
+    assert d.run and d.units == 1 and "budget spent" in d.reason
+    assert d.published["pause_budget_ms"] < 0
+
+
+def test_decode_publishes_tpot_p90_of_its_requests():
+    running = [req(f"r{i}", 10, 0.0, outputs=10, first_token_time=0.0) for i in range(9)]
+    running.append(req("slow", 10, 0.0, outputs=2, first_token_time=0.0))
+    d = dpolicy().decide(decode_view(1.0, running, WorkerState()))
+    step = (0.020 + 0.010) / 2
+    assert d.published["tpot_pred_p90_ms"] == pytest.approx((1.0 + step) / 10 * 1e3)
+    assert d.published["tpot_pred_p90_ms"] < (1.0 + step) / 2 * 1e3  # P90 ignores the one outlier
