@@ -1,0 +1,44 @@
+"""Drive a server with `sglang.bench_serving` (the real client, as a subprocess) and read back
+per-request TTFT, inter-token latencies and lengths."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class RequestRecord:
+    input_len: int
+    output_len: int
+    ttft: float
+    tpot: float | None  # mean inter-token latency; None with a single output token
+    ok: bool
+
+
+def run_bench_serving(url: str, tokenizer_dir: str, dataset: Path, rate: float, num_prompts: int, out_file: Path,
+                      context_len: int, output_len: int | None, seed: int = 1, backend: str = "sglang",
+                      timeout: float = 3600) -> tuple[dict, list[RequestRecord]]:
+    out_file.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", backend, "--base-url", url,
+           "--tokenizer", tokenizer_dir, "--dataset-name", "sharegpt", "--dataset-path", str(dataset),
+           "--num-prompts", str(num_prompts), "--request-rate", str(rate), "--seed", str(seed),
+           "--sharegpt-context-len", str(context_len), "--output-file", str(out_file), "--output-details",
+           "--disable-tqdm", "--warmup-requests", "1"]
+    if output_len:
+        cmd += ["--sharegpt-output-len", str(output_len)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    if proc.returncode != 0 or not out_file.exists():
+        raise RuntimeError(f"bench_serving failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    result = json.loads(out_file.read_text().splitlines()[-1])
+    records = []
+    for i, o, t, itl, err in zip(result["input_lens"], result["output_lens"], result["ttfts"], result["itls"],
+                                 result["errors"]):
+        ok = not err and t > 0
+        records.append(RequestRecord(i, o, t, sum(itl) / len(itl) if itl else None, ok))
+    return result, records

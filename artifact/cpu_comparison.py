@@ -1,0 +1,121 @@
+"""Bullet against the usual alternatives, served for real on this machine and driven by
+`sglang.bench_serving` on ShareGPT prompts, side by side in one run.
+
+  python -m artifact.cpu_comparison [--systems bullet chunked:256 chunked:1024 static naive]
+                                    [--rates 1 2 3 4] [--num-prompts 40] [--context-len 512]
+
+For each system: start `bullet launch --policy <system>`, run bench_serving at every rate, score each
+request against SLOs derived from the profiled solo latencies (artifact/slo_rule.py), and report SLO
+attainment, goodput (highest rate with >= 90 % attainment), mean/P90 TTFT and TPOT, throughput; also
+Bullet's scheduler overhead per step from its decision timeline. Writes
+<out>/results.json, a printed table, and figures (artifact/plots.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from artifact.bench_client import run_bench_serving
+from artifact.scoring import goodput, summarize
+from artifact.server import BulletServer
+from artifact.slo_rule import derive_slo
+
+DEFAULT_SYSTEMS = ["bullet", "chunked:256", "chunked:1024", "static", "naive"]
+
+
+def prepare(args) -> tuple[str, Path, str, object]:
+    from artifact.workloads.sharegpt import repaired_sharegpt_path
+    from engines.device import resolve_dtype
+    from engines.tokenizer import gguf_tokenizer_dir
+    from engines.weights.resolve import default_gguf_path
+    from estimator import Estimator
+    from estimator.local_profile import ensure_profile
+
+    import torch
+
+    tokenizer_dir = str(gguf_tokenizer_dir(default_gguf_path()))
+    dataset = repaired_sharegpt_path()
+    dtype = str(resolve_dtype(args.dtype, torch.device("cpu"))).removeprefix("torch.")
+    profile = args.profile or str(ensure_profile(None, "auto", dtype, sorted(__import__("os").sched_getaffinity(0)),
+                                                 quick=not args.full_profile))
+    return tokenizer_dir, dataset, profile, Estimator.load(profile)
+
+
+def scheduler_overhead(timeline_dir: Path) -> dict:
+    from bullet.schedulers.timeline import load_timeline
+
+    out = {}
+    rows = load_timeline(timeline_dir) if timeline_dir.exists() else []
+    for role in ("prefill", "decode"):
+        mine = [r for r in rows if r["role"] == role and r.get("run") and r.get("obs_ms")]
+        if mine:
+            sched = sum(r.get("sched_us", 0.0) for r in mine) / 1e3
+            step = sum(r["obs_ms"] for r in mine)
+            out[role] = {"steps": len(mine), "mean_sched_us": statistics.fmean(r.get("sched_us", 0.0) for r in mine),
+                         "mean_step_ms": step / len(mine), "overhead_fraction": sched / step}
+    return out
+
+
+def run_system(system: str, args, tokenizer_dir: str, dataset: Path, profile: str, slo, out: Path) -> dict:
+    timeline = out / "timeline" / system.replace(":", "-")
+    launch = ["--policy", system, "--timeline-dir", str(timeline), "--estimator-profile", profile,
+              "--ttft-slo", f"{slo.ttft * 1e3:.4f}ms/token", "--tpot-slo", f"{slo.tpot * 1e3:.2f}ms",
+              "--max-total-tokens", str(args.max_total_tokens), "--log-level", "warning"]
+    per_rate = {}
+    with BulletServer(*launch, log_path=str(out / f"server-{system.replace(':', '-')}.log")) as server:
+        for rate in args.rates:
+            t0 = time.monotonic()
+            result, records = run_bench_serving(server.url, tokenizer_dir, dataset, rate, args.num_prompts,
+                                                out / f"bench-{system.replace(':', '-')}-{rate}.jsonl",
+                                                args.context_len, args.output_len, seed=args.seed)
+            summary = summarize(records, slo, result["duration"])
+            per_rate[rate] = summary
+            print(f"[compare] {system:>13} @ {rate:>4} req/s: attainment {summary['attainment']:.0%}, "
+                  f"TTFT {summary['mean_ttft_s']:.2f}s (p90 {summary['p90_ttft_s']:.2f}), "
+                  f"TPOT {summary['mean_tpot_s'] * 1e3:.0f}ms (p90 {summary['p90_tpot_s'] * 1e3:.0f}), "
+                  f"{summary['output_tok_per_s']:.0f} tok/s [{time.monotonic() - t0:.0f}s]", flush=True)
+    return {"per_rate": per_rate, "goodput": goodput(per_rate), "scheduler": scheduler_overhead(timeline)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--systems", nargs="+", default=DEFAULT_SYSTEMS)
+    ap.add_argument("--rates", nargs="+", type=float, default=[1.0, 2.0, 3.0, 4.0])
+    ap.add_argument("--num-prompts", type=int, default=40)
+    ap.add_argument("--context-len", type=int, default=512, help="drop ShareGPT requests longer than this (prompt+output)")
+    ap.add_argument("--output-len", type=int, default=64, help="fixed output length (0: the dataset's)")
+    ap.add_argument("--max-total-tokens", type=int, default=32768)
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--profile", default=None, help="estimator profile (default: cached or measured now)")
+    ap.add_argument("--full-profile", action="store_true")
+    ap.add_argument("--typical-prompt", type=int, default=256, help="prompt length the SLO rule uses")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "cpu_comparison"))
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer_dir, dataset, profile, est = prepare(args)
+    derived = derive_slo(est, args.typical_prompt)
+    print(f"[compare] SLO rule: {derived.rule}", flush=True)
+    results = {}
+    for system in args.systems:
+        results[system] = run_system(system, args, tokenizer_dir, dataset, profile, derived.slo, out)
+        (out / "results.json").write_text(json.dumps(
+            {"slo": derived.as_dict(), "args": vars(args), "profile": profile, "systems": results}, indent=2))
+    from artifact.report import print_comparison
+
+    print_comparison(results, args.rates)
+    try:
+        from artifact.plots import plot_comparison
+
+        for path in plot_comparison(out):
+            print(f"[compare] figure: {path}")
+    except ImportError as exc:
+        print(f"[compare] no figures ({exc})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""Figures of a comparison run: SLO attainment, TTFT and TPOT against request rate (Bullet Fig. 15
+style), and the Bullet timeline of compute shares and batches (Fig. 20 style)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def plot_comparison(out_dir: str | Path) -> list[Path]:
+    out_dir = Path(out_dir)
+    data = json.loads((out_dir / "results.json").read_text())
+    systems = data["systems"]
+    fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
+    panels = [("attainment", "SLO attainment", 1.0), ("mean_ttft_s", "mean TTFT (s)", 1.0),
+              ("mean_tpot_s", "mean TPOT (ms)", 1e3), ("output_tok_per_s", "throughput (tok/s)", 1.0)]
+    for ax, (key, label, scale) in zip(axes, panels):
+        for system, res in systems.items():
+            rates = sorted(res["per_rate"], key=float)
+            ax.plot([float(r) for r in rates], [res["per_rate"][r][key] * scale for r in rates], marker="o",
+                    label=system, linewidth=2.5 if system == "bullet" else 1.2)
+        ax.set_xlabel("request rate (req/s)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].axhline(0.9, color="gray", linestyle=":")
+    axes[0].legend(fontsize=8)
+    slo = data["slo"]
+    fig.suptitle(f"ShareGPT on this CPU — SLO: TTFT {slo['ttft_s_per_token'] * 1e3:.1f} ms/token, "
+                 f"TPOT {slo['tpot_s'] * 1e3:.0f} ms")
+    fig.tight_layout()
+    paths = [out_dir / "comparison.png"]
+    fig.savefig(paths[0], dpi=120)
+    plt.close(fig)
+    timeline = out_dir / "timeline" / "bullet"
+    if timeline.exists():
+        paths.append(plot_timeline(timeline, out_dir / "timeline_bullet.png"))
+    return paths
+
+
+def plot_timeline(timeline_dir: Path, path: Path) -> Path:
+    from bullet.schedulers.timeline import load_timeline
+
+    rows = load_timeline(timeline_dir)
+    if not rows:
+        return path
+    t0 = rows[0]["t"]
+    fig, axes = plt.subplots(3, 1, figsize=(12, 6.5), sharex=True)
+    for role, color in (("prefill", "tab:blue"), ("decode", "tab:orange")):
+        mine = [r for r in rows if r["role"] == role]
+        axes[0].step([r["t"] - t0 for r in mine], [r["units"] if r.get("run", True) else 0 for r in mine],
+                     where="post", color=color, label=f"{role} units")
+        axes[1].plot([r["t"] - t0 for r in mine], [r.get("batch", 0) for r in mine], ".", ms=3, color=color,
+                     label=f"{role} batch")
+    pre = [r for r in rows if r["role"] == "prefill"]
+    axes[2].plot([r["t"] - t0 for r in pre], [r.get("queue", 0) for r in pre], ".", ms=3, color="tab:red")
+    axes[0].set_ylabel("compute units")
+    axes[1].set_ylabel("requests in batch")
+    axes[2].set_ylabel("prefill queue")
+    axes[2].set_xlabel("time (s)")
+    for ax in axes[:2]:
+        ax.legend(fontsize=8, loc="upper right")
+    fig.suptitle("Bullet: compute shares, batches and queue over time")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,30 @@
+"""Tables of a comparison run."""
+
+from __future__ import annotations
+
+from artifact.benchmarks.common import print_table
+
+
+def print_comparison(results: dict, rates: list[float], reference: str = "bullet") -> None:
+    rows = []
+    for system, res in results.items():
+        for rate in rates:
+            s = res["per_rate"].get(rate) or res["per_rate"].get(str(rate))
+            if s is None:
+                continue
+            rows.append({"system": system, "rate": rate, "attain": f"{s['attainment']:.0%}",
+                         "TTFT mean s": s["mean_ttft_s"], "TTFT p90 s": s["p90_ttft_s"],
+                         "TPOT mean ms": s["mean_tpot_s"] * 1e3, "TPOT p90 ms": s["p90_tpot_s"] * 1e3,
+                         "tok/s": s["output_tok_per_s"]})
+    print_table(rows, ["system", "rate", "attain", "TTFT mean s", "TTFT p90 s", "TPOT mean ms", "TPOT p90 ms", "tok/s"],
+                title="per rate")
+    ref = results.get(reference, {}).get("goodput")
+    summary = []
+    for system, res in results.items():
+        sched = res.get("scheduler", {})
+        overhead = ", ".join(f"{role} {v['overhead_fraction']:.2%}" for role, v in sched.items()) or "-"
+        ratio = f"{ref / res['goodput']:.2f}x" if ref and res["goodput"] else "-"
+        summary.append({"system": system, "goodput req/s": res["goodput"], f"{reference} / system": ratio,
+                        "scheduler overhead": overhead})
+    print_table(summary, ["system", "goodput req/s", f"{reference} / system", "scheduler overhead"],
+                title="goodput (highest rate with >= 90% SLO attainment)")
