@@ -1,0 +1,24 @@
+"""One real server shared by the HTTP tests that need default flags (startup costs ~10-30 s on two
+cores); tests that need other flags (--api-key) start their own. Tests run one at a time, so token
+counter deltas read around a test belong to that test."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.http.helpers import SERVER_ARGS
+from tests.server_utils import ServerProcess
+
+
+@pytest.fixture(scope="session")
+def server():
+    with ServerProcess(*SERVER_ARGS) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer(server):
+    """The server's tokenizer as the real clients load it: a local Hugging Face directory."""
+    transformers = pytest.importorskip("transformers")
+    path = server.get("/model_info")[1]["tokenizer_path"]
+    return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)

@@ -1,0 +1,101 @@
+"""Small client-side helpers for the HTTP tests: server-sent events, Prometheus text, raw sockets,
+and waiting for the workers to settle."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+import urllib.request
+
+# Flags of the servers the HTTP tests start: a small KV pool keeps memory down (the context length
+# stays the model's 8192).
+SERVER_ARGS = ("--max-total-tokens", "8192")
+
+
+def sse_events(body: str) -> list:
+    """The `data:` payloads of an event stream, JSON-decoded; the final `[DONE]` stays a string."""
+    out = []
+    for block in body.split("\n\n"):
+        block = block.strip()
+        if not block:
+            continue
+        assert block.startswith("data: "), f"not an SSE data event: {block[:80]!r}"
+        payload = block[len("data: "):]
+        out.append(payload if payload == "[DONE]" else json.loads(payload))
+    return out
+
+
+def post_stream(url: str, path: str, body: dict, headers: dict | None = None, timeout: float = 300):
+    """(status, content type, list of events) of a streaming POST."""
+    req = urllib.request.Request(url + path, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return resp.status, resp.headers.get("content-type", ""), sse_events(resp.read().decode())
+
+
+def metric(text: str, name: str, labels: dict | None = None) -> float:
+    """Value of one sample in Prometheus text format (0 if absent: counters start unseen)."""
+    want = ",".join(f'{k}="{v}"' for k, v in sorted((labels or {}).items()))
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        m = re.match(r"^([a-zA-Z_:][\w:]*)(?:\{(.*)\})?\s+(\S+)$", line)
+        if m and m.group(1) == name:
+            got = ",".join(sorted(p for p in (m.group(2) or "").split(",") if p))
+            if got == want:
+                return float(m.group(3))
+    return 0.0
+
+
+def token_counters(server) -> tuple[float, float]:
+    """(prompt tokens, generated tokens) of all finished requests so far, from /metrics."""
+    text = server.get("/metrics")[1]
+    return metric(text, "bullet_prompt_tokens_total"), metric(text, "bullet_generation_tokens_total")
+
+
+def open_raw_request(server, path: str, body: dict, headers: dict | None = None) -> socket.socket:
+    """A socket with a POST sent on it: the test decides when (and whether) to read, and when to
+    hang up — the way a crashed or impatient client behaves."""
+    data = json.dumps(body).encode()
+    extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=120)
+    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(data)}\r\n{extra}\r\n".encode() + data)
+    return sock
+
+
+def read_events(sock: socket.socket, n: int) -> bytes:
+    """Read from a streaming response until at least n `data:` events have arrived."""
+    buf = b""
+    while buf.count(b"data: ") < n:
+        chunk = sock.recv(65536)
+        assert chunk, f"the server closed the stream after {buf.count(b'data: ')} events: {buf[-300:]!r}"
+        buf += chunk
+    return buf
+
+
+def idle(state: dict) -> bool:
+    return (state["prefill"]["queued_requests"] == 0 and state["prefill"]["batch_size"] == 0
+            and state["decode"]["batch_size"] == 0 and state["inflight_requests"] == 0
+            and state["kv_pages_free"] == state["kv_pages_total"])
+
+
+def wait_idle(server, within_s: float = 10.0) -> dict:
+    """The server state once no request is left in either worker and every KV page is free; fails
+    (showing the last state) if that does not happen within `within_s` — a liveness bound, not a
+    speed assertion: an aborted request must not keep running."""
+    deadline = time.monotonic() + within_s
+    state = server.state()
+    while not idle(state) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        state = server.state()
+    assert idle(state), f"requests still held after {within_s}s: {summary(state)}"
+    return state
+
+
+def summary(state: dict) -> dict:
+    return {"inflight": state["inflight_requests"], "prefill_queued": state["prefill"]["queued_requests"],
+            "prefill_batch": state["prefill"]["batch_size"], "decode_batch": state["decode"]["batch_size"],
+            "pages_free": state["kv_pages_free"], "pages_total": state["kv_pages_total"]}
