@@ -112,6 +112,42 @@ class AlphaCurve:
         return self.alpha_at_log_size(math.log(max(size, 1.0))) * srm_seconds
 
 
+def unit_blend(sampled: Sequence[int], units: int) -> tuple[tuple[int, float], ...]:
+    """Which sampled unit counts a prediction on `units` units takes its alpha from, with weights:
+    the count itself if sampled, else a linear blend of the two sampled counts around it, else the
+    nearest. With samples at one unit count only, alpha carries over to every count unchanged (the
+    GPU profiles: Bullet samples at full device and extrapolates); a measured CPU has samples at
+    every core count, because its cores share caches and clocks and alpha moves with the count."""
+    counts = sorted(set(sampled))
+    if not counts:
+        return ()
+    if units <= counts[0]:
+        return ((counts[0], 1.0),)
+    if units >= counts[-1]:
+        return ((counts[-1], 1.0),)
+    for lo, hi in zip(counts, counts[1:]):
+        if units == lo:
+            return ((lo, 1.0),)
+        if lo < units < hi:
+            t = (units - lo) / (hi - lo)
+            return ((lo, 1.0 - t), (hi, t))
+    return ((counts[-1], 1.0),)
+
+
+def by_units(points: Sequence[tuple[int, tuple[float, float, float]]], mode: Interpolation,
+             total_units: int) -> list[tuple[tuple[AlphaCurve, float], ...]]:
+    """Alpha curves fitted per sampled unit count from (units, (size, srm, measured)) points,
+    and for every unit count 0..total_units the blend of them a prediction uses (index = units)."""
+    grouped: dict[int, list[tuple[float, float, float]]] = {}
+    for units, point in points:
+        grouped.setdefault(units, []).append(point)
+    curves = {units: AlphaCurve(pts, mode) for units, pts in grouped.items()}
+    blends = [()]
+    for units in range(1, total_units + 1):
+        blends.append(tuple((curves[u], w) for u, w in unit_blend(list(curves), units)))
+    return blends
+
+
 class OnlineCorrection(BaseModel):
     """Multiplicative corrections learnt from observed step latencies: an exponentially weighted
     moving average of observed / predicted at three levels — (phase), (phase, size bucket) and

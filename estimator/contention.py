@@ -16,6 +16,8 @@ import math
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from estimator.calibration import Sample
+
 
 class BandwidthPoint(BaseModel):
     """D_{p,sl} / D_p measured with `units` units running the bandwidth probe."""
@@ -83,6 +85,9 @@ class ContentionLookup:
 class ContentionModel(BaseModel):
     decode_bandwidth: list[BandwidthPoint] = Field(default_factory=list)
     prefill_slowdown: list[SlowdownPoint] = Field(default_factory=list)
+    # The co-running steps the tables were fitted to (`bullet profile`), kept so that a profile
+    # can be refitted without measuring again. The predictor reads only the tables.
+    samples: list[Sample] = Field(default_factory=list)
 
     def lookup(self) -> ContentionLookup:
         return ContentionLookup(self)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from engines.model_config import ModelConfig
-from estimator.calibration import FALLBACK_CLASS, AlphaCurve, Calibration
+from estimator.calibration import FALLBACK_CLASS, AlphaCurve, Calibration, unit_blend
 from estimator.hardware import HardwareSpec
 from estimator.ops import (
     ATTENTION_CLASSES,
@@ -32,18 +32,19 @@ class _TokenGroup:
     FLOPs, bytes, grid) is cached; per call only the roofline of each GEMM is evaluated, plus one
     term for all memory-bound kernels together."""
 
-    def __init__(self, kernels: "KernelModel", ops: tuple[TokenOp, ...]):
+    def __init__(self, kernels: "KernelModel", ops: tuple[TokenOp, ...], curves: dict[str, AlphaCurve | None]):
         self.k = kernels
         self.ops = ops
         self.memory_bound = tuple(op.cols == 0 and kernels.always_memory_bound(op) for op in ops)
         self.cache: dict[int, tuple] = {}
         self.compiled: tuple = ()
+        self.compile(curves)
 
-    def compile(self) -> None:
-        """Flatten each kernel's coefficients and alpha segment into a tuple (after a refit)."""
+    def compile(self, curves: dict[str, AlphaCurve | None]) -> None:
+        """Flatten each kernel's coefficients and alpha segment into a tuple."""
         rows = []
         for op, memory_bound in zip(self.ops, self.memory_bound):
-            curve = self.k.curves.get(op.name)
+            curve = curves.get(op.name)
             if curve is None:
                 segment = (0.0, 0.0, 1.0, 1.0)
             elif curve.mode == "log" and len(curve.alphas) <= 2:
@@ -100,6 +101,17 @@ class _TokenGroup:
         return seconds
 
 
+class _CurveSet:
+    """The alpha curve of every kernel class at one sampled unit count (or at all unit counts,
+    when alpha was sampled at one), with the token groups compiled from them."""
+
+    def __init__(self, kernels: "KernelModel", curves: dict[str, AlphaCurve | None]):
+        self.curves = curves
+        self.layer = _TokenGroup(kernels, kernels.layer_ops, curves)
+        self.head_rows = _TokenGroup(kernels, kernels.head_row_ops, curves)
+        self.lm_head = _TokenGroup(kernels, kernels.lm_head_ops, curves)
+
+
 class KernelModel:
     def __init__(self, model: ModelConfig, hw: HardwareSpec, dtype_bytes: int = 2, dtype: str = "bf16"):
         self.model, self.hw, self.dtype_bytes, self.dtype = model, hw, dtype_bytes, dtype
@@ -117,11 +129,11 @@ class KernelModel:
                              model.num_key_value_heads)
         self.curves: dict[str, AlphaCurve | None] = {}
         embedding, final_norm, lm_head = head_token_ops(model, dtype_bytes)
-        layer = layer_token_ops(model, dtype_bytes)
-        self._token_ops = {op.name: op for op in layer + (embedding, final_norm, lm_head)}
-        self._groups = (_TokenGroup(self, layer), _TokenGroup(self, (embedding, final_norm)),
-                        _TokenGroup(self, (lm_head,)))
-        self._layer, self._head_rows, self._lm_head = self._groups
+        self.layer_ops = layer_token_ops(model, dtype_bytes)
+        self.head_row_ops, self.lm_head_ops = (embedding, final_norm), (lm_head,)
+        self._token_ops = {op.name: op for op in self.layer_ops + (embedding, final_norm, lm_head)}
+        # per unit count (index): the curve sets a prediction blends, with their weights
+        self._blend: list[tuple[tuple[_CurveSet, float], ...]] = []
         self.fit(Calibration())
 
     def always_memory_bound(self, op: TokenOp) -> bool:
@@ -138,18 +150,28 @@ class KernelModel:
         return self._token_ops[sample.kind].at(sample.tokens, self.tiling)
 
     def fit(self, calibration: Calibration) -> None:
-        fitted: dict[str, AlphaCurve] = {}
-        for kind in calibration.kinds():
-            if kind in self._token_ops or kind in ATTENTION_CLASSES:
-                points = []
-                for s in calibration.of_kind(kind):
-                    op = self.sample_op(s)
-                    points.append((op.size, self.srm(op, s.units) / op.count, s.seconds))
-                fitted[kind] = AlphaCurve(points, calibration.mode(kind))
+        """Alpha curves from the kernel samples: one set if they were all taken at one unit count,
+        else one set per sampled count, blended between counts (`calibration.unit_blend`)."""
+        samples = [s for s in calibration.samples if s.kind in self._token_ops or s.kind in ATTENTION_CLASSES]
+        counts = sorted({s.units for s in samples})
+        if len(counts) <= 1:
+            one = _CurveSet(self, self._curves(samples, calibration))
+            self._blend = [((one, 1.0),)] * (self.hw.units + 1)
+            self.curves = one.curves
+            return
+        sets = {u: _CurveSet(self, self._curves([s for s in samples if s.units == u], calibration)) for u in counts}
+        self._blend = [((sets[counts[0]], 1.0),)] + [
+            tuple((sets[u], w) for u, w in unit_blend(counts, units)) for units in range(1, self.hw.units + 1)]
+        self.curves = sets[counts[-1]].curves
+
+    def _curves(self, samples, calibration: Calibration) -> dict[str, AlphaCurve | None]:
+        points: dict[str, list] = {}
+        for s in samples:
+            op = self.sample_op(s)
+            points.setdefault(s.kind, []).append((op.size, self.srm(op, s.units) / op.count, s.seconds))
+        fitted = {kind: AlphaCurve(pts, calibration.mode(kind)) for kind, pts in points.items()}
         names = list(self._token_ops) + list(ATTENTION_CLASSES)
-        self.curves = {n: fitted.get(n, fitted.get(FALLBACK_CLASS.get(n, ""))) for n in names}
-        for group in self._groups:
-            group.compile()
+        return {n: fitted.get(n, fitted.get(FALLBACK_CLASS.get(n, ""))) for n in names}
 
     # ---- one kernel, the reference way ------------------------------------------------------------
 
@@ -157,16 +179,27 @@ class KernelModel:
         return srm_time(op, units, self.hw, self.dtype, bandwidth_scale)
 
     def op_time(self, op: Op, units: int, bandwidth_scale: float = 1.0) -> float:
-        return op.count * _apply(self.curves.get(op.name), op.size, self.srm(op, units, bandwidth_scale) / op.count)
+        srm = self.srm(op, units, bandwidth_scale) / op.count
+        return op.count * sum(w * _apply(s.curves.get(op.name), op.size, srm) for s, w in self._blend[units])
 
     # ---- fast paths -----------------------------------------------------------------------------
 
     def token_ops_time(self, rows: int, units: int, bandwidth_scale: float = 1.0) -> float:
         """One layer's per-token kernels (everything but attention) over `rows` rows."""
-        return self._layer.time(rows, units, bandwidth_scale)
+        blend = self._blend[units]
+        if len(blend) == 1:
+            return blend[0][0].layer.time(rows, units, bandwidth_scale)
+        return sum(w * s.layer.time(rows, units, bandwidth_scale) for s, w in blend)
 
     def head_time(self, rows: int, output_rows: int, units: int, bandwidth_scale: float = 1.0) -> float:
-        return self._head_rows.time(rows, units, bandwidth_scale) + self._lm_head.time(output_rows, units, bandwidth_scale)
+        return sum(w * (s.head_rows.time(rows, units, bandwidth_scale) + s.lm_head.time(output_rows, units, bandwidth_scale))
+                   for s, w in self._blend[units])
+
+    def _attention(self, name: str, size: int, srm: float, units: int) -> float:
+        blend = self._blend[units]
+        if len(blend) == 1:
+            return _apply(blend[0][0].curves[name], size, srm)
+        return sum(w * _apply(s.curves[name], size, srm) for s, w in blend)
 
     def _roofline(self, flops: float, nbytes: float, grid: int, units: int, bandwidth_scale: float) -> float:
         compute = flops * self.inv_compute[units]
@@ -183,11 +216,11 @@ class KernelModel:
             square += s * (s + 1)
             tiles += -(-s // ATTN_QUERY_TILE)
         srm = self._roofline(per_square * square, per_token * tokens, heads * tiles, units, 1.0)
-        return _apply(self.curves["attn_prefill"], tokens, srm)
+        return self._attention("attn_prefill", tokens, srm, units)
 
     def decode_attention_time(self, batch: int, context: int, units: int, bandwidth_scale: float = 1.0) -> float:
         per_ctx_flops, per_ctx_bytes, per_request_bytes, kv_heads = self._decode_attn
         grid = decode_attention_grid(batch, context, kv_heads)
         srm = self._roofline(per_ctx_flops * context, per_ctx_bytes * context + per_request_bytes * batch, grid,
                              units, bandwidth_scale)
-        return _apply(self.curves["attn_decode"], context, srm)
+        return self._attention("attn_decode", context, srm, units)

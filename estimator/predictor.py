@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from engines.model_config import ModelConfig
-from estimator.calibration import AlphaCurve, Calibration
+from estimator.calibration import AlphaCurve, Calibration, by_units
 from estimator.contention import ContentionModel
 from estimator.hardware import DTYPE_BYTES, HardwareSpec
 from estimator.kernels import KernelModel
@@ -55,12 +55,13 @@ class Estimator:
         """Rebuild the alpha curves and contention tables (after changing samples or tables)."""
         self._contention = self.contention.lookup()
         self.kernels.fit(self.calibration)
-        self._phase_curves: dict[str, AlphaCurve] = {}
+        # phase -> per unit count, the alpha curves (and weights) of Eq. 2 at the sampled counts
+        self._phase_curves: dict[str, list[tuple[tuple[AlphaCurve, float], ...]]] = {}
         for phase in ("prefill", "decode"):
             samples = self.calibration.of_kind(phase)
             if samples:
-                points = [(self._phase_size(s), self._kernel_level_time(s), s.seconds) for s in samples]
-                self._phase_curves[phase] = AlphaCurve(points, "log")
+                points = [(s.units, (self._phase_size(s), self._kernel_level_time(s), s.seconds)) for s in samples]
+                self._phase_curves[phase] = by_units(points, "log", self.hardware.units)
 
     def add_sample(self, kind: str, seconds: float, units: int, **state) -> None:
         """Record a measurement (see `Calibration.add`) and refit."""
@@ -119,21 +120,30 @@ class Estimator:
         if co_decode_batch:
             seconds *= self._contention.prefill_slowdown_factor(co_decode_batch)
         if phase_alpha and "prefill" in self._phase_curves:
-            curve = self._phase_curves["prefill"]
-            seconds = curve.calibrated(tokens, seconds)
+            seconds = sum(w * curve.calibrated(tokens, seconds) for curve, w in self._phase_curves["prefill"][units])
         return seconds
 
-    def _decode(self, batch, context, units, co_prefill_tokens, include_head, num_layers, phase_alpha) -> float:
+    def decode_time_at_bandwidth(self, context_lens: DecodeBatch, units: int, fraction: float,
+                                 include_head: bool = True, num_layers: int | None = None) -> float:
+        """A decode step with its units' memory bandwidth scaled by `fraction`: what an entry
+        D_{p,sl} / D_p of the contention table means. The profiler solves for the fraction that
+        reproduces decode steps measured beside a prefill. No online correction."""
+        batch, context = decode_summary(context_lens)
+        return self._decode(batch, context, units, 0, include_head, num_layers, True, scale=fraction)
+
+    def _decode(self, batch, context, units, co_prefill_tokens, include_head, num_layers, phase_alpha,
+                scale: float | None = None) -> float:
         if batch <= 0:
             return 0.0
         k = self.kernels
-        scale = self._contention.decode_bandwidth_fraction(co_prefill_tokens, units) if co_prefill_tokens else 1.0
+        if scale is None:
+            scale = self._contention.decode_bandwidth_fraction(co_prefill_tokens, units) if co_prefill_tokens else 1.0
         layer = k.token_ops_time(batch, units, scale) + k.decode_attention_time(batch, context, units, scale)
         seconds = layer * (self.model.num_hidden_layers if num_layers is None else num_layers)
         if include_head:
             seconds += k.head_time(batch, batch, units, scale)
         if phase_alpha and "decode" in self._phase_curves:
-            seconds = self._phase_curves["decode"].calibrated(batch, seconds)
+            seconds = sum(w * curve.calibrated(batch, seconds) for curve, w in self._phase_curves["decode"][units])
         return seconds
 
     def step_time(self, state: ExecutionState, units: int) -> float:
@@ -168,10 +178,10 @@ class Estimator:
 
     # ---- persistence --------------------------------------------------------------------------
 
-    def save(self, path: str | Path, notes: list[str] | None = None) -> None:
+    def save(self, path: str | Path, notes: list[str] | None = None, provenance=None) -> None:
         from estimator.profile import EstimatorProfile
 
-        EstimatorProfile.from_estimator(self, notes).write(path)
+        EstimatorProfile.from_estimator(self, notes, provenance).write(path)
 
     @classmethod
     def load(cls, path: str | Path, model: ModelConfig | None = None) -> "Estimator":

@@ -12,8 +12,10 @@ the contention table. `bullet profile` writes it; workers and the simulator load
                       "interpolation": {"attn_decode": "affine"},
                       "online": {"weight": 0.25, "units_buckets": 4, "factors": {"decode/4": 1.02}}},
       "contention": {"decode_bandwidth": [{"units": 54, "prefill_tokens": 2048, "fraction": 0.8}],
-                     "prefill_slowdown": [{"decode_batch": 64, "factor": 1.05}]},
-      "notes": ["free text: how and when it was measured"]
+                     "prefill_slowdown": [{"decode_batch": 64, "factor": 1.05}],
+                     "samples": [co-running steps the tables were fitted to]},
+      "notes": ["free text: how and when it was measured"],
+      "provenance": {"model": ..., "dtype": ..., "cores": [...], "cpu": ..., ...}  (measured profiles)
     }
 """
 
@@ -35,6 +37,23 @@ FORMAT = "bullet-estimator-profile"
 VERSION = 1
 
 
+class Provenance(BaseModel):
+    """Where a measured profile comes from; `estimator.local_profile.ensure_profile` reuses a cached
+    profile only if these still describe the model, dtype, cores, CPU and code at hand."""
+
+    model: str  # cache name: the model's name and a digest of its file (see local_profile)
+    model_source: str | None = None
+    load_format: str = "auto"
+    dtype: str
+    cores: list[int]
+    cpu: str
+    bullet_version: str
+    torch_version: str
+    plan: Literal["quick", "full"]
+    measured_at: str
+    duration_s: float
+
+
 class EstimatorProfile(BaseModel):
     format: Literal["bullet-estimator-profile"] = FORMAT
     version: int = VERSION
@@ -44,11 +63,14 @@ class EstimatorProfile(BaseModel):
     calibration: Calibration = Field(default_factory=Calibration)
     contention: ContentionModel = Field(default_factory=ContentionModel)
     notes: list[str] = Field(default_factory=list)
+    provenance: Provenance | None = None  # measured profiles only
 
     @classmethod
-    def from_estimator(cls, estimator: Estimator, notes: list[str] | None = None) -> "EstimatorProfile":
+    def from_estimator(cls, estimator: Estimator, notes: list[str] | None = None,
+                       provenance: Provenance | None = None) -> "EstimatorProfile":
         return cls(model=estimator.model, dtype=estimator.dtype, hardware=estimator.hardware,
-                   calibration=estimator.calibration, contention=estimator.contention, notes=notes or [])
+                   calibration=estimator.calibration, contention=estimator.contention, notes=notes or [],
+                   provenance=provenance)
 
     def estimator(self, model: ModelConfig | None = None) -> Estimator:
         """An estimator for this profile; `model` overrides the stored shape (same-shaped models

@@ -1,0 +1,91 @@
+"""From measured samples to a calibrated estimator (Bullet Eq. 2 and §3.2.3, on the CPU).
+
+1. Op samples (kernel sweeps) and solo phase samples go into the calibration: alpha per kernel
+   class, then alpha per phase for what the kernels miss end to end, both per core count.
+2. Co-running decode samples give D_{p,sl}: for each (decode cores, prefill length sl), the fraction
+   of the bandwidth the decode step still gets, solved for so that the calibrated model reproduces
+   the measured steps (least squares in log time). The paper measures the attainable bandwidth
+   beside a prefill; solving through the model measures it as the decode step itself sees it.
+3. Co-running prefill samples give the prefill slowdown beside a decode batch: measured time over
+   the calibrated solo prediction, per batch.
+Contention never speeds a step up: fractions are capped at 1 and slowdowns floored at 1, so a noisy
+co-running sample cannot make the estimator promise a faster step beside the other phase."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+from engines.model_config import ModelConfig
+from estimator.calibration import PHASES, Calibration, Sample
+from estimator.contention import ContentionModel
+from estimator.hardware import HardwareSpec
+from estimator.predictor import Estimator
+
+FRACTION_RANGE = (0.05, 1.0)
+
+
+def _golden_min(loss: Callable[[float], float], lo: float, hi: float, iterations: int = 50) -> float:
+    """Minimum of a unimodal function on [lo, hi]."""
+    ratio = (math.sqrt(5) - 1) / 2
+    a, b = lo, hi
+    c, d = b - ratio * (b - a), a + ratio * (b - a)
+    fc, fd = loss(c), loss(d)
+    for _ in range(iterations):
+        if fc <= fd:
+            b, d, fd = d, c, fc
+            c = b - ratio * (b - a)
+            fc = loss(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + ratio * (b - a)
+            fd = loss(d)
+    return (a + b) / 2
+
+
+def decode_bandwidth_fraction(estimator: Estimator, samples: Sequence[Sample]) -> float:
+    """The D_{p,sl} / D_p that best reproduces decode `samples` (all at one units and sl)."""
+    def loss(log_fraction: float) -> float:
+        fraction = math.exp(log_fraction)
+        return sum(math.log(estimator.decode_time_at_bandwidth((s.decode_batch, s.decode_context), s.units, fraction,
+                                                               s.include_head, s.num_layers) / s.seconds) ** 2
+                   for s in samples)
+
+    lo, hi = (math.log(x) for x in FRACTION_RANGE)
+    return min(FRACTION_RANGE[1], math.exp(_golden_min(loss, lo, hi)))
+
+
+def prefill_slowdown(estimator: Estimator, samples: Sequence[Sample]) -> float:
+    """Geometric mean of measured / solo prediction over prefill `samples` (one decode batch)."""
+    logs = [math.log(s.seconds / estimator.prefill_time(list(s.prefill_lens), s.units, s.num_layers, s.include_head))
+            for s in samples]
+    return max(1.0, math.exp(sum(logs) / len(logs)))
+
+
+def fit_contention(estimator: Estimator, corun: Sequence[Sample]) -> ContentionModel:
+    """Contention tables from co-running phase samples, against `estimator`'s solo calibration."""
+    model = ContentionModel(samples=list(corun))
+    decode: dict[tuple[int, int], list[Sample]] = {}
+    prefill: dict[int, list[Sample]] = {}
+    for s in corun:
+        if s.kind == "decode":
+            decode.setdefault((s.units, s.co_running), []).append(s)
+        else:
+            prefill.setdefault(s.co_running, []).append(s)
+    for (units, tokens), group in sorted(decode.items()):
+        model.add_bandwidth(units, tokens, decode_bandwidth_fraction(estimator, group))
+    for batch, group in sorted(prefill.items()):
+        model.add_slowdown(batch, prefill_slowdown(estimator, group))
+    return model
+
+
+def build_estimator(model: ModelConfig, hardware: HardwareSpec, dtype: str, samples: Sequence[Sample]) -> Estimator:
+    """The calibrated estimator from everything a profile measured: op samples, solo phase samples
+    (co_running == 0) and co-running phase samples (co_running > 0)."""
+    corun = [s for s in samples if s.kind in PHASES and s.co_running]
+    solo = [s for s in samples if not (s.kind in PHASES and s.co_running)]
+    estimator = Estimator(model, hardware, Calibration(samples=solo), dtype=dtype)
+    if corun:
+        estimator.contention = fit_contention(estimator, corun)
+        estimator.refit()
+    return estimator

@@ -1,0 +1,144 @@
+"""One profiling session: the model loaded once, measurements turned into calibration samples.
+
+* `step`: an end-to-end step (prefill or decode) on a core share -> a phase sample;
+* `sweep`: the per-kernel times of a state -> op samples (one per kernel class);
+* `beside_prefill` / `beside_decode`: a step timed while the other phase loops on the
+  complementary cores (a spawned `CoRunner`) -> a phase sample with `co_running` set.
+
+Prefill steps run on the prefill role's share (lowest cores), decode steps on the decode role's
+(highest), as the workers do. Before each measurement the session waits briefly for the machine to
+be quiet (other jobs may share it)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable, Sequence
+
+import torch
+
+from engines.model_config import ModelConfig
+from estimator.calibration import Sample
+from estimator.local_corun import CoRunner
+from estimator.local_kernels import kernel_times, sweep_clock
+from estimator.local_workload import DecodeCase, ModelBench, PrefillCase, apply_share, kv_tokens_needed
+from estimator.local_timing import Timing, time_calls, wait_until_quiet
+
+TOKEN_CLASSES = ("input_norm", "qkv_proj", "rope", "o_proj", "post_attn_norm", "gate_up_proj", "act", "down_proj",
+                 "residual_add")
+
+Case = PrefillCase | DecodeCase
+
+
+def phase_sample(case: Case, units: int, seconds: float, co_running: int = 0) -> Sample:
+    if isinstance(case, PrefillCase):
+        return Sample(kind="prefill", units=units, seconds=seconds, prefill_lens=case.seq_lens,
+                      num_layers=case.num_layers, include_head=case.num_layers is None, co_running=co_running)
+    return Sample(kind="decode", units=units, seconds=seconds, decode_batch=case.batch,
+                  decode_context=case.total_context, co_running=co_running)
+
+
+def op_samples(case: Case, units: int, times: dict[str, float]) -> list[Sample]:
+    """One sample per kernel class from a sweep (`local_kernels.kernel_times`)."""
+    decode = isinstance(case, DecodeCase)
+    rows = case.batch if decode else case.tokens
+    outputs = case.batch if decode else len(case.seq_lens)  # rows reaching the final norm and LM head
+    samples = [Sample(kind=k, units=units, seconds=times[k], prefill_lens=(rows,)) for k in TOKEN_CLASSES]
+    samples += [Sample(kind="embedding", units=units, seconds=times["embedding"], prefill_lens=(rows,)),
+                Sample(kind="final_norm", units=units, seconds=times["final_norm"], prefill_lens=(outputs,)),
+                Sample(kind="lm_head", units=units, seconds=times["lm_head"], prefill_lens=(outputs,))]
+    if decode:
+        samples.append(Sample(kind="attn_decode", units=units, seconds=times["attn_decode"],
+                              decode_batch=case.batch, decode_context=case.total_context))
+    else:
+        samples.append(Sample(kind="attn_prefill", units=units, seconds=times["attn_prefill"],
+                              prefill_lens=case.seq_lens))
+    return [s for s in samples if s.seconds > 0]
+
+
+def role_of(case: Case) -> str:
+    return "prefill" if isinstance(case, PrefillCase) else "decode"
+
+
+class ProfileSession:
+    def __init__(self, config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype, cores: Sequence[int],
+                 cases: Sequence[Case], budget_s: float = 10.0, quiet_wait_s: float = 2.0,
+                 log: Callable[[str], None] = lambda _: None):
+        self.config, self.state, self.dtype, self.cores = config, state, dtype, list(cores)
+        self.budget_s, self.quiet_wait_s, self.log = budget_s, quiet_wait_s, log
+        self.kv_tokens = kv_tokens_needed(cases)
+        self.bench = ModelBench(config, state, self.kv_tokens, dtype)
+        self._corunner: CoRunner | None = None
+
+    # ---- solo -------------------------------------------------------------------------------------
+
+    def _prepare(self, case: Case, units: int, own_pids: tuple[int, ...] = ()) -> Callable[[], object]:
+        apply_share(role_of(case), units, self.cores)
+        fn = self.bench.step(case)
+        wait_until_quiet(self.quiet_wait_s, own_pids=own_pids)
+        return fn
+
+    def time_step(self, case: Case, units: int, repeats: int) -> Timing:
+        return time_calls(self._prepare(case, units), repeats=repeats, budget_s=self.budget_s)
+
+    def step(self, case: Case, units: int, repeats: int) -> Sample:
+        timing = self.time_step(case, units, repeats)
+        self.log(f"{case.label()} on {units} core(s): {timing.seconds * 1e3:.1f} ms ({timing.usable} usable runs)")
+        return phase_sample(case, units, timing.seconds)
+
+    def sweep(self, case: Case, units: int, repeats: int) -> list[Sample]:
+        """Per-kernel medians over the usable sweeps (a sweep = one forward, timed kernel by kernel)."""
+        apply_share(role_of(case), units, self.cores)
+        clock = sweep_clock(units)
+        kernel_times(self.bench, case, clock)  # warm-up
+        wait_until_quiet(self.quiet_wait_s)
+        timing = time_calls(lambda: kernel_times(self.bench, case, clock)[0], repeats=repeats, warmup=0,
+                            budget_s=self.budget_s)
+        sweeps = timing.values
+        times = {k: statistics.median(s[k] for s in sweeps) for k in sweeps[0]}
+        return op_samples(case, units, times)
+
+    # ---- co-running -------------------------------------------------------------------------------
+
+    def corunner(self) -> CoRunner:
+        if self._corunner is None:
+            self._corunner = CoRunner(self.config, self.state, self.dtype, self.kv_tokens, self.cores)
+        return self._corunner
+
+    def _beside(self, case: Case, units: int, other_role: str, other_case: Case, repeats: int) -> tuple[Timing, float]:
+        """Time `case` on `units` cores while `other_case` loops on the other role's share of the
+        remaining cores. Also returns the co-runner's median iteration time during the window."""
+        other = self.corunner()
+        other_units = len(self.cores) - units
+        fn = self._prepare(case, units, own_pids=(other.pid,))
+        with other.looping(other_role, other_units, other_case):
+            start = time.perf_counter()
+            timing = time_calls(fn, repeats=repeats, budget_s=self.budget_s, own_pids=(other.pid,))
+            end = time.perf_counter()
+        inside = other.iterations_within(start, end)
+        return timing, (statistics.median(inside) if inside else float("nan"))
+
+    def beside_prefill(self, case: DecodeCase, units: int, prefill_tokens: int, repeats: int) -> Sample:
+        """A decode step on `units` cores while a prefill of `prefill_tokens` loops on the rest."""
+        timing, other = self._beside(case, units, "prefill", PrefillCase((prefill_tokens,)), repeats)
+        self.log(f"{case.label()} on {units} core(s) beside prefill[{prefill_tokens}]: {timing.seconds * 1e3:.1f} ms "
+                 f"(prefill {other * 1e3:.0f} ms)")
+        return phase_sample(case, units, timing.seconds, co_running=prefill_tokens)
+
+    def beside_decode(self, case: PrefillCase, units: int, decode: DecodeCase, repeats: int) -> Sample:
+        """A prefill step on `units` cores while `decode` steps loop on the rest."""
+        timing, other = self._beside(case, units, "decode", decode, repeats)
+        self.log(f"{case.label()} on {units} core(s) beside {decode.label()}: {timing.seconds * 1e3:.1f} ms "
+                 f"(decode {other * 1e3:.0f} ms)")
+        return phase_sample(case, units, timing.seconds, co_running=decode.batch)
+
+    def close(self) -> None:
+        if self._corunner is not None:
+            self._corunner.close()
+            self._corunner = None
+
+    def __enter__(self) -> "ProfileSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
