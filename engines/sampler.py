@@ -68,13 +68,18 @@ def _apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tenso
             row[ids] -= p.frequency_penalty * counts.to(row.dtype) + p.presence_penalty
         if r.banned_ids:
             logits[i, list(r.banned_ids)] = float("-inf")
-    return logits
+    return _finite_top(logits)
+
+
+def _finite_top(x: torch.Tensor) -> torch.Tensor:
+    """+inf (an overflowing division) becomes the largest finite value, so softmax stays a distribution."""
+    return torch.nan_to_num(x, nan=float("-inf"), posinf=torch.finfo(x.dtype).max)
 
 
 def _sample_rows(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
     dev = logits.device
     temps = torch.tensor([r.params.temperature for r in rows], device=dev).unsqueeze(1)
-    sorted_logits, order = (logits / temps).sort(dim=-1, descending=True)
+    sorted_logits, order = _finite_top(logits / temps).sort(dim=-1, descending=True)
     vocab = logits.shape[-1]
     ranks = torch.arange(vocab, device=dev).unsqueeze(0)
     top_k = torch.tensor([r.params.top_k if r.params.top_k > 0 else vocab for r in rows], device=dev).unsqueeze(1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 MAX_STOP_STRINGS = 32
+GREEDY_BELOW = 1e-5
 
 
 class SamplingParams(BaseModel):
@@ -19,7 +20,7 @@ class SamplingParams(BaseModel):
     min_p: float = Field(0.0, ge=0.0, le=1.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
+    repetition_penalty: float = Field(1.0, ge=0.01, le=10.0)
     seed: int | None = Field(None, ge=0, lt=2**63)
     stop: list[str] = Field(default_factory=list)
     stop_token_ids: list[int] = Field(default_factory=list)
@@ -68,7 +69,8 @@ class SamplingParams(BaseModel):
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        # below 1e-5 the scaled logits would overflow; SGLang treats such temperatures as greedy too
+        return self.temperature < GREEDY_BELOW or self.top_k == 1
 
     @property
     def has_penalties(self) -> bool:
