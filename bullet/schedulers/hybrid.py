@@ -65,7 +65,9 @@ class HybridScheduler:
         budget = self.token_budget
         # 1. running requests: decodes (1 token) and the continuation of chunked prefills
         for req in list(self.running):
-            if req not in self.running:  # preempted while making room for an earlier one
+            # preempted while making room for an earlier one (a status check: `in self.running`
+            # compares dataclasses field by field, quadratic in the batch)
+            if req.status is not Status.RUNNING:
                 continue
             n = min(req.num_uncomputed, budget)
             if n == 0:
