@@ -218,6 +218,20 @@ class KernelModel:
         srm = self._roofline(per_square * square, per_token * tokens, heads * tiles, units, 1.0)
         return self._attention("attn_prefill", tokens, srm, units)
 
+    def chunk_attention_time(self, chunk_lens, prefix_lens, units: int) -> float:
+        """Prefill chunks against their cached prefixes (`ops.chunked_prefill_attention`), calibrated
+        like prefill attention at the chunks' token count."""
+        per_square, per_token, heads = self._prefill_attn
+        pairs2 = tiles = tokens = prefix = 0
+        for c, p in zip(chunk_lens, prefix_lens):
+            pairs2 += 2 * c * p + c * (c + 1)  # twice the (query, key) pairs, as `per_square` expects
+            tiles += -(-c // ATTN_QUERY_TILE)
+            tokens += c
+            prefix += p
+        reload_bytes = 2.0 * self.model.kv_size * self.dtype_bytes * prefix
+        srm = self._roofline(per_square * pairs2, per_token * tokens + reload_bytes, heads * tiles, units, 1.0)
+        return self._attention("attn_prefill", tokens, srm, units)
+
     def decode_attention_time(self, batch: int, context: int, units: int, bandwidth_scale: float = 1.0) -> float:
         per_ctx_flops, per_ctx_bytes, per_request_bytes, kv_heads = self._decode_attn
         grid = decode_attention_grid(batch, context, kv_heads)

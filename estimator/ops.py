@@ -110,6 +110,26 @@ def prefill_attention(cfg: ModelConfig, seq_lens: Sequence[int], dtype_bytes: in
               grid=prefill_attention_grid(seq_lens, heads), size=tokens)
 
 
+def chunk_attention_pairs(chunk_lens: Sequence[int], prefix_lens: Sequence[int]) -> int:
+    """(query, key) pairs of prefill chunks that each attend to a cached prefix and, causally, to
+    themselves: a chunk of c new tokens after p cached ones has c*p + c(c+1)/2."""
+    return sum(c * p + c * (c + 1) // 2 for c, p in zip(chunk_lens, prefix_lens))
+
+
+def chunked_prefill_attention(cfg: ModelConfig, chunk_lens: Sequence[int], prefix_lens: Sequence[int],
+                              dtype_bytes: int = 2) -> Op:
+    """Prefill chunks attending to their already-cached prefix (chunked prefill, Bullet §2.3.2): the
+    work of `prefill_attention` plus every new query against the prefix, and the prefix's K and V
+    read back from the cache ("KV reloads"). With empty prefixes this is `prefill_attention`."""
+    if len(chunk_lens) != len(prefix_lens):
+        raise ValueError("one prefix length per prefill chunk")
+    heads, d, q, kv = cfg.num_attention_heads, cfg.head_dim, cfg.q_size, cfg.kv_size
+    tokens = sum(chunk_lens)
+    return Op("attn_prefill", flops=4.0 * heads * d * chunk_attention_pairs(chunk_lens, prefix_lens),
+              bytes=float((tokens * (2 * q + 4 * kv) + 2 * kv * sum(prefix_lens)) * dtype_bytes),
+              grid=prefill_attention_grid(chunk_lens, heads), size=tokens)
+
+
 def decode_attention(cfg: ModelConfig, batch: int, sum_ctx: int, dtype_bytes: int = 2) -> Op:
     """One query token per request against its whole context (the new token included): reads the
     KV cache, Q, writes O and the new token's K and V."""
@@ -126,8 +146,12 @@ class ExecutionState:
     prefill_lens: tuple[int, ...] = ()
     decode_ctx_lens: tuple[int, ...] = ()
     tokens: int = field(init=False)
+    # tokens of each prefill chunk's prompt already in the KV cache (chunked prefill); empty = none
+    prefill_prefix_lens: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.prefill_prefix_lens and len(self.prefill_prefix_lens) != len(self.prefill_lens):
+            raise ValueError("prefill_prefix_lens needs one entry per prefill chunk")
         object.__setattr__(self, "tokens", sum(self.prefill_lens) + len(self.decode_ctx_lens))
 
     @property
@@ -142,7 +166,9 @@ def layer_ops(cfg: ModelConfig, state: ExecutionState, dtype_bytes: int = 2,
     tokens = state.tokens
     ops = [op.at(tokens, tiling) for op in layer_token_ops(cfg, dtype_bytes)]
     attention = []
-    if state.prefill_lens:
+    if state.prefill_lens and any(state.prefill_prefix_lens):
+        attention.append(chunked_prefill_attention(cfg, state.prefill_lens, state.prefill_prefix_lens, dtype_bytes))
+    elif state.prefill_lens:
         attention.append(prefill_attention(cfg, state.prefill_lens, dtype_bytes))
     if state.decode_ctx_lens:
         attention.append(decode_attention(cfg, len(state.decode_ctx_lens), sum(state.decode_ctx_lens),

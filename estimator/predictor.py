@@ -61,7 +61,7 @@ class Estimator:
             samples = self.calibration.of_kind(phase)
             if samples:
                 points = [(s.units, (self._phase_size(s), self._kernel_level_time(s), s.seconds)) for s in samples]
-                self._phase_curves[phase] = by_units(points, "log", self.hardware.units)
+                self._phase_curves[phase] = by_units(points, self.calibration.mode(phase), self.hardware.units)
 
     def add_sample(self, kind: str, seconds: float, units: int, **state) -> None:
         """Record a measurement (see `Calibration.add`) and refit."""
@@ -154,6 +154,38 @@ class Estimator:
         head = sum(self.kernels.op_time(op, units) for op in head_ops(self.model, state, self.kernels.dtype_bytes,
                                                                           self.kernels.tiling))
         return layer * self.model.num_hidden_layers + head
+
+    def hybrid_step_time(self, chunks: Sequence[tuple[int, int]], decode: DecodeBatch = (0, 0),
+                         units: int | None = None) -> float:
+        """One hybrid step on the fast paths: prefill `chunks` given as (new tokens, tokens of the
+        prompt already cached — attended to and read back, the chunked baseline's "KV reloads") and
+        a decode batch, sharing every linear kernel. Equals `step_time` on the same state, then takes
+        the phase calibration (Eq. 2) of decode when the step decodes, else of prefill — so a
+        decode-only step costs exactly `decode_time` and an unchunked prefill `prefill_time`, which
+        keeps the chunked baseline and the two-worker policies on one footing. No contention (one
+        process) and no online correction."""
+        units = self.hardware.units if units is None else units
+        if not 0 < units <= self.hardware.units:
+            raise ValueError(f"units must be in 1..{self.hardware.units}, got {units}")
+        batch, context = decode_summary(decode)
+        new = [c for c, _ in chunks]
+        tokens = sum(new)
+        rows = tokens + batch
+        if rows == 0:
+            return 0.0
+        k = self.kernels
+        layer = k.token_ops_time(rows, units, 1.0)
+        if chunks:
+            layer += k.chunk_attention_time(new, [p for _, p in chunks], units)
+        if batch:
+            layer += k.decode_attention_time(batch, context, units)
+        seconds = layer * self.model.num_hidden_layers + k.head_time(rows, len(new) + batch, units, 1.0)
+        # decode's curve is over rows, so a decode-only step gets decode_time's alpha and a step
+        # carrying a large chunk the alpha of a large batch (close to the kernel-level model)
+        phase, size = ("decode", rows) if batch else ("prefill", tokens)
+        if phase in self._phase_curves:
+            seconds = sum(w * curve.calibrated(size, seconds) for curve, w in self._phase_curves[phase][units])
+        return seconds
 
     def breakdown(self, state: ExecutionState, units: int, bandwidth_scale: float = 1.0) -> list[tuple[str, float, float]]:
         """(kernel, SRM seconds, calibrated seconds) of one layer then the head ops, kernel by kernel."""
