@@ -13,10 +13,16 @@ Two kinds of samples:
 At most a couple of samples per kind are needed. Between two samples alpha is interpolated, outside
 them it is held flat ("log" mode: linear in log(size)), or the pair is read as a fixed cost plus a
 slope ("affine" mode: measured = q + p * SRM, i.e. alpha linear in 1/SRM), which suits kernels with a
-large fixed cost such as split-KV decode attention."""
+large fixed cost such as split-KV decode attention. "constant" mode keeps one alpha (the geometric
+mean) for every size: a residual factor that must not bend the shape of the model below it.
+"piecewise" mode goes through every sample: measured time linear in the SRM time between adjacent
+samples, alpha held flat beyond them. It never predicts less for more work when the samples do not
+(alpha linear in log(size) can dip between two samples of equal time), which matters on a CPU, where
+small kernels cost the same whatever their size."""
 
 from __future__ import annotations
 
+import bisect
 import math
 from typing import Literal, Sequence
 
@@ -25,7 +31,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from estimator.ops import ALL_CLASSES
 
 PHASES = ("prefill", "decode")
-Interpolation = Literal["log", "affine"]
+Interpolation = Literal["log", "affine", "constant", "piecewise"]
+# Modes that read the SRM time of the state itself (not only its size) at prediction time.
+SRM_MODES = ("affine", "piecewise")
 # Decode attention pays planning and split-KV merge costs whatever the context: a fixed cost plus
 # a bandwidth-bound slope fits it (numbers.md: batch 1..128), alpha(log size) does not.
 DEFAULT_INTERPOLATION: dict[str, Interpolation] = {"attn_decode": "affine"}
@@ -78,6 +86,11 @@ class AlphaCurve:
         self.log_sizes = tuple(math.log(max(s, 1.0)) for s, _, _ in merged)
         self.alphas = tuple(m / srm for _, srm, m in merged)
         self.srms = tuple(srm for _, srm, _ in merged)
+        if mode == "piecewise":
+            self.piece_srms, self.piece_times = _piecewise_points(points)
+        if mode == "constant":  # one alpha for every size: the geometric mean, as a single point
+            self.alphas = (math.exp(sum(math.log(a) for a in self.alphas) / len(self.alphas)),)
+            self.log_sizes, self.srms = self.log_sizes[:1], self.srms[:1]
         # affine: measured = q + p * srm through the two outermost points
         if mode == "affine" and len(merged) >= 2 and merged[-1][1] != merged[0][1]:
             (_, s0, m0), (_, s1, m1) = merged[0], merged[-1]
@@ -85,6 +98,16 @@ class AlphaCurve:
             self.fixed = m0 - self.slope * s0
         else:
             self.slope, self.fixed = self.alphas[0], 0.0
+
+    def _piecewise(self, srm: float) -> float:
+        xs, ys = self.piece_srms, self.piece_times
+        if srm <= xs[0]:
+            return ys[0] / xs[0] * srm
+        if srm >= xs[-1]:
+            return ys[-1] / xs[-1] * srm
+        k = bisect.bisect_right(xs, srm)
+        t = (srm - xs[k - 1]) / (xs[k] - xs[k - 1])
+        return ys[k - 1] + t * (ys[k] - ys[k - 1])
 
     def segment(self) -> tuple[float, float, float, float]:
         """(x0, x1, alpha0, alpha1) of the log-mode segment, for the predictor's fast path."""
@@ -104,12 +127,23 @@ class AlphaCurve:
 
     def calibrated(self, size: float, srm_seconds: float) -> float:
         """Predicted seconds = alpha * SRM."""
+        if self.mode == "piecewise":
+            return self._piecewise(srm_seconds)
         if self.mode == "affine":
             predicted = self.fixed + self.slope * srm_seconds
             if self.fixed < 0 and srm_seconds < self.srms[0]:  # a negative floor: hold alpha flat
                 return self.alphas[0] * srm_seconds
             return predicted if predicted > 0 else self.alphas[0] * srm_seconds
         return self.alpha_at_log_size(math.log(max(size, 1.0))) * srm_seconds
+
+
+def _piecewise_points(points: Sequence[tuple[float, float, float]]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(SRM times, measured times) ordered by SRM, one point per distinct SRM time."""
+    by_srm: dict[float, list[float]] = {}
+    for _, srm, measured in points:
+        by_srm.setdefault(srm, []).append(measured)
+    ordered = sorted((srm, sum(v) / len(v)) for srm, v in by_srm.items())
+    return tuple(p[0] for p in ordered), tuple(p[1] for p in ordered)
 
 
 def unit_blend(sampled: Sequence[int], units: int) -> tuple[tuple[int, float], ...]:

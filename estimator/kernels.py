@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from engines.model_config import ModelConfig
-from estimator.calibration import FALLBACK_CLASS, AlphaCurve, Calibration, unit_blend
+from estimator.calibration import FALLBACK_CLASS, SRM_MODES, AlphaCurve, Calibration, unit_blend
 from estimator.hardware import HardwareSpec
 from estimator.ops import (
     ATTENTION_CLASSES,
@@ -50,7 +50,7 @@ class _TokenGroup:
             elif curve.mode == "log" and len(curve.alphas) <= 2:
                 segment = curve.segment()
             else:
-                segment = None  # affine, or more than two points: evaluated by the curve itself
+                segment = None  # a mode on the SRM time, or more than two points: evaluated by the curve itself
             rows.append((op, memory_bound, curve, segment))
         self.compiled = tuple(rows)
         self.cache.clear()
@@ -63,7 +63,7 @@ class _TokenGroup:
             if segment is not None:
                 x0, x1, a0, a1 = segment
                 alpha = a0 if log_rows <= x0 else a1 if log_rows >= x1 else a0 + (a1 - a0) * (log_rows - x0) / (x1 - x0)
-            elif curve.mode == "affine":
+            elif curve.mode in SRM_MODES:
                 affine.append((op.at(rows, k.tiling), curve))
                 continue
             else:

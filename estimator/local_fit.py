@@ -1,7 +1,8 @@
 """From measured samples to a calibrated estimator (Bullet Eq. 2 and §3.2.3, on the CPU).
 
 1. Op samples (kernel sweeps) and solo phase samples go into the calibration: alpha per kernel
-   class, then alpha per phase for what the kernels miss end to end, both per core count.
+   class, then one alpha per phase for what the kernels miss end to end, both per core count. Within a
+   kind and core count, times are first made non-decreasing in the work (`monotone`).
 2. Co-running decode samples give D_{p,sl}: for each (decode cores, prefill length sl), the fraction
    of the bandwidth the decode step still gets, solved for so that the calibrated model reproduces
    the measured steps (least squares in log time). The paper measures the attainable bandwidth
@@ -18,11 +19,19 @@ from typing import Callable, Sequence
 
 from engines.model_config import ModelConfig
 from estimator.calibration import PHASES, Calibration, Sample
+from estimator.ops import ALL_CLASSES
 from estimator.contention import ContentionModel
 from estimator.hardware import HardwareSpec
+from estimator.local_report import predict
 from estimator.predictor import Estimator
 
 FRACTION_RANGE = (0.05, 1.0)
+# The kernel sweeps already give every size its own alpha; end to end only a residual is left (the
+# Python between kernels), one factor per phase and core count. A factor varying with size would
+# bend predictions wherever the phase samples are noisy, e.g. make a bigger batch predict faster.
+PHASE_RESIDUAL = {"prefill": "constant", "decode": "constant"}
+# Kernel times go through every sweep sample, linear in the SRM time between them.
+KERNEL_CURVES = {kind: "piecewise" for kind in ALL_CLASSES}
 
 
 def _golden_min(loss: Callable[[float], float], lo: float, hi: float, iterations: int = 50) -> float:
@@ -79,12 +88,48 @@ def fit_contention(estimator: Estimator, corun: Sequence[Sample]) -> ContentionM
     return model
 
 
+def _pool_adjacent_violators(values: Sequence[float]) -> list[float]:
+    """The non-decreasing sequence closest to `values` in least squares."""
+    blocks: list[list[float]] = []  # [sum, count]
+    for v in values:
+        blocks.append([v, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    return [total / count for total, count in blocks for _ in range(int(count))]
+
+
+def monotone(samples: Sequence[Sample], work: Callable[[Sample], float]) -> list[Sample]:
+    """`samples` (one kind, one core count) with their times made non-decreasing in `work` (what
+    the model says each one computes): a kernel or a step never gets faster with more work, so a
+    measured dip is noise — left in, it would make the calibrated predictions dip too."""
+    ordered = sorted(samples, key=work)
+    times = _pool_adjacent_violators([s.seconds for s in ordered])
+    return [s.model_copy(update={"seconds": t}) for s, t in zip(ordered, times)]
+
+
+def _by_kind_and_units(samples: Sequence[Sample]) -> dict[tuple[str, int], list[Sample]]:
+    groups: dict[tuple[str, int], list[Sample]] = {}
+    for s in samples:
+        groups.setdefault((s.kind, s.units), []).append(s)
+    return groups
+
+
 def build_estimator(model: ModelConfig, hardware: HardwareSpec, dtype: str, samples: Sequence[Sample]) -> Estimator:
     """The calibrated estimator from everything a profile measured: op samples, solo phase samples
     (co_running == 0) and co-running phase samples (co_running > 0)."""
     corun = [s for s in samples if s.kind in PHASES and s.co_running]
-    solo = [s for s in samples if not (s.kind in PHASES and s.co_running)]
-    estimator = Estimator(model, hardware, Calibration(samples=solo), dtype=dtype)
+    ops = [s for s in samples if s.kind not in PHASES]
+    raw = Estimator(model, hardware, dtype=dtype)
+    ops = [s for group in _by_kind_and_units(ops).values()
+           for s in monotone(group, lambda s: raw.kernels.srm(raw.kernels.sample_op(s), s.units))]
+    kernel_level = Estimator(model, hardware, Calibration(samples=ops, interpolation=KERNEL_CURVES), dtype=dtype)
+    solo = [s for s in samples if s.kind in PHASES and not s.co_running]
+    solo = [s for group in _by_kind_and_units(solo).values()
+            for s in monotone(group, lambda s: predict(kernel_level, s))]
+    estimator = Estimator(model, hardware, Calibration(samples=ops + solo, interpolation={**KERNEL_CURVES, **PHASE_RESIDUAL}),
+                          dtype=dtype)
     if corun:
         estimator.contention = fit_contention(estimator, corun)
         estimator.refit()

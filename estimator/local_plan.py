@@ -14,6 +14,7 @@ these (`calibration_keys` lets it check)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from estimator.local_workload import DecodeCase, PrefillCase, uniform_decode
 
@@ -24,7 +25,7 @@ MAX_STEP_SECONDS = {"quick": 1.5, "full": 5.0}
 
 @dataclass(frozen=True)
 class ProfilePlan:
-    name: str
+    name: Literal["quick", "full"]
     sweeps: tuple[PrefillCase | DecodeCase, ...]
     steps: tuple[PrefillCase | DecodeCase, ...]
     corun_prefill_lengths: tuple[int, ...]  # sl of the prefill looping beside timed decode steps

@@ -142,8 +142,9 @@ def ensure_profile(model_path: str | None, load_format: str = "auto", dtype="aut
 
 def measure_profile(model_path: str | None, load_format: str, dtype, cores: Sequence[int] | int | None,
                     quick: bool, output: str | Path, progress: bool = True,
-                    log: Callable[[str], None] | None = None) -> EstimatorProfile:
-    """Measure, calibrate and write the profile to `output`; returns it."""
+                    log: Callable[[str], None] | None = None, plan=None) -> EstimatorProfile:
+    """Measure, calibrate and write the profile to `output`; returns it. `plan` replaces the
+    quick/full `ProfilePlan` (tests use a smaller one)."""
     import torch
 
     from bullet import __version__
@@ -156,9 +157,9 @@ def measure_profile(model_path: str | None, load_format: str, dtype, cores: Sequ
     core_ids = _resolve_cores(cores)
     est_dtype = estimator_dtype(dtype)
     torch_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}[est_dtype]
-    plan = ProfilePlan.named(quick)
+    plan = plan or ProfilePlan.named(quick)
     weights = load_weights(model_path, load_format, torch_dtype)
-    hardware, samples = run_plan(weights.config, weights.state, torch_dtype, core_ids, plan, progress, log)
+    hardware, samples, warnings = run_plan(weights.config, weights.state, torch_dtype, core_ids, plan, progress, log)
     estimator = build_estimator(weights.config, hardware, est_dtype, samples)
     provenance = Provenance(
         model=model_cache_name(model_path, load_format), model_source=str(weights.source) if weights.source else None,
@@ -170,6 +171,6 @@ def measure_profile(model_path: str | None, load_format: str, dtype, cores: Sequ
              "each phase beside the other on the complementary cores",
              "co-running on 2 cores can only be 1 + 1 cores: contention is measured at that split"
              if len(core_ids) == 2 else f"co-running measured with decode on {sorted({s.units for s in estimator.contention.samples if s.kind == 'decode'})} cores"]
-    profile = EstimatorProfile.from_estimator(estimator, notes, provenance)
+    profile = EstimatorProfile.from_estimator(estimator, notes + warnings, provenance)
     profile.write(output)
     return profile

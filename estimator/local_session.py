@@ -4,6 +4,7 @@
 * `sweep`: the per-kernel times of a state -> op samples (one per kernel class);
 * `beside_prefill` / `beside_decode`: a step timed while the other phase loops on the
   complementary cores (a spawned `CoRunner`) -> a phase sample with `co_running` set.
+Each returns a `Measurement`: the samples and how many undisturbed runs they rest on.
 
 Prefill steps run on the prefill role's share (lowest cores), decode steps on the decode role's
 (highest), as the workers do. Before each measurement the session waits briefly for the machine to
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
@@ -56,6 +58,17 @@ def op_samples(case: Case, units: int, times: dict[str, float]) -> list[Sample]:
     return [s for s in samples if s.seconds > 0]
 
 
+@dataclass(frozen=True)
+class Measurement:
+    """What one measurement produced; `usable` = 0 means every run was disturbed (busy machine)
+    and `seconds` is the least-disturbed estimate, not to be trusted."""
+
+    label: str
+    samples: list[Sample]
+    seconds: float
+    usable: int
+
+
 def role_of(case: Case) -> str:
     return "prefill" if isinstance(case, PrefillCase) else "decode"
 
@@ -78,15 +91,11 @@ class ProfileSession:
         wait_until_quiet(self.quiet_wait_s, own_pids=own_pids)
         return fn
 
-    def time_step(self, case: Case, units: int, repeats: int) -> Timing:
-        return time_calls(self._prepare(case, units), repeats=repeats, budget_s=self.budget_s)
+    def step(self, case: Case, units: int, repeats: int) -> Measurement:
+        timing = time_calls(self._prepare(case, units), repeats=repeats, budget_s=self.budget_s)
+        return self._done(f"{case.label()} on {units} core(s)", timing, [phase_sample(case, units, timing.seconds)])
 
-    def step(self, case: Case, units: int, repeats: int) -> Sample:
-        timing = self.time_step(case, units, repeats)
-        self.log(f"{case.label()} on {units} core(s): {timing.seconds * 1e3:.1f} ms ({timing.usable} usable runs)")
-        return phase_sample(case, units, timing.seconds)
-
-    def sweep(self, case: Case, units: int, repeats: int) -> list[Sample]:
+    def sweep(self, case: Case, units: int, repeats: int) -> Measurement:
         """Per-kernel medians over the usable sweeps (a sweep = one forward, timed kernel by kernel)."""
         apply_share(role_of(case), units, self.cores)
         clock = sweep_clock(units)
@@ -96,7 +105,11 @@ class ProfileSession:
                             budget_s=self.budget_s)
         sweeps = timing.values
         times = {k: statistics.median(s[k] for s in sweeps) for k in sweeps[0]}
-        return op_samples(case, units, times)
+        return self._done(f"kernels of {case.label()} on {units} core(s)", timing, op_samples(case, units, times))
+
+    def _done(self, label: str, timing: Timing, samples: list[Sample], extra: str = "") -> Measurement:
+        self.log(f"{label}: {timing.seconds * 1e3:.1f} ms ({timing.usable} usable of {len(timing.runs)} runs){extra}")
+        return Measurement(label, samples, timing.seconds, timing.usable)
 
     # ---- co-running -------------------------------------------------------------------------------
 
@@ -105,9 +118,9 @@ class ProfileSession:
             self._corunner = CoRunner(self.config, self.state, self.dtype, self.kv_tokens, self.cores)
         return self._corunner
 
-    def _beside(self, case: Case, units: int, other_role: str, other_case: Case, repeats: int) -> tuple[Timing, float]:
+    def _beside(self, case: Case, units: int, other_role: str, other_case: Case, repeats: int) -> tuple[Timing, str]:
         """Time `case` on `units` cores while `other_case` loops on the other role's share of the
-        remaining cores. Also returns the co-runner's median iteration time during the window."""
+        remaining cores; also says how long the co-runner's steps took meanwhile."""
         other = self.corunner()
         other_units = len(self.cores) - units
         fn = self._prepare(case, units, own_pids=(other.pid,))
@@ -116,21 +129,19 @@ class ProfileSession:
             timing = time_calls(fn, repeats=repeats, budget_s=self.budget_s, own_pids=(other.pid,))
             end = time.perf_counter()
         inside = other.iterations_within(start, end)
-        return timing, (statistics.median(inside) if inside else float("nan"))
+        return timing, (f" ({other_case.label()} steps: {statistics.median(inside) * 1e3:.0f} ms)" if inside else "")
 
-    def beside_prefill(self, case: DecodeCase, units: int, prefill_tokens: int, repeats: int) -> Sample:
+    def beside_prefill(self, case: DecodeCase, units: int, prefill_tokens: int, repeats: int) -> Measurement:
         """A decode step on `units` cores while a prefill of `prefill_tokens` loops on the rest."""
-        timing, other = self._beside(case, units, "prefill", PrefillCase((prefill_tokens,)), repeats)
-        self.log(f"{case.label()} on {units} core(s) beside prefill[{prefill_tokens}]: {timing.seconds * 1e3:.1f} ms "
-                 f"(prefill {other * 1e3:.0f} ms)")
-        return phase_sample(case, units, timing.seconds, co_running=prefill_tokens)
+        timing, extra = self._beside(case, units, "prefill", PrefillCase((prefill_tokens,)), repeats)
+        return self._done(f"{case.label()} on {units} core(s) beside prefill[{prefill_tokens}]", timing,
+                          [phase_sample(case, units, timing.seconds, co_running=prefill_tokens)], extra)
 
-    def beside_decode(self, case: PrefillCase, units: int, decode: DecodeCase, repeats: int) -> Sample:
+    def beside_decode(self, case: PrefillCase, units: int, decode: DecodeCase, repeats: int) -> Measurement:
         """A prefill step on `units` cores while `decode` steps loop on the rest."""
-        timing, other = self._beside(case, units, "decode", decode, repeats)
-        self.log(f"{case.label()} on {units} core(s) beside {decode.label()}: {timing.seconds * 1e3:.1f} ms "
-                 f"(decode {other * 1e3:.0f} ms)")
-        return phase_sample(case, units, timing.seconds, co_running=decode.batch)
+        timing, extra = self._beside(case, units, "decode", decode, repeats)
+        return self._done(f"{case.label()} on {units} core(s) beside {decode.label()}", timing,
+                          [phase_sample(case, units, timing.seconds, co_running=decode.batch)], extra)
 
     def close(self) -> None:
         if self._corunner is not None:

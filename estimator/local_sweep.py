@@ -15,7 +15,7 @@ from estimator.cpu_probe import ProbeSizes, probe_cpu
 from estimator.hardware import HardwareSpec
 from estimator.local_plan import ProfilePlan
 from estimator.local_profile import cpu_model_name
-from estimator.local_session import ProfileSession
+from estimator.local_session import Measurement, ProfileSession
 from estimator.local_workload import DecodeCase, PrefillCase, uniform_decode
 
 PROBE_SIZES = {"quick": ProbeSizes(gemm_n=512, matrix_mb=128, min_seconds=0.08), "full": ProbeSizes()}
@@ -57,62 +57,84 @@ def _progress_bar(enabled: bool, total: int):
         yield (lambda desc: bar.update(task, advance=1, description=desc)), bar.console.log
 
 
+def _jobs(session: ProfileSession, plan: ProfilePlan, cores: list[int]):
+    """(group, case, units the case runs on, description, measure) of every measurement, in order:
+    solo at every profiled core count, then co-running at every split."""
+    jobs = []
+    for units in profiled_unit_counts(len(cores)):
+        for case in plan.sweeps:
+            jobs.append((f"sweep {units}", case, units, f"{units} core(s): kernels of {case.label()}",
+                         lambda c=case, u=units: session.sweep(c, u, plan.sweep_repeats)))
+        for case in plan.steps:
+            jobs.append((f"step {units}", case, units, f"{units} core(s): {case.label()}",
+                         lambda c=case, u=units: session.step(c, u, plan.repeats)))
+    for decode_units in corun_splits(len(cores)):
+        prefill_units = len(cores) - decode_units
+        for sl in plan.corun_prefill_lengths:
+            for case in plan.corun_decode_cases:
+                jobs.append(("decode beside prefill", PrefillCase((sl,)), prefill_units,
+                             f"{case.label()} beside prefill[{sl}]",
+                             lambda c=case, s=sl, u=decode_units: session.beside_prefill(c, u, s, plan.repeats)))
+        for batch in plan.corun_decode_batches:
+            decode = uniform_decode(batch, plan.corun_decode_context)
+            for case in plan.corun_prefill_cases:
+                jobs.append(("prefill beside decode", case, prefill_units, f"{case.label()} beside {decode.label()}",
+                             lambda c=case, d=decode, u=prefill_units: session.beside_decode(c, u, d, plan.repeats)))
+    return jobs
+
+
 def run_plan(config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype, cores: Sequence[int],
              plan: ProfilePlan, progress: bool = True,
-             log: Callable[[str], None] | None = None) -> tuple[HardwareSpec, list[Sample]]:
+             log: Callable[[str], None] | None = None) -> tuple[HardwareSpec, list[Sample], list[str]]:
+    """The hardware description, every sample, and notes on what could not be measured cleanly.
+
+    A measurement whose runs were all disturbed by other jobs is tried again at the end (a busy
+    spell may have passed). If it is still disturbed it is dropped when its group has clean
+    measurements (the calibration interpolates without it), and kept with a note otherwise."""
     cores = list(cores)
-    counts = profiled_unit_counts(len(cores))
-    splits = corun_splits(len(cores))
-    corun_jobs = len(splits) * (len(plan.corun_prefill_lengths) * len(plan.corun_decode_cases)
-                                + len(plan.corun_decode_batches) * len(plan.corun_prefill_cases))
-    total = 1 + len(counts) * (len(plan.sweeps) + len(plan.steps)) + corun_jobs
-    samples: list[Sample] = []
     too_slow: dict[tuple[int, str], int] = {}  # (units, phase) -> size of a step that took too long
+    kept: dict[str, list[Measurement]] = {}
+    disturbed: list[tuple[str, Callable[[], Measurement]]] = []
 
-    with _progress_bar(progress, total) as (advance, bar_log):
-        say = log or bar_log
-        hardware = probe_cpu(cores, PROBE_SIZES[plan.name], progress=False,
-                             name=f"{cpu_model_name()} ({len(cores)} cores)")
-        advance("cpu probe")
-        say(" ".join(f"{k + 1} core(s): {hardware.measured_flops[_flops_key(dtype)][k] / 1e9:.0f} GFLOP/s, "
-                     f"{hardware.measured_bandwidth[k] / 1e9:.1f} GB/s;" for k in range(hardware.units)))
-        with ProfileSession(config, state, dtype, cores, plan.all_cases(), plan.budget_s, plan.quiet_wait_s,
-                            say) as session:
+    def skipped(case, units) -> bool:
+        limit = too_slow.get((units, type(case).__name__))
+        return limit is not None and _size(case) >= limit
 
-            def skipped(case, units) -> bool:
-                limit = too_slow.get((units, type(case).__name__))
-                return limit is not None and _size(case) >= limit
-
-            def note_duration(case, units, seconds: float) -> None:
-                if seconds > plan.max_step_seconds:
+    with ProfileSession(config, state, dtype, cores, plan.all_cases(), plan.budget_s, plan.quiet_wait_s) as session:
+        jobs = _jobs(session, plan, cores)
+        with _progress_bar(progress, len(jobs) + 1) as (advance, bar_log):
+            session.log = say = log or bar_log
+            hardware = probe_cpu(cores, PROBE_SIZES[plan.name], progress=False,
+                                 name=f"{cpu_model_name()} ({len(cores)} cores)")
+            advance("cpu probe")
+            say(" ".join(f"{k + 1} core(s): {hardware.measured_flops[_flops_key(dtype)][k] / 1e9:.0f} GFLOP/s, "
+                         f"{hardware.measured_bandwidth[k] / 1e9:.1f} GB/s;" for k in range(hardware.units)))
+            for group, case, units, description, measure in jobs:
+                advance(description)
+                if skipped(case, units):
+                    say(f"skipped {description}: a smaller step already took over {plan.max_step_seconds:.1f} s")
+                    continue
+                measured = measure()
+                if measured.usable == 0:
+                    disturbed.append((group, measure))
+                    continue
+                kept.setdefault(group, []).append(measured)
+                if measured.seconds > plan.max_step_seconds and group.startswith("step"):
                     key = (units, type(case).__name__)
                     too_slow[key] = min(too_slow.get(key, _size(case)), _size(case))
-
-            for units in counts:
-                for case in plan.sweeps:
-                    advance(f"{units} core(s): kernels of {case.label()}")
-                    if not skipped(case, units):
-                        samples += session.sweep(case, units, plan.sweep_repeats)
-                for case in plan.steps:
-                    advance(f"{units} core(s): {case.label()}")
-                    if not skipped(case, units):
-                        sample = session.step(case, units, plan.repeats)
-                        note_duration(case, units, sample.seconds)
-                        samples.append(sample)
-            for decode_units in splits:
-                prefill_units = len(cores) - decode_units
-                for sl in plan.corun_prefill_lengths:
-                    for case in plan.corun_decode_cases:
-                        advance(f"{case.label()} beside prefill[{sl}]")
-                        if not skipped(PrefillCase((sl,)), prefill_units):
-                            samples.append(session.beside_prefill(case, decode_units, sl, plan.repeats))
-                for batch in plan.corun_decode_batches:
-                    decode = uniform_decode(batch, plan.corun_decode_context)
-                    for case in plan.corun_prefill_cases:
-                        advance(f"{case.label()} beside {decode.label()}")
-                        if not skipped(case, prefill_units):
-                            samples.append(session.beside_decode(case, prefill_units, decode, plan.repeats))
-    return hardware, samples
+            notes = []
+            for group, measure in disturbed:
+                advance("retrying a disturbed measurement")
+                measured = measure()
+                if not measured.usable:
+                    fate = "dropped" if kept.get(group) else "kept: nothing cleaner in its group"
+                    notes.append(f"{measured.label}: every run disturbed by other processes; {fate}")
+                    say(notes[-1])
+                    if kept.get(group):
+                        continue
+                kept.setdefault(group, []).append(measured)
+    samples = [s for group in kept.values() for m in group for s in m.samples]
+    return hardware, samples, notes
 
 
 def _flops_key(dtype: torch.dtype) -> str:

@@ -99,9 +99,10 @@ class ModelBench:
             table = list(range(next_page, next_page + pages))
             next_page += pages
             if decode:
-                chunks.append(SeqChunk([11], n - 1, table))
+                chunks.append(SeqChunk([11 % self.config.vocab_size], n - 1, table))
             else:
-                chunks.append(SeqChunk([(7 * i + 3) % 1000 + 1 for i in range(n)], 0, table))
+                vocab = self.config.vocab_size
+                chunks.append(SeqChunk([(7 * i + 3) % (vocab - 1) + 1 for i in range(n)], 0, table))
         return chunks
 
     def chunks(self, case: PrefillCase | DecodeCase) -> list[SeqChunk]:

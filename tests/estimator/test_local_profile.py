@@ -1,0 +1,196 @@
+"""`bullet profile` on this machine: the per-core-count calibration, the contention fit, the cache,
+and a real quick profile of a tiny model checked against fresh measurements."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from engines.model_config import ModelConfig
+from estimator.calibration import Calibration, Sample, unit_blend
+from estimator.contention import ContentionModel
+from estimator.hardware import HardwareSpec
+from estimator.local_fit import build_estimator, fit_contention
+from estimator.local_profile import default_profile_path, reusable
+from estimator.predictor import Estimator
+
+TINY_HF_CONFIG = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+                  "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 512,
+                  "max_position_embeddings": 2048, "tie_word_embeddings": True}
+
+
+def two_core_cpu() -> HardwareSpec:
+    return HardwareSpec(name="test-cpu", kind="cpu", units=2, unit_name="core",
+                        peak_flops={"bf16": 2e11, "fp32": 1e11}, peak_bandwidth=1e10, bandwidth_inflection=1.0,
+                        wave_quantization=False, kernel_overhead_s=2e-6,
+                        measured_flops={"bf16": [1e11, 2e11], "fp32": [5e10, 1e11]},
+                        measured_bandwidth=[1e10, 1e10])
+
+
+@pytest.fixture(scope="module")
+def tiny() -> ModelConfig:
+    return ModelConfig.from_hf_dict(TINY_HF_CONFIG, name="tiny")
+
+
+# ---- calibration per core count -----------------------------------------------------------------
+
+def test_unit_blend_uses_the_count_itself_else_its_neighbours():
+    assert unit_blend([1, 2], 2) == ((2, 1.0),)
+    assert unit_blend([1, 4], 3) == ((1, pytest.approx(1 / 3)), (4, pytest.approx(2 / 3)))
+    assert unit_blend([2, 4], 1) == ((2, 1.0),) and unit_blend([2, 4], 8) == ((4, 1.0),)
+    assert unit_blend([108], 20) == ((108, 1.0),)  # GPU profiles: one count carries over
+
+
+def test_phase_alpha_is_kept_per_core_count(tiny):
+    """Samples at 1 and 2 cores with different alphas: each core count gets its own."""
+    hw = two_core_cpu()
+    raw = Estimator(tiny, hw)
+    one, two = raw.decode_time((8, 8 * 256), 1), raw.decode_time((8, 8 * 256), 2)
+    est = Estimator(tiny, hw, Calibration(samples=[
+        Sample(kind="decode", units=1, seconds=3 * one, decode_batch=8, decode_context=8 * 256),
+        Sample(kind="decode", units=2, seconds=1.5 * two, decode_batch=8, decode_context=8 * 256)]))
+    assert est.decode_time((8, 8 * 256), 1) == pytest.approx(3 * one)
+    assert est.decode_time((8, 8 * 256), 2) == pytest.approx(1.5 * two)
+
+
+def test_kernel_alpha_is_kept_per_core_count(tiny):
+    hw = two_core_cpu()
+    raw = Estimator(tiny, hw)
+    samples = []
+    for units, factor in ((1, 2.0), (2, 4.0)):
+        for op in raw.kernels.layer_ops + raw.kernels.head_row_ops + raw.kernels.lm_head_ops:
+            srm = raw.kernels.srm(op.at(64, raw.kernels.tiling), units) / op.count
+            samples.append(Sample(kind=op.name, units=units, seconds=factor * srm, prefill_lens=(64,)))
+    est = Estimator(tiny, hw, Calibration(samples=samples))
+    for units, factor in ((1, 2.0), (2, 4.0)):
+        kernels = est.kernels.token_ops_time(64, units) + est.kernels.head_time(64, 64, units)
+        assert kernels == pytest.approx(factor * (raw.kernels.token_ops_time(64, units) + raw.kernels.head_time(64, 64, units)))
+
+
+# ---- contention fit --------------------------------------------------------------------------------
+
+def test_contention_fit_recovers_the_bandwidth_fraction_and_slowdown(tiny):
+    """Co-running samples generated from a known table: the fit finds that table again."""
+    hw = two_core_cpu()
+    truth = ContentionModel()
+    truth.add_bandwidth(1, 512, 0.6)
+    truth.add_slowdown(16, 1.2)
+    true_est = Estimator(tiny, hw, contention=truth)
+    corun = [Sample(kind="decode", units=1, seconds=true_est.decode_time((b, b * 300), 1, co_prefill_tokens=512),
+                    decode_batch=b, decode_context=b * 300, co_running=512) for b in (1, 8, 32)]
+    corun += [Sample(kind="prefill", units=1, seconds=true_est.prefill_time([n], 1, co_decode_batch=16),
+                     prefill_lens=(n,), co_running=16) for n in (64, 256)]
+    fitted = fit_contention(Estimator(tiny, hw), corun)
+    assert fitted.decode_bandwidth[0].fraction == pytest.approx(0.6, rel=1e-3)
+    assert fitted.prefill_slowdown[0].factor == pytest.approx(1.2, rel=1e-6)
+    assert len(fitted.samples) == 5
+
+
+def test_contention_never_makes_a_step_faster(tiny):
+    hw = two_core_cpu()
+    solo = Estimator(tiny, hw)
+    fast = [Sample(kind="decode", units=1, seconds=0.5 * solo.decode_time((4, 400), 1), decode_batch=4,
+                   decode_context=400, co_running=128),
+            Sample(kind="prefill", units=1, seconds=0.5 * solo.prefill_time([100], 1), prefill_lens=(100,), co_running=4)]
+    est = build_estimator(tiny, hw, "bf16", fast)
+    assert est.decode_time((4, 400), 1, co_prefill_tokens=128) >= est.decode_time((4, 400), 1)
+    assert est.prefill_time([100], 1, co_decode_batch=4) >= est.prefill_time([100], 1)
+
+
+# ---- cache -------------------------------------------------------------------------------------------
+
+def test_default_path_is_keyed_and_under_the_cache_dir(monkeypatch, tmp_path):
+    monkeypatch.setenv("BULLET_CACHE_DIR", str(tmp_path))
+    path = default_profile_path("SmolLM2-135M-Instruct-abc123", "bf16", [0, 1])
+    assert path.parent == tmp_path / "profiles"
+    assert "SmolLM2-135M-Instruct-abc123" in path.name and "bf16" in path.name and "-2c-" in path.name
+    assert default_profile_path("m", "bf16", 4) != default_profile_path("m", "fp32", 4) != default_profile_path("m", "bf16", 2)
+    monkeypatch.delenv("BULLET_CACHE_DIR")
+    assert default_profile_path("m", "bf16", 1).parent == Path.home() / ".cache" / "bullet" / "profiles"
+
+
+# ---- a real quick profile of a tiny model ------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_profile(tmp_path_factory):
+    """A real profile of a 2-layer dummy model with a trimmed quick plan (seconds, not a minute)."""
+    from estimator.local_plan import ProfilePlan
+    from estimator.local_profile import measure_profile
+    from estimator.local_workload import PrefillCase, uniform_decode
+
+    root = tmp_path_factory.mktemp("profile")
+    config_path = root / "config.json"
+    config_path.write_text(json.dumps(TINY_HF_CONFIG))
+    plan = replace(ProfilePlan.quick(),
+                   sweeps=(PrefillCase((32,)), PrefillCase((256,)), uniform_decode(1, 64), uniform_decode(16, 256)),
+                   steps=(PrefillCase((32,)), PrefillCase((256,)), PrefillCase((64, 64)), PrefillCase((256,), 1),
+                          uniform_decode(1, 64), uniform_decode(16, 256)),
+                   corun_prefill_lengths=(256,), corun_decode_cases=(uniform_decode(8, 128),),
+                   corun_decode_batches=(8,), corun_prefill_cases=(PrefillCase((128,)),),
+                   repeats=5, sweep_repeats=3, budget_s=3.0, quiet_wait_s=0.5)
+    cores = sorted(os.sched_getaffinity(0))
+    output = root / "profile.json"
+    profile = measure_profile(str(config_path), "dummy", "bf16", cores, True, output, progress=False, plan=plan)
+    return str(config_path), cores, output, profile
+
+
+@pytest.mark.slow
+def test_quick_profile_round_trips_and_predicts_sensibly(tiny_profile):
+    _, cores, output, profile = tiny_profile
+    est = Estimator.load(output)
+    assert est.hardware.kind == "cpu" and est.hardware.units == len(cores)
+    assert profile.provenance is not None and profile.provenance.plan == "quick"
+    assert est.prefill_time([300, 20], 1) == pytest.approx(profile.estimator().prefill_time([300, 20], 1))
+    for units in range(1, len(cores) + 1):
+        prefill = [est.prefill_time([n], units) for n in (16, 64, 128, 512, 1024)]
+        decode = [est.decode_time((b, b * 200), units) for b in (1, 4, 16, 64)]
+        assert all(t > 0 for t in prefill + decode)
+        assert prefill == sorted(prefill) and decode == sorted(decode)
+        assert est.prefill_time([128], units, num_layers=1, include_head=False) < est.prefill_time([128], units)
+    if len(cores) >= 2:
+        assert est.contention.samples, "co-running was measured"
+        for tokens in (64, 256, 1024):
+            assert est.decode_time((8, 8 * 128), 1, co_prefill_tokens=tokens) >= est.decode_time((8, 8 * 128), 1)
+
+
+@pytest.mark.slow
+def test_quick_profile_predicts_fresh_measurements(tiny_profile):
+    """Within 50 % of the same configurations measured again (loose: the machine is shared)."""
+    import torch
+
+    from engines.weights import load_weights
+    from estimator.local_session import ProfileSession
+    from estimator.local_workload import PrefillCase, uniform_decode
+
+    config_path, cores, output, _ = tiny_profile
+    est = Estimator.load(output)
+    weights = load_weights(config_path, "dummy", torch.bfloat16)
+    cases = [PrefillCase((256,)), PrefillCase((64, 64)), uniform_decode(16, 256)]
+    with ProfileSession(weights.config, weights.state, torch.bfloat16, cores, cases, budget_s=3.0,
+                        quiet_wait_s=0.5) as session:
+        for case in cases:
+            sample = session.step(case, 1, repeats=5)
+            if isinstance(case, PrefillCase):
+                predicted = est.prefill_time(list(case.seq_lens), 1)
+            else:
+                predicted = est.decode_time(list(case.context_lens), 1)
+            assert predicted == pytest.approx(sample.seconds, rel=0.5), case.label()
+
+
+def test_a_fitting_cached_profile_is_reused(tiny_profile):
+    from estimator.local_profile import ensure_profile, estimator_dtype, model_cache_name
+
+    config_path, cores, output, _ = tiny_profile
+    name = model_cache_name(config_path, "dummy")
+    assert reusable(output, name, "bf16", cores, quick=True)
+    assert not reusable(output, name, "fp32", cores, quick=True)
+    assert not reusable(output, name, "bf16", cores + [max(cores) + 1], quick=True)
+    assert not reusable(output, name, "bf16", cores, quick=False)  # a quick profile does not serve a full request
+    assert not reusable(output, "another-model", "bf16", cores, quick=True)
+    before = output.stat().st_mtime_ns
+    assert ensure_profile(config_path, "dummy", "bfloat16", cores, quick=True, output=output) == output
+    assert output.stat().st_mtime_ns == before and estimator_dtype("bfloat16") == "bf16"
