@@ -1,0 +1,200 @@
+"""The simulated accelerator: charges every step the latency the estimator gives for it, at the units
+its worker holds, beside whatever the other worker is running at that moment.
+
+A step is a fixed amount of work (1.0) done at a rate of 1 / (its latency in the current
+configuration). The configuration changes whenever either worker starts or ends a step (the two run
+asynchronously, as on the real device), and then every running step's rate is recomputed and its end
+re-scheduled — so a decode step that starts beside a long prefill layer group and finishes alone is
+charged partly at each speed. Within one configuration:
+
+* units: each worker gets its granted share (`SimulatedPartition.current_units`). When the shares
+  sum above the total (Bullet's hand-over, a stale peer state, or `naive`, where both hold
+  everything) the overlapping units are *shared*: they go to the two workers in proportion to the
+  thread blocks each keeps in flight, approximated by GEMM tile rows (ceil(rows / 128)) — a large
+  prefill crowds a small decode batch off the shared units, as a first-come block scheduler would
+  (`overlap_share="even"` splits them half and half instead).
+* memory contention (units isolated, memory system shared): one HBM divided between the two
+  steps' demands, and interference beyond bandwidth, from `estimator.analytic_contention` (an
+  assumed model; off with `contention=None`).
+* noise: each step's latency is multiplied by a seeded factor drawn uniformly from [1-n, 1+n]
+  (Bullet §3.2.3 measures 95 % of co-running latencies within ±6.8 % of their mean).
+
+No launch, synchronisation or scheduling overhead is charged: a step's end is the next step's start."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Callable
+
+from bullet.sim.events import EventLoop
+from bullet.sim.partition import overlap
+from estimator.analytic_contention import AnalyticContention
+from estimator.predictor import Estimator
+from estimator.tiling import TABLE2_GEMM_TILE
+
+TILE_ROWS = TABLE2_GEMM_TILE[0]
+OVERLAP_SHARES = ("demand", "even")  # how overlapping units are divided (module docstring)
+
+
+@dataclass(frozen=True)
+class PrefillWork:
+    """Layers of a packed prefill (the head too when this group finishes the batch)."""
+
+    seq_lens: tuple[int, ...]
+    layers: int
+    include_head: bool
+
+    @property
+    def rows(self) -> int:
+        return sum(self.seq_lens)
+
+
+@dataclass(frozen=True)
+class DecodeWork:
+    """One decode iteration of `batch` requests holding `context` KV tokens in all."""
+
+    batch: int
+    context: int
+
+    @property
+    def rows(self) -> int:
+        return self.batch
+
+
+@dataclass(frozen=True)
+class HybridWork:
+    """One hybrid step of the chunked baseline: (new tokens, cached prefix) chunks plus decodes."""
+
+    chunks: tuple[tuple[int, int], ...]
+    batch: int
+    context: int
+
+    @property
+    def rows(self) -> int:
+        return sum(c for c, _ in self.chunks) + self.batch
+
+
+@dataclass
+class Step:
+    role: str
+    work: PrefillWork | DecodeWork | HybridWork
+    units: int
+    noise: float
+    on_done: Callable[[float], None]
+    started: float
+    last: float = 0.0  # when progress was last brought up to date
+    progress: float = 0.0  # fraction of the work done
+    seconds: float = 0.0  # latency of the whole step in the current configuration
+    version: int = 0  # bumps when the end is re-scheduled; older end events are stale
+
+    @property
+    def weight(self) -> int:
+        return max(1, -(-self.work.rows // TILE_ROWS))
+
+
+@dataclass
+class DeviceStats:
+    steps: dict[str, int] = field(default_factory=dict)
+    busy_s: dict[str, float] = field(default_factory=dict)
+    corun_s: float = 0.0  # time with both workers running a step
+    overlap_unit_s: float = 0.0  # shared-unit seconds while both ran on overlapping shares
+
+
+class SimulatedDevice:
+    def __init__(self, estimator: Estimator, loop: EventLoop, contention: AnalyticContention | None = None,
+                 noise: float = 0.0, seed: int = 0, overlap_share: str = "demand"):
+        if not 0.0 <= noise < 1.0:
+            raise ValueError(f"noise must lie in [0, 1), got {noise}")
+        if overlap_share not in OVERLAP_SHARES:
+            raise ValueError(f"overlap_share must be one of {OVERLAP_SHARES}, got {overlap_share!r}")
+        self.est, self.loop, self.contention, self.noise = estimator, loop, contention, noise
+        self.overlap_share = overlap_share
+        self.total = estimator.hardware.units
+        self.rng = random.Random(seed)
+        self.running: dict[str, Step] = {}
+        self.stats = DeviceStats()
+        self._last_account = 0.0
+
+    def start(self, role: str, work, units: int, on_done: Callable[[float], None]) -> None:
+        """Run `work` for `role` on `units` units; `on_done(elapsed)` at its end."""
+        if role in self.running:
+            raise RuntimeError(f"{role} already has a step running")
+        if not 0 < units <= self.total:
+            raise ValueError(f"units must lie in 1..{self.total}, got {units}")
+        now = self.loop.clock.now()
+        factor = 1.0 + self.noise * (2.0 * self.rng.random() - 1.0) if self.noise else 1.0
+        self._account(now)
+        self.running[role] = Step(role, work, units, factor, on_done, started=now, last=now)
+        self._rebalance(now)
+
+    # -- the configuration changed: bring progress up to date, re-rate, re-schedule ends ---------------
+    def _rebalance(self, now: float) -> None:
+        steps = list(self.running.values())
+        for step in steps:
+            if step.seconds:
+                step.progress += (now - step.last) / step.seconds
+            step.last = now
+        latencies = self.latencies()
+        for step in steps:
+            seconds = latencies[step.role] * step.noise
+            if seconds != step.seconds:
+                step.seconds = seconds
+                step.version += 1
+                remaining = max(0.0, 1.0 - step.progress) * seconds
+                self.loop.at(now + remaining, self._finish, step, step.version)
+
+    def _finish(self, step: Step, version: int) -> None:
+        if version != step.version or self.running.get(step.role) is not step:
+            return  # re-scheduled since
+        now = self.loop.clock.now()
+        self._account(now)
+        del self.running[step.role]
+        self._rebalance(now)
+        stats = self.stats
+        stats.steps[step.role] = stats.steps.get(step.role, 0) + 1
+        stats.busy_s[step.role] = stats.busy_s.get(step.role, 0.0) + (now - step.started)
+        step.on_done(now - step.started)
+
+    def effective_units(self) -> dict[str, float]:
+        """Units each running step effectively computes on, overlapping units shared."""
+        units = {role: float(s.units) for role, s in self.running.items()}
+        prefill, decode = self.running.get("prefill"), self.running.get("decode")
+        if prefill is not None and decode is not None:
+            shared = overlap(prefill.units, decode.units, self.total)
+            if shared:
+                wp, wd = (prefill.weight, decode.weight) if self.overlap_share == "demand" else (1, 1)
+                units["prefill"] -= shared * wd / (wp + wd)
+                units["decode"] -= shared * wp / (wp + wd)
+        return units
+
+    def latencies(self) -> dict[str, float]:
+        """Latency of each running step, whole, in the current configuration (before noise)."""
+        effective = self.effective_units()
+        units = {role: min(self.total, max(1, round(u))) for role, u in effective.items()}
+        alone = {role: self._alone(step.work, units[role]) for role, step in self.running.items()}
+        prefill, decode = self.running.get("prefill"), self.running.get("decode")
+        if prefill is None or decode is None or self.contention is None:
+            return alone
+        p, d, c = prefill.work, decode.work, self.contention
+        alone["prefill"], alone["decode"] = c.corun(
+            alone["prefill"], c.prefill_bytes(p.seq_lens, p.layers, p.include_head), p.rows, effective["prefill"],
+            alone["decode"], c.decode_bytes(d.batch, d.context), (d.batch, d.context), units["decode"])
+        return alone
+
+    def _alone(self, work, units: int) -> float:
+        if isinstance(work, PrefillWork):
+            return self.est.prefill_time(list(work.seq_lens), units, num_layers=work.layers,
+                                         include_head=work.include_head)
+        if isinstance(work, DecodeWork):
+            return self.est.decode_time((work.batch, work.context), units)
+        return self.est.hybrid_step_time(list(work.chunks), (work.batch, work.context), units)
+
+    def _account(self, now: float) -> None:
+        """Co-running time since the last change (the configuration was constant over it)."""
+        dt = now - self._last_account
+        self._last_account = now
+        prefill, decode = self.running.get("prefill"), self.running.get("decode")
+        if dt > 0 and prefill is not None and decode is not None:
+            self.stats.corun_s += dt
+            self.stats.overlap_unit_s += dt * overlap(prefill.units, decode.units, self.total)

@@ -1,0 +1,58 @@
+"""A simulated run as a JSON-able dict and as the lines `bullet simulate` prints. Every result says
+it is simulated and carries the assumptions it was made under."""
+
+from __future__ import annotations
+
+from bullet.sim.config import is_calibrated
+from bullet.sim.simulator import SimResult, Simulation
+
+SIMULATED_NOTE = ("SIMULATED on virtual time: latencies come from the estimator (device model), not from "
+                  "a GPU; contention between the workers is an assumed model; no kernel-launch, CPU or "
+                  "framework overhead is charged.")
+
+
+def result_dict(result: SimResult, sim: Simulation, **workload) -> dict:
+    est = sim.device_estimator
+    cfg = result.config
+    device = result.device
+    return {
+        "simulated": True,
+        "note": SIMULATED_NOTE,
+        "config": cfg.as_dict(),
+        "workload": workload,
+        "device": {"hardware": est.hardware.name, "units": est.hardware.units, "unit": est.hardware.unit_name,
+                   "calibrated": is_calibrated(est), "kv_pages": sim.env.allocator.total_pages,
+                   "page_size": sim.env.allocator.page_size},
+        "slo": {"ttft": cfg.ttft_slo, "tpot": cfg.tpot_slo},
+        "summary": result.summary,
+        "run": {"virtual_s": result.end_time, "wall_s": result.wall_s, "events": result.events,
+                "stopped_early": result.stopped_early, **result.counters,
+                "busy_s": device.busy_s, "corun_s": device.corun_s, "overlap_unit_s": device.overlap_unit_s},
+    }
+
+
+def summary_lines(data: dict) -> list[str]:
+    s, run, cfg = data["summary"], data["run"], data["config"]
+    wl = data["workload"]
+    lines = [
+        f"=== SIMULATED result (not a measurement) — {cfg['policy']} on {data['device']['hardware']}"
+        f"{'' if data['device']['calibrated'] else ' (UNCALIBRATED roofline)'}, {wl.get('workload')} "
+        f"at {wl.get('rate')} req/s ===",
+        f"SLO {data['slo']['ttft']} TTFT, {data['slo']['tpot']} TPOT: attainment {s['attainment']:.1%} "
+        f"(TTFT ok {s['ttft_attained']:.1%}, TPOT ok {s['tpot_attained']:.1%}); "
+        f"{s['completed']}/{s['requests']} completed, {s['dropped']} dropped"
+        + ("; STOPPED EARLY (attainment out of reach)" if run["stopped_early"] else ""),
+        f"TTFT  mean {s['mean_ttft_s']:.3f}s  p50 {s['p50_ttft_s']:.3f}s  p90 {s['p90_ttft_s']:.3f}s  "
+        f"p99 {s['p99_ttft_s']:.3f}s",
+        f"TPOT  mean {s['mean_tpot_s'] * 1e3:.1f}ms  p50 {s['p50_tpot_s'] * 1e3:.1f}ms  "
+        f"p90 {s['p90_tpot_s'] * 1e3:.1f}ms  p99 {s['p99_tpot_s'] * 1e3:.1f}ms",
+        f"throughput {s['output_tok_per_s']:.0f} output tok/s, {s['req_per_s']:.2f} req/s over "
+        f"{s['duration_s']:.1f} virtual s; normalized latency {s['mean_norm_latency_s'] * 1e3:.1f} ms/token",
+        f"device: busy {', '.join(f'{k} {v:.0f}s' for k, v in run['busy_s'].items())}; co-running "
+        f"{run['corun_s']:.0f}s, overlapping units {run['overlap_unit_s'] / max(run['corun_s'], 1e-9):.1f} on average "
+        f"while co-running; steps {run['steps']}"
+        + (f"; decode pauses {run['decode_pauses']}" if "decode_pauses" in run else "")
+        + (f"; preemptions {run['preemptions']}" if "preemptions" in run else ""),
+        f"simulated in {run['wall_s']:.1f}s wall ({run['events']} events). {data['note']}",
+    ]
+    return lines

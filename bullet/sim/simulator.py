@@ -1,0 +1,143 @@
+"""A whole simulated server: the workers `--policy` asks for (two for bullet/static/naive, one for
+chunked — `factory.roles_for`, as the launcher decides), on one simulated device, one KV pool, one
+state buffer, fed a list of requests at their arrival times on virtual time.
+
+    sim = Simulation(SimConfig(policy="bullet", ttft_slo="1.5ms/token", tpot_slo="200ms"), requests)
+    result = sim.run()
+    result.summary["attainment"], result.records, result.device
+
+The policies get their own estimator objects (each real worker loads its own and refines it
+online); the device charges latencies from a separate one that nothing refines."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Sequence
+
+from bullet.finish import FinishChecker
+from bullet.page_allocator import LocalPageAllocator
+from bullet.request import Request
+from bullet.schedulers.factory import roles_for, slo_of
+from bullet.sim.board import StateBoard
+from bullet.sim.config import SimConfig, kv_pool_pages, load_estimator, policy_estimator, server_args
+from bullet.sim.decode_worker import SimDecodeWorker
+from bullet.sim.device import DeviceStats, SimulatedDevice
+from bullet.sim.events import EventLoop, VirtualClock
+from bullet.sim.metrics import RequestLog, RequestRecord, summarize
+from bullet.sim.prefill_worker import SimPrefillWorker
+from bullet.sim.unified_worker import SimUnifiedWorker
+from bullet.sim.worker import SimEnv
+from engines.sampling_params import SamplingParams
+
+
+@dataclass
+class SimResult:
+    config: SimConfig
+    records: list[RequestRecord]
+    summary: dict
+    device: DeviceStats
+    end_time: float  # virtual seconds
+    wall_s: float
+    events: int
+    stopped_early: bool
+    counters: dict = field(default_factory=dict)
+
+
+class Simulation:
+    def __init__(self, config: SimConfig, requests: Iterable[Sequence]):
+        """`requests`: (arrival s, prompt tokens, output tokens) each, e.g. `TraceRequest`s."""
+        self.config = config
+        self.requests = sorted((float(a), int(p), max(1, int(o))) for a, p, o in requests)
+        self.device_estimator = load_estimator(config)
+        model, hardware = self.device_estimator.model, self.device_estimator.hardware
+        pages = kv_pool_pages(config, model, hardware)
+        self.args = server_args(config, pages)
+        self.slo = slo_of(self.args)
+        self.clock = VirtualClock()
+        self.loop = EventLoop(self.clock)
+        self.device = SimulatedDevice(self.device_estimator, self.loop, config.contention(self.device_estimator),
+                                      config.noise, config.seed, config.overlap_share)
+        self.log = RequestLog()
+        self.env = SimEnv(self.args, hardware, model.num_hidden_layers, self.clock, self.loop, self.device,
+                          StateBoard(), LocalPageAllocator(pages, config.page_size),
+                          FinishChecker(None, set(model.eos_token_ids), model.max_position_embeddings), self.log)
+        self.workers = self._build_workers()
+        self.entry = self.workers[0]
+        self._params: dict[int, SamplingParams] = {}
+        self.stopped_early = False
+        self._scored = self._finished_misses = 0
+
+    def _build_workers(self) -> list:
+        if roles_for(self.args) == ("unified",):
+            return [SimUnifiedWorker(self.env)]
+        decode = SimDecodeWorker(self.env, policy_estimator(self.config, self.device_estimator))
+        delay = self.config.handoff_delay_s
+        hand_off = decode.receive if delay <= 0 else (lambda req: self.loop.at(self.clock.now() + delay,
+                                                                                decode.receive, req))
+        prefill = SimPrefillWorker(self.env, policy_estimator(self.config, self.device_estimator),
+                                   self.config.batch_token_limit(self.device_estimator), hand_off)
+        return [prefill, decode]
+
+    # -- arrivals ---------------------------------------------------------------------------------
+    def _arrive(self, index: int) -> None:
+        arrival, prompt, output = self.requests[index]
+        params = self._params.get(output)
+        if params is None:  # shared by requests of one output length: nothing mutates it
+            params = self._params[output] = SamplingParams(max_new_tokens=output, ignore_eos=True, temperature=0.0)
+        req = Request(rid=f"r{index}", prompt_ids=[0] * prompt, params=params, uid=index + 1, arrival=arrival)
+        self.entry.receive(req)
+
+    # -- running ----------------------------------------------------------------------------------
+    def run(self, progress: Callable[[dict], None] | None = None, progress_every_s: float = 30.0) -> SimResult:
+        """Run to completion (every request finished), or until `stop_below_attainment` is out of
+        reach. `progress(info)` is called every `progress_every_s` virtual seconds."""
+        t0 = time.perf_counter()
+        for i, (arrival, _, _) in enumerate(self.requests):
+            self.loop.at(arrival, self._arrive, i)
+        if self.requests:
+            self.loop.at(0.0, self._tick, progress, progress_every_s, 0.0, t0)
+        self.loop.run()
+        for worker in self.workers:
+            worker.close()
+        # the run ends with its last request (a progress tick may have moved the clock past it)
+        end = self.clock.now() if self.stopped_early else max((r.finish_time for r in self.log.records), default=0.0)
+        summary = summarize(self.log.records, self.slo, end, total_requests=len(self.requests))
+        counters = {"free_pages": self.env.allocator.num_free(), "total_pages": self.env.allocator.total_pages,
+                    "steps": {w.role: w.steps for w in self.workers}}
+        for w in self.workers:
+            counters.update(w.counters())
+        return SimResult(self.config, self.log.records, summary, self.device.stats, end, time.perf_counter() - t0,
+                         self.loop.processed, self.stopped_early, counters)
+
+    def _tick(self, progress, every: float, next_report: float, t0: float) -> None:
+        """Once per virtual second: report progress when due; stop a run that can no longer reach
+        `stop_below_attainment`; notice a simulator that has stalled with work left."""
+        if len(self.log.records) >= len(self.requests):
+            return
+        if len(self.loop) == 0:
+            raise RuntimeError(f"simulation stalled at t={self.clock.now():.3f}s with "
+                               f"{len(self.requests) - len(self.log.records)} requests unfinished")
+        now = self.clock.now()
+        if progress is not None and now >= next_report:
+            progress({"t": now, "horizon": self.requests[-1][0], "finished": len(self.log.records),
+                      "requests": len(self.requests), "wall_s": time.perf_counter() - t0})
+            next_report = now + every
+        floor = self.config.stop_below_attainment
+        if floor is not None and self._certain_misses(now) > (1.0 - floor) * len(self.requests):
+            self.stopped_early = True
+            self.loop.stop()
+            return
+        self.loop.at(now + 1.0, self._tick, progress, every, next_report, t0)
+
+    def _certain_misses(self, now: float) -> int:
+        """Requests that miss their SLO whatever happens next: finished and missed, or still without
+        a first token past their TTFT target."""
+        slo, records = self.slo, self.log.records
+        for r in records[self._scored:]:
+            if not (r.ok and slo.attained(r.input_len, r.ttft, r.tpot)):
+                self._finished_misses += 1
+        self._scored = len(records)
+        late = sum(1 for w in self.workers for r in w.without_first_token()
+                   if now - r.arrival > slo.ttft_target(len(r.prompt_ids)))
+        return self._finished_misses + late
