@@ -1,0 +1,102 @@
+"""The simulated device: shares that overlap are split, contention slows co-running steps, and a
+step charged partly alone and partly beside another pays each part at its own speed."""
+
+from __future__ import annotations
+
+import pytest
+
+from bullet.sim.config import SimConfig, load_estimator
+from bullet.sim.device import DecodeWork, PrefillWork, SimulatedDevice
+from bullet.sim.events import EventLoop, VirtualClock
+from bullet.sim.partition import SimulatedPartition, overlap
+from estimator.analytic_contention import AnalyticContention
+
+
+@pytest.fixture(scope="module")
+def est():
+    return load_estimator(SimConfig())
+
+
+def device(est, contention=True, overlap_share="demand"):
+    loop = EventLoop(VirtualClock())
+    return SimulatedDevice(est, loop, AnalyticContention(est) if contention else None, 0.0, 0, overlap_share), loop
+
+
+def test_partition_rounds_up_to_tpcs_and_takes_opposite_ends(est):
+    prefill, decode = SimulatedPartition("prefill", est.hardware), SimulatedPartition("decode", est.hardware)
+    prefill.apply(33)
+    decode.apply(80)
+    assert prefill.current_units == 34 and decode.current_units == 80
+    assert prefill.unit_mask() == sum(1 << u for u in prefill.unit_set())
+    assert decode.unit_mask() == sum(1 << u for u in decode.unit_set())
+    assert overlap(34, 80, 108) == len(prefill.unit_set() & decode.unit_set()) == 6
+
+
+def test_overlapping_units_are_shared_by_demand_or_evenly(est):
+    dev, _ = device(est)
+    dev.start("prefill", PrefillWork((2048,), 4, False), 108, lambda e: None)
+    dev.start("decode", DecodeWork(64, 64 * 1000), 108, lambda e: None)
+    units = dev.effective_units()
+    assert units["prefill"] + units["decode"] == pytest.approx(108)
+    assert units["prefill"] == pytest.approx(108 * 16 / 17)  # 16 tile rows of prompt vs 1 of decode
+    even, _ = device(est, overlap_share="even")
+    even.start("prefill", PrefillWork((2048,), 4, False), 100, lambda e: None)
+    even.start("decode", DecodeWork(64, 64 * 1000), 20, lambda e: None)
+    assert even.effective_units() == {"prefill": pytest.approx(94.0), "decode": pytest.approx(14.0)}
+
+
+def test_co_running_is_slower_than_alone_and_disjoint_shares_stay_whole(est):
+    dev, _ = device(est)
+    dev.start("decode", DecodeWork(128, 128 * 1500), 20, lambda e: None)
+    alone = dev.latencies()["decode"]
+    assert alone == pytest.approx(est.decode_time((128, 128 * 1500), 20))
+    dev.start("prefill", PrefillWork((4096,), 4, False), 88, lambda e: None)
+    corun = dev.latencies()
+    assert dev.effective_units() == {"prefill": 88.0, "decode": 20.0}
+    assert corun["decode"] > alone
+    assert corun["prefill"] > est.prefill_time([4096], 88, num_layers=4, include_head=False)
+    quiet, _ = device(est, contention=False)
+    quiet.start("decode", DecodeWork(128, 128 * 1500), 20, lambda e: None)
+    quiet.start("prefill", PrefillWork((4096,), 4, False), 88, lambda e: None)
+    assert quiet.latencies()["decode"] == pytest.approx(alone)
+
+
+def test_a_step_pays_each_part_at_the_speed_of_its_configuration(est):
+    dev, loop = device(est)
+    done = {}
+    dev.start("decode", DecodeWork(128, 128 * 1500), 20, lambda e: done.setdefault("decode", e))
+    alone = dev.latencies()["decode"]
+    seen = {}
+
+    def prefill_starts():
+        dev.start("prefill", PrefillWork((4096,), 32, False), 88, lambda e: done.setdefault("prefill", e))
+        seen["corun"] = dev.latencies()["decode"]
+
+    loop.at(alone / 2, prefill_starts)
+    loop.run()
+    # half the decode step alone, the other half at the co-running rate
+    assert done["decode"] == pytest.approx(alone / 2 + seen["corun"] / 2, rel=1e-9)
+    assert done["decode"] > alone
+    assert dev.stats.steps == {"decode": 1, "prefill": 1}
+    assert dev.stats.corun_s == pytest.approx(seen["corun"] / 2, rel=1e-9)
+
+
+def test_noise_stays_within_its_bounds_and_is_seeded(est):
+    def elapsed(seed: int) -> list[float]:
+        loop = EventLoop(VirtualClock())
+        dev = SimulatedDevice(est, loop, None, 0.05, seed)
+        out = []
+
+        def step(k=0):
+            if k < 50:
+                dev.start("decode", DecodeWork(8, 8000), 108, lambda e: (out.append(e), step(k + 1)))
+
+        step()
+        loop.run()
+        return out
+
+    base = est.decode_time((8, 8000), 108)
+    a, b, c = elapsed(1), elapsed(1), elapsed(2)
+    assert a == b and a != c
+    assert all(0.95 * base <= x <= 1.05 * base for x in a)
+    assert max(a) - min(a) > 0.03 * base
