@@ -108,9 +108,13 @@ def latency(state: RequestState) -> float:
 async def run_all(request: Request, runtime: ServingRuntime, states: list[RequestState]) -> list[Update]:
     """Final updates of several requests; if the client disconnects, every one of them is aborted
     (not only the first to notice) before ClientGone is raised."""
+    tasks = [asyncio.ensure_future(run_to_completion(request, follow(runtime, st))) for st in states]
     try:
-        return await asyncio.gather(*[run_to_completion(request, follow(runtime, st)) for st in states])
+        return await asyncio.gather(*tasks)
     except BaseException:
+        for t in tasks:  # the first ClientGone ends the wait; stop the other watchers too
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         for st in states:
             if not st.done:
                 await runtime.client.abort(st.rid, "the client disconnected")

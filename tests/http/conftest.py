@@ -1,18 +1,24 @@
-"""One real server shared by the HTTP tests that need default flags (startup costs ~10-30 s on two
-cores); tests that need other flags (--api-key) start their own. Tests run one at a time, so token
-counter deltas read around a test belong to that test."""
+"""Two real servers shared by the HTTP tests (a startup costs ~10-30 s on two cores): `server` with
+the default flags, and `secured` with --api-key and a KV pool small enough to fill. Tests run one
+at a time, so token counter deltas read around a test belong to that test."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.http.helpers import SERVER_ARGS
+from tests.http.helpers import SECURED_ARGS, SERVER_ARGS, SecuredServer
 from tests.server_utils import ServerProcess
 
 
 @pytest.fixture(scope="session")
 def server():
     with ServerProcess(*SERVER_ARGS) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="session")
+def secured():
+    with SecuredServer(*SECURED_ARGS) as srv:
         yield srv
 
 

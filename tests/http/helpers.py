@@ -9,9 +9,24 @@ import socket
 import time
 import urllib.request
 
+from tests.server_utils import ServerProcess
+
 # Flags of the servers the HTTP tests start: a small KV pool keeps memory down (the context length
 # stays the model's 8192).
 SERVER_ARGS = ("--max-total-tokens", "8192")
+# The second server: an API key, and a KV pool of 512 tokens that two ~350-token requests overflow.
+API_KEY = "sk-test-0123456789"
+SMALL_POOL_TOKENS = 512
+SECURED_ARGS = ("--max-total-tokens", str(SMALL_POOL_TOKENS), "--api-key", API_KEY)
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+
+class SecuredServer(ServerProcess):
+    """Sends the API key unless a test passes its own headers (ServerProcess itself reads
+    /server_info at startup and shutdown, which needs the key)."""
+
+    def request(self, method, path, body=None, headers=None, timeout: float = 300):
+        return super().request(method, path, body, AUTH if headers is None else headers, timeout)
 
 
 def sse_events(body: str) -> list:

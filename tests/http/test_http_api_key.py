@@ -6,31 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.http.helpers import SERVER_ARGS, post_stream
-from tests.server_utils import ServerProcess
+from tests.http.helpers import API_KEY, AUTH, post_stream
 
-KEY = "sk-test-0123456789"
-GOOD = {"Authorization": f"Bearer {KEY}"}
 GEN = {"text": "Hello", "sampling_params": {"max_new_tokens": 2}}
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
 
-
-class SecuredServer(ServerProcess):
-    """Sends the key unless a test passes its own headers (ServerProcess itself reads /server_info
-    at startup and shutdown, which needs the key)."""
-
-    def request(self, method, path, body=None, headers=None, timeout: float = 300):
-        return super().request(method, path, body, GOOD if headers is None else headers, timeout)
-
-
-@pytest.fixture(scope="module")
-def secured():
-    with SecuredServer(*SERVER_ARGS, "--api-key", KEY) as srv:
-        yield srv
-
-
-WRONG = [{}, {"Authorization": "Bearer nope"}, {"Authorization": KEY}, {"Authorization": f"Basic {KEY}"},
-         {"Authorization": f"Bearer {KEY}x"}]
+WRONG = [{}, {"Authorization": "Bearer nope"}, {"Authorization": API_KEY}, {"Authorization": f"Basic {API_KEY}"},
+         {"Authorization": f"Bearer {API_KEY}x"}]
 WRONG_IDS = ["none", "wrong-key", "no-scheme", "basic-scheme", "key-prefix"]
 
 
@@ -52,12 +34,12 @@ def test_openai_requests_without_the_key_are_401(secured, headers):
 
 
 def test_requests_with_the_key_work(secured):
-    assert secured.post("/generate", GEN, headers=GOOD)[0] == 200
-    assert secured.get("/server_info", headers=GOOD)[0] == 200
-    assert secured.get("/model_info", headers={"authorization": f"bearer {KEY}"})[0] == 200  # case-insensitive
-    status, _, events = post_stream(secured.url, "/generate", {**GEN, "stream": True}, headers=GOOD)
+    assert secured.post("/generate", GEN, headers=AUTH)[0] == 200
+    assert secured.get("/server_info", headers=AUTH)[0] == 200
+    assert secured.get("/model_info", headers={"authorization": f"bearer {API_KEY}"})[0] == 200  # case-insensitive
+    status, _, events = post_stream(secured.url, "/generate", {**GEN, "stream": True}, headers=AUTH)
     assert status == 200 and events[-1] == "[DONE]"
-    status, out = secured.post("/v1/chat/completions", CHAT, headers=GOOD)
+    status, out = secured.post("/v1/chat/completions", CHAT, headers=AUTH)
     assert status == 200 and out["usage"]["completion_tokens"] >= 1
 
 
@@ -70,12 +52,12 @@ def test_health_and_metrics_stay_open(secured):
 
 def test_real_clients_send_the_key(secured):
     openai = pytest.importorskip("openai")
-    with openai.OpenAI(base_url=secured.url + "/v1", api_key=KEY, max_retries=0) as client:
+    with openai.OpenAI(base_url=secured.url + "/v1", api_key=API_KEY, max_retries=0) as client:
         out = client.completions.create(model=client.models.list().data[0].id, prompt="Hi", max_tokens=2)
         assert out.usage.completion_tokens >= 1
     with openai.OpenAI(base_url=secured.url + "/v1", api_key="wrong", max_retries=0) as client:
         with pytest.raises(openai.AuthenticationError):
             client.models.list()
     sgl = pytest.importorskip("sglang")
-    endpoint = sgl.RuntimeEndpoint(secured.url, api_key=KEY)
+    endpoint = sgl.RuntimeEndpoint(secured.url, api_key=API_KEY)
     assert endpoint.get_server_info()["internal_states"]
