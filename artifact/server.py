@@ -41,6 +41,13 @@ class BulletServer:
         log = open(self.log_path, "w")
         self.proc = subprocess.Popen([sys.executable, "-m", "bullet.cli", "launch", *self.args], cwd=ROOT,
                                      stdout=log, stderr=subprocess.STDOUT, env=self.env)
+        try:
+            return self._wait_healthy()
+        except BaseException:  # whatever went wrong after Popen, leave no server behind
+            self.terminate()
+            raise
+
+    def _wait_healthy(self) -> "BulletServer":
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -52,7 +59,6 @@ class BulletServer:
             except (urllib.error.URLError, ConnectionError, OSError):
                 pass
             time.sleep(0.25)
-        self.terminate()
         raise RuntimeError(f"server not healthy after {self.startup_timeout}s:\n{self.tail()}")
 
     def __enter__(self) -> "BulletServer":
