@@ -9,7 +9,8 @@ Every (workload, system, rate) is one `bullet.sim` run with Poisson arrivals (sa
 system, so each sees the same requests). Goodput = the highest rate with >= 90 % SLO attainment.
 A run stops early once 50 % attainment is out of reach (its rate cannot count towards goodput;
 its means then cover the part simulated, and the table marks it). Writes results.json, results.md,
-comparison.png, timeline_bullet.png and timeline_chunked.png into --out. All numbers are
+comparison.png, timeline_bullet.png and timeline_chunked.png into --out, with a sensitivity table
+(bullet and chunked:1024 at one rate per workload under other device-model assumptions). All numbers are
 simulated: see bullet/sim/report.py for what that does and does not include."""
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from artifact.scoring import goodput
 from bullet.commands.simulate import TABLE4_SLOS
 
 SYSTEMS = ["bullet", "chunked:1024", "chunked:2048", "static:54", "static:72", "static:84", "naive"]
-RATES = {"sharegpt": [5, 10, 15, 20, 25, 30], "azure-code": [1, 2, 3, 4, 5, 6], "arxiv": [1, 2, 3, 4, 5]}
+RATES = {"sharegpt": [2, 5, 10, 15, 20, 25, 30], "azure-code": [0.5, 1, 2, 3, 4, 5, 6], "arxiv": [0.5, 1, 2, 3, 4, 5]}
 TITLES = {"sharegpt": "ShareGPT", "azure-code": "Azure-Code", "arxiv": "arXiv-Sum"}
 STOP_BELOW = 0.5
 PAPER = ("Bullet paper, one A100 (Fig. 15): 1.09x average / up to 1.20x throughput vs SGLang-1024, "
@@ -58,30 +59,77 @@ def run_all(args) -> dict:
                   f"TTFT {summary['mean_ttft_s']:.3f}s, TPOT {summary['mean_tpot_s'] * 1e3:.0f}ms, "
                   f"{summary['output_tok_per_s']:.0f} tok/s [{summary['run']['wall_s']:.0f}s, "
                   f"total {time.monotonic() - t0:.0f}s]", flush=True)
-    return {wl: {system: {"per_rate": {str(r): per[r] for r in sorted(per)},
+    return {wl: {system: {"per_rate": {f"{r:g}": per[r] for r in sorted(per)},
                           "goodput": goodput({r: s for r, s in per.items() if not s["run"]["stopped_early"]})}
-                 for system, per in by_system.items()} for wl, by_system in results.items()}
+                 for system, per in sorted(by_system.items(), key=lambda kv: args.systems.index(kv[0]))}
+            for wl, by_system in results.items()}
+
+
+# ---- how much the device model's assumptions matter ------------------------------------------------
+
+SENSITIVITY = {"default": {}, "no contention": {"contention_model": False},
+               "overlap split evenly": {"overlap_share": "even"}, "no noise": {"noise": 0.0},
+               "policy blind to contention": {"policy_contention": False}}
+SENSITIVITY_RATES = {"sharegpt": 10, "azure-code": 3, "arxiv": 3}
+
+
+def sensitivity_one(job: tuple) -> tuple:
+    from artifact.workloads.traces import build_workload
+    from bullet.sim import SimConfig, Simulation
+
+    workload, system, variant, duration, seed = job
+    ttft, tpot = TABLE4_SLOS[workload]
+    config = SimConfig(policy=system, ttft_slo=ttft, tpot_slo=tpot, seed=seed, **SENSITIVITY[variant])
+    result = Simulation(config, build_workload(workload, SENSITIVITY_RATES[workload], duration, seed)).run()
+    return workload, system, variant, result.summary
+
+
+def run_sensitivity(args) -> list[dict]:
+    jobs = [(wl, system, variant, args.duration, args.seed) for wl in args.workloads
+            for system in ("bullet", "chunked:1024") for variant in SENSITIVITY]
+    rows = []
+    with Pool(args.jobs) as pool:
+        for wl, system, variant, s in pool.imap(sensitivity_one, jobs):
+            rows.append({"workload": wl, "rate": SENSITIVITY_RATES[wl], "system": system, "variant": variant,
+                         "attainment": s["attainment"], "mean_ttft_s": s["mean_ttft_s"],
+                         "mean_tpot_s": s["mean_tpot_s"], "output_tok_per_s": s["output_tok_per_s"]})
+            print(f"[sim-compare] sensitivity {wl} {system} {variant}: attainment {s['attainment']:.1%}", flush=True)
+    return rows
+
+
+def sensitivity_markdown(rows: list[dict]) -> str:
+    lines = ["## Sensitivity to the device model's assumptions", "",
+             "| workload @ rate | system | variant | attain | TTFT mean s | TPOT mean ms | tok/s |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {TITLES[r['workload']]} @ {r['rate']} | {r['system']} | {r['variant']} | {r['attainment']:.1%} | "
+                     f"{r['mean_ttft_s']:.3f} | {r['mean_tpot_s'] * 1e3:.0f} | {r['output_tok_per_s']:.0f} |")
+    return "\n".join(lines) + "\n"
 
 
 # ---- reporting ------------------------------------------------------------------------------------
 
 def ratio(a: float, b: float) -> str:
-    return f"{a / b:.2f}x" if a and b else "-"
+    return f"{a / b:.2f}x" if b else "-"
 
 
 def markdown(results: dict, args) -> str:
     lines = [f"# Simulated comparison (Llama-3.1-8B, virtual A100, {args.duration:g} s of Poisson arrivals per point)",
              "", "SIMULATED: estimator latencies, assumed contention, no framework overhead. " + PAPER, ""]
-    lines += ["## Goodput (highest rate with >= 90 % SLO attainment, req/s)", "",
-              "| system | " + " | ".join(TITLES[w] for w in results) + " | mean system/bullet |",
+    lines += ["## Goodput (highest rate with >= 90 % SLO attainment, req/s) and bullet / system", "",
+              "| system | " + " | ".join(TITLES[w] for w in results) + " | mean bullet/system |",
               "|---|" + "---|" * (len(results) + 1)]
     for system in args.systems:
         cells, ratios = [], []
-        for wl, by_system in results.items():
-            g, ref = by_system[system]["goodput"], by_system["bullet"]["goodput"] if "bullet" in by_system else 0
-            cells.append(f"{g:g} ({ratio(g, ref)})" if system != "bullet" else f"{g:g}")
-            if ref and system != "bullet":
-                ratios.append(g / ref)
+        for by_system in results.values():
+            g = by_system[system]["goodput"]
+            ref = by_system["bullet"]["goodput"] if "bullet" in by_system else None
+            if system == "bullet" or ref is None:
+                cells.append(f"{g:g}")
+                continue
+            cells.append(f"{g:g} ({ratio(ref, g)})")
+            if g:
+                ratios.append(ref / g)
         mean = f"{sum(ratios) / len(ratios):.2f}x" if ratios else "-"
         lines.append(f"| {system} | " + " | ".join(cells) + f" | {mean} |")
     for wl, by_system in results.items():
@@ -195,14 +243,17 @@ def main() -> None:
     ap.add_argument("--timeline-chunked", default="chunked:2048")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--no-sensitivity", dest="sensitivity", action="store_false",
+                    help="skip the runs that vary the device model's assumptions")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "sim"))
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = run_all(args)
+    sensitivity = run_sensitivity(args) if args.sensitivity else []
     (out / "results.json").write_text(json.dumps({"simulated": True, "args": vars(args), "rates": RATES,
-                                                  "workloads": results}, indent=1))
-    report = markdown(results, args)
+                                                  "workloads": results, "sensitivity": sensitivity}, indent=1))
+    report = markdown(results, args) + ("\n" + sensitivity_markdown(sensitivity) if sensitivity else "")
     (out / "results.md").write_text(report)
     print(report)
     plot_comparison(results, out / "comparison.png")
