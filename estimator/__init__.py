@@ -10,7 +10,9 @@ quantization, calibration (Eq. 2) with online refinement, prefill/decode content
 Modules: `ops` (kernels of a layer), `tiling` and `waves` (grids, wave quantization, Table 2),
 `hardware` (GPU specs, measured CPUs), `srm` (Eq. 1), `calibration` (samples, alpha curves, online
 corrections), `contention` (D_{p,sl}), `kernels` + `predictor` (the fast model), `profile` (JSON),
-`cpu_probe` (measures the local CPU; imports torch), `reference_profiles` (A100 from public data).
+`cpu_probe` (measures the local CPU; imports torch), `reference_profiles` (A100 from public data),
+`local_profile` (`bullet profile`: the served model measured on this CPU, solo and co-running, with
+`ensure_profile` / `default_profile_path`; the `local_*` modules are its parts).
 Importing the package does not import torch."""
 
 from estimator.calibration import Calibration, Sample

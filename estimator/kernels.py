@@ -58,13 +58,14 @@ class _TokenGroup:
     def _entry(self, rows: int) -> tuple:
         k = self.k
         log_rows = math.log(rows) if rows > 1 else 0.0
-        mem_weighted, weight_sum, gemms, affine = 0.0, 0.0, [], []
+        mem_weighted, weight_sum, gemms, by_srm = 0.0, 0.0, [], []
         for op, memory_bound, curve, segment in self.compiled:
             if segment is not None:
                 x0, x1, a0, a1 = segment
                 alpha = a0 if log_rows <= x0 else a1 if log_rows >= x1 else a0 + (a1 - a0) * (log_rows - x0) / (x1 - x0)
             elif curve.mode in SRM_MODES:
-                affine.append((op.at(rows, k.tiling), curve))
+                grid = gemm_grid(rows, op.cols, k.tiling.gemm_tile(rows, op.cols)) if k.waves and op.cols else 0
+                by_srm.append((op.count, op.flops_per_row * rows, op.bytes_fixed + op.bytes_per_row * rows, grid, curve))
                 continue
             else:
                 alpha = curve.alpha_at_log_size(log_rows)
@@ -76,7 +77,7 @@ class _TokenGroup:
             else:
                 grid = gemm_grid(rows, op.cols, k.tiling.gemm_tile(rows, op.cols)) if k.waves and op.cols else 0
                 gemms.append((weight, op.flops_per_row * rows, nbytes, grid))
-        entry = (mem_weighted, weight_sum, tuple(gemms), tuple(affine))
+        entry = (mem_weighted, weight_sum, tuple(gemms), tuple(by_srm))
         if len(self.cache) >= _CACHE_LIMIT:
             self.cache.clear()
         self.cache[rows] = entry
@@ -84,7 +85,7 @@ class _TokenGroup:
 
     def time(self, rows: int, units: int, bandwidth_scale: float) -> float:
         entry = self.cache.get(rows) or self._entry(rows)
-        mem_weighted, weight_sum, gemms, affine = entry
+        mem_weighted, weight_sum, gemms, by_srm = entry
         k = self.k
         inv_c = k.inv_compute[units]
         inv_d = k.inv_bandwidth[units] / bandwidth_scale
@@ -96,8 +97,12 @@ class _TokenGroup:
                 compute *= -(-grid // slots) * slots / grid
             memory = nbytes * inv_d
             seconds += weight * (compute if compute > memory else memory)
-        for op, curve in affine:
-            seconds += op.count * curve.calibrated(rows, k.srm(op, units, bandwidth_scale) / op.count)
+        for count, flops, nbytes, grid, curve in by_srm:  # the SRM of one launch, then its curve
+            compute = flops * inv_c
+            if grid:
+                compute *= -(-grid // slots) * slots / grid
+            memory = nbytes * inv_d
+            seconds += count * curve.calibrated(rows, k.overhead + (compute if compute > memory else memory))
         return seconds
 
 

@@ -12,6 +12,7 @@ and leaves its caller's threads alone."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
@@ -117,14 +118,26 @@ def ensure_profile(model_path: str | None, load_format: str = "auto", dtype="aut
                    cores: int | Sequence[int] | None = None, quick: bool = True, progress: bool = True,
                    output: str | Path | None = None) -> Path:
     """The path of a profile of this model on these cores: the cached one when it still fits,
-    else measured now in a child process (`bullet profile`; about a minute with `quick`)."""
+    else measured now in a child process (`bullet profile`; about a minute with `quick`), with a
+    progress bar (`progress`) or log lines only, on stderr."""
     core_ids = _resolve_cores(cores)
     est_dtype = estimator_dtype(dtype)
     name = model_cache_name(model_path, load_format)
     path = Path(output) if output else default_profile_path(name, est_dtype, core_ids)
     if path.exists() and reusable(path, name, est_dtype, core_ids, quick):
         return path
-    command = [sys.executable, "-m", "bullet.cli", "profile", "--load-format", load_format, "--dtype", est_dtype,
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        # Two servers starting together measure once: the second waits, then finds the profile.
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.exists() and reusable(path, name, est_dtype, core_ids, quick):
+            return path
+        return _measure_in_child(model_path, load_format, est_dtype, core_ids, quick, progress, path)
+
+
+def _measure_in_child(model_path, load_format: str, dtype: str, core_ids: list[int], quick: bool, progress: bool,
+                      path: Path) -> Path:
+    command = [sys.executable, "-m", "bullet.cli", "profile", "--load-format", load_format, "--dtype", dtype,
                "--cores", ",".join(map(str, core_ids)), "--output", str(path)]
     if model_path:
         command += ["--model-path", str(model_path)]
@@ -132,7 +145,11 @@ def ensure_profile(model_path: str | None, load_format: str = "auto", dtype="aut
         command.append("--quick")
     if not progress:
         command.append("--no-progress")
-    result = subprocess.run(command, stdout=sys.stderr if progress else subprocess.DEVNULL, stderr=None)
+    try:  # the child's output goes to our stderr: a server's stdout stays its own
+        out = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        out = None  # stderr replaced by an object without a file (captured): inherit instead
+    result = subprocess.run(command, stdout=out, stderr=out)
     if result.returncode != 0 or not path.exists():
         raise RuntimeError(f"bullet profile failed (exit code {result.returncode}): {' '.join(command)}")
     return path

@@ -92,7 +92,8 @@ class ProfileSession:
         return fn
 
     def step(self, case: Case, units: int, repeats: int) -> Measurement:
-        timing = time_calls(self._prepare(case, units), repeats=repeats, budget_s=self.budget_s)
+        timing = time_calls(self._prepare(case, units), repeats=repeats, budget_s=self.budget_s,
+                            quiet_wait_s=self.quiet_wait_s)
         return self._done(f"{case.label()} on {units} core(s)", timing, [phase_sample(case, units, timing.seconds)])
 
     def sweep(self, case: Case, units: int, repeats: int) -> Measurement:
@@ -102,7 +103,7 @@ class ProfileSession:
         kernel_times(self.bench, case, clock)  # warm-up
         wait_until_quiet(self.quiet_wait_s)
         timing = time_calls(lambda: kernel_times(self.bench, case, clock)[0], repeats=repeats, warmup=0,
-                            budget_s=self.budget_s)
+                            budget_s=self.budget_s, quiet_wait_s=self.quiet_wait_s)
         sweeps = timing.values
         times = {k: statistics.median(s[k] for s in sweeps) for k in sweeps[0]}
         return self._done(f"kernels of {case.label()} on {units} core(s)", timing, op_samples(case, units, times))
@@ -126,7 +127,8 @@ class ProfileSession:
         fn = self._prepare(case, units, own_pids=(other.pid,))
         with other.looping(other_role, other_units, other_case):
             start = time.perf_counter()
-            timing = time_calls(fn, repeats=repeats, budget_s=self.budget_s, own_pids=(other.pid,))
+            timing = time_calls(fn, repeats=repeats, budget_s=self.budget_s, own_pids=(other.pid,),
+                                quiet_wait_s=self.quiet_wait_s)
             end = time.perf_counter()
         inside = other.iterations_within(start, end)
         return timing, (f" ({other_case.label()} steps: {statistics.median(inside) * 1e3:.0f} ms)" if inside else "")

@@ -39,8 +39,12 @@ def corun_splits(total: int) -> list[int]:
     return sorted({1, total // 2} - {0, total}) if total > 1 else []
 
 
-def _size(case: PrefillCase | DecodeCase) -> int:
-    return case.tokens * (case.num_layers or 1) if isinstance(case, PrefillCase) else case.total_context + case.batch
+def _kind_and_size(case: PrefillCase | DecodeCase) -> tuple[tuple, int]:
+    """Steps of one kind (phase, layers run) ordered by how long they take: tokens for a prefill,
+    context plus batch for a decode step."""
+    if isinstance(case, PrefillCase):
+        return ("prefill", case.num_layers), case.tokens
+    return ("decode", None), case.total_context + case.batch
 
 
 @contextmanager
@@ -92,13 +96,14 @@ def run_plan(config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.d
     spell may have passed). If it is still disturbed it is dropped when its group has clean
     measurements (the calibration interpolates without it), and kept with a note otherwise."""
     cores = list(cores)
-    too_slow: dict[tuple[int, str], int] = {}  # (units, phase) -> size of a step that took too long
+    too_slow: dict[tuple, int] = {}  # (units, kind) -> size of a step that took too long
     kept: dict[str, list[Measurement]] = {}
     disturbed: list[tuple[str, Callable[[], Measurement]]] = []
 
     def skipped(case, units) -> bool:
-        limit = too_slow.get((units, type(case).__name__))
-        return limit is not None and _size(case) >= limit
+        kind, size = _kind_and_size(case)
+        limit = too_slow.get((units, kind))
+        return limit is not None and size >= limit
 
     with ProfileSession(config, state, dtype, cores, plan.all_cases(), plan.budget_s, plan.quiet_wait_s) as session:
         jobs = _jobs(session, plan, cores)
@@ -120,8 +125,8 @@ def run_plan(config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.d
                     continue
                 kept.setdefault(group, []).append(measured)
                 if measured.seconds > plan.max_step_seconds and group.startswith("step"):
-                    key = (units, type(case).__name__)
-                    too_slow[key] = min(too_slow.get(key, _size(case)), _size(case))
+                    kind, size = _kind_and_size(case)
+                    too_slow[(units, kind)] = min(too_slow.get((units, kind), size), size)
             notes = []
             for group, measure in disturbed:
                 advance("retrying a disturbed measurement")

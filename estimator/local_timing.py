@@ -91,12 +91,14 @@ class Timing:
 
 
 def time_calls(fn: Callable[[], object], repeats: int = 5, warmup: int = 1, budget_s: float | None = None,
-               max_runs: int | None = None, own_pids: tuple[int, ...] = ()) -> Timing:
+               max_runs: int | None = None, own_pids: tuple[int, ...] = (), quiet_wait_s: float = 0.0) -> Timing:
     """Run `fn` `warmup` times untimed, then until `repeats` usable runs are in, `max_runs` runs
     were made (default 4 x repeats) or `budget_s` seconds went by (default: no limit but
-    `max_runs`); at least two runs whatever the budget. `own_pids`: our other processes (a
-    co-runner), whose CPU use is not a disturbance. Call it pinned: whether the correction of a
-    single-core run applies is read from the calling thread's affinity."""
+    `max_runs`); at least two runs whatever the budget. After a disturbed run, wait up to
+    `quiet_wait_s` (within the budget) for other jobs to pause: on a machine busy in bursts, the
+    runs then land in the quiet moments. `own_pids`: our other processes (a co-runner), whose CPU
+    use is not a disturbance. Call it pinned: whether the correction of a single-core run applies
+    is read from the calling thread's affinity."""
     single_core = len(os.sched_getaffinity(0)) == 1
     max_runs = max_runs or 4 * repeats
     ticks = os.sysconf("SC_CLK_TCK")
@@ -121,10 +123,13 @@ def time_calls(fn: Callable[[], object], repeats: int = 5, warmup: int = 1, budg
         usable += good
         if usable >= repeats or len(runs) >= max_runs:
             break
-        if budget_s is not None and time.perf_counter() - began >= budget_s and len(runs) >= 2:
+        elapsed = time.perf_counter() - began
+        if budget_s is not None and elapsed >= budget_s and len(runs) >= 2:
             break
         if not good:
-            time.sleep(_BACKOFF_S)
+            left = (budget_s - elapsed) if budget_s is not None else quiet_wait_s
+            if wait_until_quiet(min(quiet_wait_s, max(0.0, left)), own_pids=own_pids) == 0.0:
+                time.sleep(_BACKOFF_S)
     return summarize(runs, values, single_core)
 
 
@@ -160,9 +165,9 @@ def wait_until_quiet(max_wait_s: float, threshold: float = 0.15, own_pids: tuple
     returns the seconds waited. Starting a measurement in a quiet moment makes clean runs likely."""
     waited = 0.0
     while waited < max_wait_s:
-        if others_busy(0.2, own_pids) < threshold:
+        if others_busy(0.1, own_pids) < threshold:
             break
-        waited += 0.2
+        waited += 0.1
     return waited
 
 

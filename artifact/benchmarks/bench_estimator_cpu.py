@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from artifact.benchmarks.common import print_table, write_results  # noqa: E402
+from artifact.benchmarks.common import write_results  # noqa: E402
 
 TARGET_MAPE = 10.0
 
@@ -49,6 +49,18 @@ def held_out_cases():
     return prefill, decode, decode_beside, prefill_beside
 
 
+def print_rows(rows: list[dict], columns: list[str], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for c in columns:
+        table.add_column(c, justify="left" if c in ("group", "config") else "right", no_wrap=True)
+    for r in rows:
+        table.add_row(*[f"{r[c]:.1f}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in columns])
+    Console(width=150).print(table)
+
+
 def check_held_out(cases) -> None:
     """No held-out state is one the quick or full plan calibrates on."""
     from estimator.local_plan import ProfilePlan, calibration_keys, case_key
@@ -66,6 +78,10 @@ def main() -> int:
     parser.add_argument("--fresh", action="store_true", help="measure a new profile even if one is cached")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5, help="usable runs per configuration and round")
+    parser.add_argument("--quiet-wait", type=float, default=5.0,
+                        help="longest pause, before a measurement or after a disturbed run, for other jobs on the "
+                             "machine to calm down (s)")
+    parser.add_argument("--budget", type=float, default=30.0, help="time allowed per configuration and round (s)")
     args = parser.parse_args()
 
     import torch
@@ -99,8 +115,8 @@ def main() -> int:
 
     # one job = (group, label, measure() -> Sample, per-request contexts for the prediction)
     jobs = []
-    with ProfileSession(weights.config, weights.state, torch_dtype, cores, all_cases, budget_s=15.0,
-                        quiet_wait_s=3.0) as session:
+    with ProfileSession(weights.config, weights.state, torch_dtype, cores, all_cases, budget_s=args.budget,
+                        quiet_wait_s=args.quiet_wait) as session:
         for units in range(1, len(cores) + 1):
             for case in prefill + decode:
                 lens = list(case.context_lens) if isinstance(case, DecodeCase) else None
@@ -114,13 +130,15 @@ def main() -> int:
                 jobs.append((f"{case.label()} beside {other.label()}", None,
                              lambda c=case, o=other: session.beside_decode(c, prefill_units, o, args.repeats)))
         measured: dict[int, list] = {i: [] for i in range(len(jobs))}
+        disturbed: dict[int, int] = {i: 0 for i in range(len(jobs))}
         for round_index in range(args.rounds):
             order = list(range(len(jobs))) if round_index % 2 == 0 else list(reversed(range(len(jobs))))
             for n, i in enumerate(order, 1):
-                sample = jobs[i][2]()
-                measured[i].append(sample)
-                print(f"[round {round_index + 1}/{args.rounds}] {n}/{len(jobs)} {jobs[i][0]} on {sample.units} core(s): "
-                      f"{sample.seconds * 1e3:.1f} ms", flush=True)
+                result = jobs[i][2]()
+                measured[i].append(result.samples[0])
+                disturbed[i] += result.usable == 0
+                print(f"[round {round_index + 1}/{args.rounds}] {n}/{len(jobs)} {result.label}: "
+                      f"{result.seconds * 1e3:.1f} ms ({result.usable} undisturbed runs)", flush=True)
 
     from estimator.local_report import group_of, percent_error, predict, summarize_errors
 
@@ -134,15 +152,15 @@ def main() -> int:
         rows.append({"group": group_of(samples[0]), "config": label, "units": samples[0].units,
                      "measured_ms": seconds * 1e3, "predicted_ms": predicted * 1e3,
                      "error_pct": percent_error(predicted, seconds), "rounds_ms": [s.seconds * 1e3 for s in samples],
-                     "round_spread_pct": spread})
+                     "round_spread_pct": spread, "rounds_all_disturbed": disturbed[i]})
     summary = summarize_errors((r["group"], r["error_pct"]) for r in rows)
     noise = dict((g, m) for g, m, _, _ in summarize_errors((r["group"], r["round_spread_pct"]) for r in rows))
     table = [{"group": g, "n": n, "MAPE %": mape, "max %": worst, "round spread %": noise.get(g, 0.0),
               "target": "ok" if mape <= TARGET_MAPE else "MISSED"} for g, mape, worst, n in summary]
-    print_table(rows, ["group", "config", "measured_ms", "predicted_ms", "error_pct", "round_spread_pct"],
-                title="held-out configurations")
-    print_table(table, ["group", "n", "MAPE %", "max %", "round spread %", "target"],
-                title=f"estimator on this CPU: prediction error per group (target MAPE <= {TARGET_MAPE:.0f} %)")
+    print_rows(rows, ["group", "config", "measured_ms", "predicted_ms", "error_pct", "round_spread_pct"],
+               "held-out configurations (round spread: max - min of the rounds / median)")
+    print_rows(table, ["group", "n", "MAPE %", "max %", "round spread %", "target"],
+               f"estimator on this CPU: prediction error per group (target MAPE <= {TARGET_MAPE:.0f} %)")
     path = write_results("estimator_cpu", {
         "profile": str(profile_path), "profile_provenance": profile.provenance.model_dump() if profile.provenance else None,
         "profile_seconds_this_run": profile_seconds, "target_mape_pct": TARGET_MAPE, "cores": cores,

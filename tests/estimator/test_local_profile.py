@@ -71,6 +71,34 @@ def test_kernel_alpha_is_kept_per_core_count(tiny):
         assert kernels == pytest.approx(factor * (raw.kernels.token_ops_time(64, units) + raw.kernels.head_time(64, 64, units)))
 
 
+def test_piecewise_curves_fast_path_equals_kernel_by_kernel(tiny):
+    """The CPU profile's piecewise kernel curves: the predictor's fast path is the kernel-by-kernel model."""
+    from estimator.local_fit import KERNEL_CURVES
+    from estimator.ops import ExecutionState
+
+    hw = two_core_cpu()
+    raw = Estimator(tiny, hw)
+    k = raw.kernels
+    samples = []
+    for units in (1, 2):
+        for rows, factor in ((1, 3.0), (16, 2.5), (256, 1.5)):
+            for op in k.layer_ops + k.head_row_ops + k.lm_head_ops:
+                srm = k.srm(op.at(rows, k.tiling), units) / op.count
+                samples.append(Sample(kind=op.name, units=units, seconds=factor * srm, prefill_lens=(rows,)))
+            samples.append(Sample(kind="attn_prefill", units=units, prefill_lens=(rows,),
+                                  seconds=factor * k.srm(k.sample_op(Sample(kind="attn_prefill", units=units, seconds=1,
+                                                                             prefill_lens=(rows,))), units)))
+    est = Estimator(tiny, hw, Calibration(samples=samples, interpolation=KERNEL_CURVES))
+    for lens in ([1], [7], [40, 9], [100], [600]):
+        for units in (1, 2):
+            rows = est.breakdown(ExecutionState(prefill_lens=tuple(lens)), units)
+            slow = sum(t for _, _, t in rows[:-3]) * tiny.num_hidden_layers + sum(t for _, _, t in rows[-3:])
+            assert est.prefill_time(lens, units) == pytest.approx(slow, rel=1e-9)
+    # through every sample: at a sampled row count the kernel time is the measured one
+    op = k.layer_ops[1]
+    assert est.kernels.op_time(op.at(16, k.tiling), 1) == pytest.approx(2.5 * k.srm(op.at(16, k.tiling), 1))
+
+
 # ---- contention fit --------------------------------------------------------------------------------
 
 def test_contention_fit_recovers_the_bandwidth_fraction_and_slowdown(tiny):
