@@ -34,6 +34,12 @@ class HardwareSpec(BaseModel):
     blocks_per_unit: int = Field(1, gt=0, description="b of §2.2.1: resident thread blocks per unit")
     wave_quantization: bool = Field(True, description="False when kernels split work evenly over units (CPU)")
     kernel_overhead_s: float = Field(0.0, ge=0, description="fixed cost of one kernel launch/dispatch")
+    # How the engine measured on this device runs attention (set by `bullet profile`, which measures
+    # Bullet's own torch engine; the GPU descriptions model FlashInfer-style kernels):
+    prefill_attention_per_sequence: bool = Field(
+        False, description="a packed prefill's attention is one kernel per sequence, not one varlen kernel")
+    decode_attention_padded: bool = Field(
+        False, description="decode attention reads every request's KV up to the batch's longest context")
     memory_bytes: float | None = None
     # Measured rates with 1..units units (CPU probe). When present they replace the linear /
     # saturating SRM curves: a CPU's cores share caches and clocks, so scaling is measured, not assumed.

@@ -216,6 +216,8 @@ class KernelModel:
 
     def prefill_attention_time(self, seq_lens, tokens: int, units: int) -> float:
         per_square, per_token, heads = self._prefill_attn
+        if self.hw.prefill_attention_per_sequence and len(seq_lens) > 1:
+            return sum(self.prefill_attention_time((s,), s, units) for s in seq_lens)
         square = tiles = 0
         for s in seq_lens:
             square += s * (s + 1)

@@ -44,10 +44,13 @@ def op_samples(case: Case, units: int, times: dict[str, float]) -> list[Sample]:
     """One sample per kernel class from a sweep (`local_kernels.kernel_times`)."""
     decode = isinstance(case, DecodeCase)
     rows = case.batch if decode else case.tokens
-    outputs = case.batch if decode else len(case.seq_lens)  # rows reaching the final norm and LM head
+    outputs = case.batch if decode else len(case.seq_lens)  # rows reaching the LM head
     samples = [Sample(kind=k, units=units, seconds=times[k], prefill_lens=(rows,)) for k in TOKEN_CLASSES]
+    # The estimator's final norm covers every row of the step (SGLang's does); this engine's covers
+    # only the rows reaching the LM head. Recorded against the step's rows, the sample calibrates
+    # what the estimator asks about: the final norm's cost in a step of that many rows.
     samples += [Sample(kind="embedding", units=units, seconds=times["embedding"], prefill_lens=(rows,)),
-                Sample(kind="final_norm", units=units, seconds=times["final_norm"], prefill_lens=(outputs,)),
+                Sample(kind="final_norm", units=units, seconds=times["final_norm"], prefill_lens=(rows,)),
                 Sample(kind="lm_head", units=units, seconds=times["lm_head"], prefill_lens=(outputs,))]
     if decode:
         samples.append(Sample(kind="attn_decode", units=units, seconds=times["attn_decode"],

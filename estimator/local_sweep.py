@@ -93,8 +93,8 @@ def run_plan(config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.d
     """The hardware description, every sample, and notes on what could not be measured cleanly.
 
     A measurement whose runs were all disturbed by other jobs is tried again at the end (a busy
-    spell may have passed). If it is still disturbed it is dropped when its group has clean
-    measurements (the calibration interpolates without it), and kept with a note otherwise."""
+    spell may have passed). If it is still disturbed it is dropped, unless no measurement of its
+    kind (kernel sweeps, steps, each co-running kind) is clean at any core count."""
     cores = list(cores)
     too_slow: dict[tuple, int] = {}  # (units, kind) -> size of a step that took too long
     kept: dict[str, list[Measurement]] = {}
@@ -111,6 +111,10 @@ def run_plan(config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.d
             session.log = say = log or bar_log
             hardware = probe_cpu(cores, PROBE_SIZES[plan.name], progress=False,
                                  name=f"{cpu_model_name()} ({len(cores)} cores)")
+            # what the measured engine does (engines/model/attention.py): SDPA per sequence of a
+            # packed prefill; decode gathers every request's KV up to the longest context
+            hardware = hardware.model_copy(update={"prefill_attention_per_sequence": True,
+                                                   "decode_attention_padded": True})
             advance("cpu probe")
             say(" ".join(f"{k + 1} core(s): {hardware.measured_flops[_flops_key(dtype)][k] / 1e9:.0f} GFLOP/s, "
                          f"{hardware.measured_bandwidth[k] / 1e9:.1f} GB/s;" for k in range(hardware.units)))
@@ -128,16 +132,30 @@ def run_plan(config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.d
                     kind, size = _kind_and_size(case)
                     too_slow[(units, kind)] = min(too_slow.get((units, kind), size), size)
             notes = []
+            still_disturbed = []
             for group, measure in disturbed:
                 advance("retrying a disturbed measurement")
                 measured = measure()
-                if not measured.usable:
-                    fate = "dropped" if kept.get(group) else "kept: nothing cleaner in its group"
-                    notes.append(f"{measured.label}: every run disturbed by other processes; {fate}")
-                    say(notes[-1])
-                    if kept.get(group):
-                        continue
-                kept.setdefault(group, []).append(measured)
+                if measured.usable:
+                    kept.setdefault(group, []).append(measured)
+                else:
+                    still_disturbed.append((group, measured))
+    for group, measured in still_disturbed:
+        # A disturbed step says more about the other jobs than about this machine: without it the
+        # calibration interpolates, or borrows the nearest core count's. Only a kind of
+        # measurement with no clean sample at any core count keeps its least-disturbed estimate.
+        family = group.split(" ")[0]
+        if any(g.split(" ")[0] == family and ms for g, ms in kept.items()):
+            notes.append(f"{measured.label}: every run disturbed by other processes; dropped")
+        else:
+            kept.setdefault(group, []).append(measured)
+            notes.append(f"{measured.label}: every run disturbed by other processes; kept (nothing cleaner)")
+    for units in profiled_unit_counts(len(cores)):
+        if not any(group.endswith(f" {units}") and ms for group, ms in kept.items()):
+            notes.append(f"no clean measurement on {units} core(s): predictions there borrow the calibration "
+                         "of the nearest measured core count")
+    for note in notes:
+        say(note)
     samples = [s for group in kept.values() for m in group for s in m.samples]
     return hardware, samples, notes
 

@@ -161,13 +161,16 @@ class ExecutionState:
 
 
 def layer_ops(cfg: ModelConfig, state: ExecutionState, dtype_bytes: int = 2,
-              tiling: Tiling = FixedTiling()) -> list[Op]:
-    """Every kernel of one decoder layer for `state`, in execution order."""
+              tiling: Tiling = FixedTiling(), attention_per_sequence: bool = False) -> list[Op]:
+    """Every kernel of one decoder layer for `state`, in execution order (with
+    `attention_per_sequence`, a packed prefill's attention as one kernel per sequence)."""
     tokens = state.tokens
     ops = [op.at(tokens, tiling) for op in layer_token_ops(cfg, dtype_bytes)]
     attention = []
     if state.prefill_lens and any(state.prefill_prefix_lens):
         attention.append(chunked_prefill_attention(cfg, state.prefill_lens, state.prefill_prefix_lens, dtype_bytes))
+    elif state.prefill_lens and attention_per_sequence:
+        attention += [prefill_attention(cfg, (s,), dtype_bytes) for s in state.prefill_lens]
     elif state.prefill_lens:
         attention.append(prefill_attention(cfg, state.prefill_lens, dtype_bytes))
     if state.decode_ctx_lens:

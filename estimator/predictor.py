@@ -99,7 +99,7 @@ class Estimator:
                     include_head: bool = True, num_layers: int | None = None) -> float:
         """Seconds for one decode step of all layers (+ LM head) on `units` units, with a prefill
         of `co_prefill_tokens` tokens running on the other units."""
-        batch, context = decode_summary(context_lens)
+        batch, context = self._decode_state(context_lens)
         if not 0 < units <= self.hardware.units:
             raise ValueError(f"units must be in 1..{self.hardware.units}, got {units}")
         seconds = self._decode(batch, context, units, co_prefill_tokens, include_head, num_layers, True)
@@ -128,8 +128,16 @@ class Estimator:
         """A decode step with its units' memory bandwidth scaled by `fraction`: what an entry
         D_{p,sl} / D_p of the contention table means. The profiler solves for the fraction that
         reproduces decode steps measured beside a prefill. No online correction."""
-        batch, context = decode_summary(context_lens)
+        batch, context = self._decode_state(context_lens)
         return self._decode(batch, context, units, 0, include_head, num_layers, True, scale=fraction)
+
+    def _decode_state(self, context_lens: DecodeBatch) -> tuple[int, int]:
+        """(batch, context attention reads). An engine that pads decode attention to the longest
+        context reads batch x longest; only a per-request list says what that is."""
+        batch, context = decode_summary(context_lens)
+        if self.hardware.decode_attention_padded and not isinstance(context_lens, tuple) and batch:
+            context = batch * max(context_lens)
+        return batch, context
 
     def _decode(self, batch, context, units, co_prefill_tokens, include_head, num_layers, phase_alpha,
                 scale: float | None = None) -> float:
@@ -149,7 +157,8 @@ class Estimator:
     def step_time(self, state: ExecutionState, units: int) -> float:
         """One hybrid step (chunked-prefill baselines): prefill chunks and decode requests share
         every linear kernel; attention runs once for each part. Kernel-level model only."""
-        rows = [op for op in layer_ops(self.model, state, self.kernels.dtype_bytes, self.kernels.tiling)]
+        rows = [op for op in layer_ops(self.model, state, self.kernels.dtype_bytes, self.kernels.tiling,
+                                       self.hardware.prefill_attention_per_sequence)]
         layer = sum(self.kernels.op_time(op, units) for op in rows)
         head = sum(self.kernels.op_time(op, units) for op in head_ops(self.model, state, self.kernels.dtype_bytes,
                                                                           self.kernels.tiling))
@@ -190,7 +199,8 @@ class Estimator:
     def breakdown(self, state: ExecutionState, units: int, bandwidth_scale: float = 1.0) -> list[tuple[str, float, float]]:
         """(kernel, SRM seconds, calibrated seconds) of one layer then the head ops, kernel by kernel."""
         k = self.kernels
-        ops = layer_ops(self.model, state, k.dtype_bytes, k.tiling) + head_ops(self.model, state, k.dtype_bytes, k.tiling)
+        ops = (layer_ops(self.model, state, k.dtype_bytes, k.tiling, self.hardware.prefill_attention_per_sequence)
+               + head_ops(self.model, state, k.dtype_bytes, k.tiling))
         return [(op.name, k.srm(op, units, bandwidth_scale), k.op_time(op, units, bandwidth_scale)) for op in ops]
 
     # ---- online refinement ------------------------------------------------------------------
@@ -203,7 +213,7 @@ class Estimator:
 
     def observe_decode(self, context_lens: DecodeBatch, units: int, seconds: float, co_prefill_tokens: int = 0,
                        include_head: bool = True, num_layers: int | None = None) -> None:
-        batch, context = decode_summary(context_lens)
+        batch, context = self._decode_state(context_lens)
         predicted = self._decode(batch, context, units, co_prefill_tokens, include_head, num_layers, True)
         if predicted > 0 and seconds > 0:
             self.calibration.online.observe("decode", batch, units, self.hardware.units, seconds / predicted)

@@ -99,6 +99,25 @@ def test_piecewise_curves_fast_path_equals_kernel_by_kernel(tiny):
     assert est.kernels.op_time(op.at(16, k.tiling), 1) == pytest.approx(2.5 * k.srm(op.at(16, k.tiling), 1))
 
 
+def test_engine_attention_flags(tiny):
+    """The torch engine's attention: per sequence for a packed prefill, padded to the longest
+    context for decode; the fast path and the kernel-by-kernel model agree on both."""
+    from estimator.ops import ExecutionState
+
+    plain = two_core_cpu()
+    engine = plain.model_copy(update={"prefill_attention_per_sequence": True, "decode_attention_padded": True})
+    flat, ours = Estimator(tiny, plain), Estimator(tiny, engine)
+    k = ours.kernels
+    assert k.prefill_attention_time([300, 20, 5], 325, 1) == pytest.approx(
+        sum(k.prefill_attention_time([n], n, 1) for n in (300, 20, 5)))
+    rows = ours.breakdown(ExecutionState(prefill_lens=(300, 20, 5)), 1)
+    slow = sum(t for _, _, t in rows[:-3]) * tiny.num_hidden_layers + sum(t for _, _, t in rows[-3:])
+    assert ours.prefill_time([300, 20, 5], 1) == pytest.approx(slow, rel=1e-9)
+    assert ours.decode_time([100, 900], 1) == pytest.approx(ours.decode_time((2, 1800), 1))
+    assert flat.decode_time([100, 900], 1) == pytest.approx(flat.decode_time((2, 1000), 1))
+    assert ours.decode_time((2, 1000), 1) == pytest.approx(flat.decode_time((2, 1000), 1))
+
+
 # ---- contention fit --------------------------------------------------------------------------------
 
 def test_contention_fit_recovers_the_bandwidth_fraction_and_slowdown(tiny):
@@ -159,7 +178,7 @@ def tiny_profile(tmp_path_factory):
                           uniform_decode(1, 64), uniform_decode(16, 256)),
                    corun_prefill_lengths=(256,), corun_decode_cases=(uniform_decode(8, 128),),
                    corun_decode_batches=(8,), corun_prefill_cases=(PrefillCase((128,)),),
-                   repeats=5, sweep_repeats=3, budget_s=3.0, quiet_wait_s=0.5)
+                   repeats=5, sweep_repeats=3, budget_s=2.0, quiet_wait_s=0.3)
     cores = sorted(os.sched_getaffinity(0))
     output = root / "profile.json"
     profile = measure_profile(str(config_path), "dummy", "bf16", cores, True, output, progress=False, plan=plan)
@@ -198,10 +217,10 @@ def test_quick_profile_predicts_fresh_measurements(tiny_profile):
     est = Estimator.load(output)
     weights = load_weights(config_path, "dummy", torch.bfloat16)
     cases = [PrefillCase((256,)), PrefillCase((64, 64)), uniform_decode(16, 256)]
-    with ProfileSession(weights.config, weights.state, torch.bfloat16, cores, cases, budget_s=3.0,
-                        quiet_wait_s=0.5) as session:
+    with ProfileSession(weights.config, weights.state, torch.bfloat16, cores, cases, budget_s=2.0,
+                        quiet_wait_s=0.3) as session:
         for case in cases:
-            sample = session.step(case, 1, repeats=5)
+            sample = session.step(case, 1, repeats=5).samples[0]
             if isinstance(case, PrefillCase):
                 predicted = est.prefill_time(list(case.seq_lens), 1)
             else:
