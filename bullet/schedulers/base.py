@@ -12,7 +12,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
-from bullet.request import Request
+from bullet.page_allocator import OutOfPages, PageAllocator
+from bullet.request import Request, Status
 from bullet.state_buffer import WorkerState
 
 
@@ -116,3 +117,19 @@ def admit_fcfs(queue: Sequence[Request], token_budget: int, free_pages: int, pag
         tokens += n
         pages -= need
     return admitted
+
+
+def take_admitted(queue: list[Request], admit: Sequence[Request], allocator: PageAllocator) -> list[Request]:
+    """Give each admitted request its prompt's pages, in order, until memory runs out (the rest
+    stay queued: decode frees pages as requests finish); move the started ones out of the queue."""
+    started = []
+    for req in admit:
+        try:
+            req.page_table = allocator.alloc(allocator.pages_for(len(req.prompt_ids)), req.uid)
+        except OutOfPages:
+            break
+        started.append(req)
+    for req in started:
+        queue.remove(req)
+        req.status = Status.RUNNING
+    return started

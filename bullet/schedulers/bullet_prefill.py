@@ -9,7 +9,9 @@
 5. split the units: both SLOs broken → balanced; TPOT holding → decode gets the fewest units that
    keep it (none, i.e. decode pauses, during a burst if its pause budget covers this step); TPOT
    broken → prefill yields units until it holds; on the last step of a batch with an empty queue,
-   prefill keeps only what its in-flight TTFTs need and hands the rest back to decode."""
+   prefill hands units back to decode — as many as it can without stretching that step by more
+   than one decode step (giving away all its TTFT slack instead idles the device: the next
+   arrival would queue behind a slow tail, found in simulation)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from typing import Callable
 
 from bullet.request import Request
 from bullet.schedulers.base import PrefillDecision, PrefillPolicy, PrefillView
-from bullet.schedulers.predict import Predictor, p90, predict_ttfts
+from bullet.schedulers.predict import Predictor, p90, predict_ttfts, prefill_costs
 from bullet.slo import SLO
 
 TPOT_MARGIN = 0.9  # aim decode steps at 90% of the TPOT target: predictions are not exact
@@ -45,9 +47,9 @@ class BulletPrefillPolicy(PrefillPolicy):
         if inflight is not None:
             remaining = self.est.prefill_time([len(r.prompt_ids) for r in inflight.requests], units_now,
                                               num_layers=inflight.remaining_layers, co_decode_batch=decode_batch)
-        order = self.order_queue(view, remaining, units_now, decode_batch)
-        ttfts = predict_ttfts(view.now, inflight.requests if inflight else [], remaining, order, self.est,
-                              units_now, decode_batch)
+        costs = prefill_costs(view.queue, self.est, units_now, decode_batch)
+        order = self.order_queue(view, remaining, costs)
+        ttfts = predict_ttfts(view.now, inflight.requests if inflight else [], remaining, order, costs)
         self.last_ttft_p90 = p90(list(ttfts.values()))
         if inflight is not None:
             satisfy = all(ttfts[r.rid] <= self.slo.ttft_target(len(r.prompt_ids)) for r in inflight.requests)
@@ -60,9 +62,10 @@ class BulletPrefillPolicy(PrefillPolicy):
         batch_lens = [len(r.prompt_ids) for r in (inflight.requests if inflight else admit)]
         units, reason = self.split(view, batch_lens, satisfy, inflight, order)
         self.last_reason = reason
-        step = self.est.prefill_time(batch_lens, units, num_layers=min(self.k, self._remaining(inflight)),
-                                     include_head=False, co_decode_batch=decode_batch)
-        return PrefillDecision(admit=admit, num_layers=self.k, units=units, predicted_s=step, reason=reason,
+        layers = min(self.k, self._remaining(inflight))
+        step = self.est.prefill_time(batch_lens, units, num_layers=layers, include_head=False,
+                                     co_decode_batch=decode_batch)
+        return PrefillDecision(admit=admit, num_layers=layers, units=units, predicted_s=step, reason=reason,
                                published=self._published(step))
 
     def _published(self, step_s: float) -> dict:
@@ -77,14 +80,13 @@ class BulletPrefillPolicy(PrefillPolicy):
         return p90(ratios) <= 1.0
 
     # -- line 5: least predicted latency first, without starvation ---------------------------------
-    def order_queue(self, view: PrefillView, remaining: float, units: int, decode_batch: int) -> list[Request]:
+    def order_queue(self, view: PrefillView, remaining: float, costs: dict[str, float]) -> list[Request]:
         fcfs = list(view.queue)
         if len(fcfs) < 2:
             return fcfs
-        cost = {r.rid: self.est.prefill_time([len(r.prompt_ids)], units, co_decode_batch=decode_batch) for r in fcfs}
-        sjf = sorted(fcfs, key=lambda r: cost[r.rid])
-        in_sjf = predict_ttfts(view.now, [], remaining, sjf, self.est, units, decode_batch)
-        in_fcfs = predict_ttfts(view.now, [], remaining, fcfs, self.est, units, decode_batch)
+        sjf = sorted(fcfs, key=lambda r: costs[r.rid])
+        in_sjf = predict_ttfts(view.now, [], remaining, sjf, costs)
+        in_fcfs = predict_ttfts(view.now, [], remaining, fcfs, costs)
         urgent = [r for r in fcfs
                   if view.now - r.arrival > self.max_wait_s
                   or (in_sjf[r.rid] > self.slo.ttft_target(len(r.prompt_ids))
@@ -119,8 +121,8 @@ class BulletPrefillPolicy(PrefillPolicy):
         tpot_ok = tpot_p90 <= self.slo.tpot
         d_min = self.decode_units_for(b, ctx, tokens, self.slo.tpot * TPOT_MARGIN)
         if inflight is not None and inflight.remaining_layers <= self.k and not order and d_min is not None:
-            p = self.prefill_units_for_inflight(view, inflight, b)
-            return max(p, self.feasible[0]), "last layers: hand units back to decode"
+            p = self.hand_back(view, inflight, b, ctx, self._prefill_share(self.total - d_min))
+            return p, "last layers: hand units back to decode"
         if not satisfy and not tpot_ok:
             return self.balanced(view, batch_lens, b, ctx), "both SLOs at risk: balanced split"
         if tpot_ok:
@@ -148,13 +150,24 @@ class BulletPrefillPolicy(PrefillPolicy):
                 return d
         return None
 
-    def prefill_units_for_inflight(self, view: PrefillView, inflight, decode_batch: int) -> int:
+    def hand_back(self, view: PrefillView, inflight, batch: int, context: int, usual: int) -> int:
+        """Prefill's share for the last layer group: the fewest units that keep its requests' TTFT
+        targets and stretch the group by at most one decode step beyond its usual share."""
         lens = [len(r.prompt_ids) for r in inflight.requests]
+        layers = inflight.remaining_layers
+
+        def group(p: int) -> float:
+            return self.est.prefill_time(lens, p, num_layers=layers, co_decode_batch=batch)
+
+        allowed = group(usual) + self.est.decode_time((batch, context), max(1, self.total - usual))
         for p in self.feasible:
-            t = self.est.prefill_time(lens, p, num_layers=inflight.remaining_layers, co_decode_batch=decode_batch)
-            if all(view.now + t - r.arrival <= self.slo.ttft_target(len(r.prompt_ids)) for r in inflight.requests):
+            if p >= usual:
+                break
+            t = group(p)
+            if t <= allowed and all(view.now + t - r.arrival <= self.slo.ttft_target(len(r.prompt_ids))
+                                    for r in inflight.requests):
                 return p
-        return self.total
+        return usual
 
     def balanced(self, view: PrefillView, batch_lens: list[int], batch: int, context: int) -> int:
         """The split that equalizes how far each phase is over its target (minimizes the worse one)."""
@@ -176,6 +189,7 @@ class BulletPrefillPolicy(PrefillPolicy):
         reqs = view.inflight.requests if view.inflight is not None else decision.admit
         if observe is None or not reqs or decision.num_layers <= 0:
             return
-        layers = min(decision.num_layers, self._remaining(view.inflight))
-        observe([len(r.prompt_ids) for r in reqs], decision.units, seconds, num_layers=layers, include_head=False,
-                co_decode_batch=view.peer.batch_size)
+        # decision.num_layers is what ran (decided before the step: the in-flight batch object has
+        # moved on by now, so its remaining layers no longer say)
+        observe([len(r.prompt_ids) for r in reqs], decision.units, seconds, num_layers=decision.num_layers,
+                include_head=False, co_decode_batch=view.peer.batch_size)

@@ -28,15 +28,21 @@ def p90(values: Sequence[float]) -> float:
     return s[min(len(s) - 1, math.ceil(0.9 * len(s)) - 1)]
 
 
+def prefill_costs(queue: Sequence[Request], est: Predictor, units: int, co_decode_batch: int) -> dict[str, float]:
+    """Each queued request's solo prefill time: one estimator call per request and decision, reused
+    by every ordering the scheduler compares."""
+    return {r.rid: est.prefill_time([len(r.prompt_ids)], units, co_decode_batch=co_decode_batch) for r in queue}
+
+
 def predict_ttfts(now: float, inflight: Sequence[Request], remaining_s: float, queue: Sequence[Request],
-                  est: Predictor, units: int, co_decode_batch: int) -> dict[str, float]:
+                  costs: dict[str, float]) -> dict[str, float]:
     """Predicted TTFT (arrival to first token) of in-flight and queued requests, if the queue runs in
-    the given order after the in-flight batch, one request after another, on `units` units."""
+    the given order after the in-flight batch, one request after another (`costs`: solo times)."""
     out, t = {}, now + remaining_s
     for r in inflight:
         out[r.rid] = t - r.arrival
     for r in queue:
-        t += est.prefill_time([len(r.prompt_ids)], units, co_decode_batch=co_decode_batch)
+        t += costs[r.rid]
         out[r.rid] = t - r.arrival
     return out
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from bullet.page_allocator import OutOfPages
-from bullet.request import Request, Status
-from bullet.schedulers.base import InflightPrefill, PrefillDecision, PrefillView
+from bullet.request import Request
+from bullet.schedulers.base import InflightPrefill, PrefillDecision, PrefillView, take_admitted
 from bullet.schedulers.factory import initial_units, make_prefill_policy
 from bullet.sim.device import PrefillWork
 from bullet.sim.worker import SimEnv, SimWorker
@@ -68,6 +67,7 @@ class SimPrefillWorker(SimWorker):
         self.apply_units(decision.units)
         if self.inflight is None and not self._start(decision.admit):
             return False
+        self.publish()  # as the real loop: decode sees the new share before the step runs
         inflight = self.inflight
         layers = min(decision.num_layers, inflight.remaining_layers)
         work = PrefillWork(tuple(len(r.prompt_ids) for r in inflight.requests), layers,
@@ -92,18 +92,9 @@ class SimPrefillWorker(SimWorker):
         self.wake()  # the loop goes round again at once
 
     def _start(self, admit: list[Request]) -> bool:
-        alloc, started = self.env.allocator, []
-        for req in admit:
-            try:
-                req.page_table = alloc.alloc(alloc.pages_for(len(req.prompt_ids)), req.uid)
-            except OutOfPages:
-                break  # the rest waits for pages; decode frees them as requests finish
-            started.append(req)
+        started = take_admitted(self.queue, admit, self.env.allocator)
         if not started:
             return False
-        for req in started:
-            self.queue.remove(req)
-            req.status = Status.RUNNING
         self.inflight = InflightPrefill(started, 0, self.env.num_layers, self.now)
         return True
 

@@ -101,12 +101,13 @@ class SimWorker:
     # -- the state buffer -------------------------------------------------------------------------
     def publish_state(self, idle: bool = False, **fields) -> None:
         """`WorkerContext.publish`: an idle worker reports no units; the unit set is the partition's
-        (ids >= 128 do not fit the layout's mask and are left out, as in the real runtime)."""
+        (ids >= 128 do not fit the layout's mask and are left out, as in the real runtime; the count
+        has them all)."""
         state = WorkerState(step=self.steps, flags=int(self.flags), **fields)
         if not idle:
             mask = self.partition.unit_mask() & _LOW128
             state.unit_mask_lo, state.unit_mask_hi = mask & _LOW64, mask >> 64
-            state.compute_units = mask.bit_count()
+            state.compute_units = self.partition.current_units
         self.env.board.publish(self.state_role, state, heartbeat_ns=int(self.now * 1e9))
 
     def read_peer(self) -> WorkerState:

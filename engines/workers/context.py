@@ -61,7 +61,8 @@ class WorkerContext:
         """Publish this worker's state; an idle worker reports no units (it uses none)."""
         ws = WorkerState(pid=os.getpid(), step=self.step, flags=self.flags, **fields)
         if not idle:
-            ws.set_units(u for u in self.partition.unit_set() if u < 128)
+            ws.set_units(u for u in self.partition.unit_set() if u < 128)  # the mask holds ids 0-127
+            ws.compute_units = self.partition.current_units  # the count holds them all (H100: 132)
         self.state.publish(self.state_role, ws)
 
     @property

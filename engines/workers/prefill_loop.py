@@ -9,9 +9,8 @@ import logging
 import time
 
 from bullet.messages import Abort, GenerateRequest, Handoff, RequestOutput
-from bullet.page_allocator import OutOfPages
-from bullet.request import Request, Status
-from bullet.schedulers.base import InflightPrefill, PrefillDecision, PrefillView
+from bullet.request import Request
+from bullet.schedulers.base import InflightPrefill, PrefillView, take_admitted
 from bullet.schedulers.factory import make_prefill_policy
 from bullet.state_buffer import WorkerFlags
 from bullet.token_step import record_prompt_logprobs, sample_next
@@ -82,6 +81,7 @@ class PrefillLoop:
         self.ctx.apply_units(decision.units)
         if self.inflight is None and not self._start(decision.admit):
             return
+        self._publish()  # before the step: decode sees a new share (a burst, a hand-back) at once
         t0 = time.perf_counter()
         done = self.ctx.runner.run_layers(self.layers, decision.num_layers)
         elapsed = time.perf_counter() - t0
@@ -98,18 +98,9 @@ class PrefillLoop:
             self._complete()
 
     def _start(self, admit: list[Request]) -> bool:
-        started = []
-        for req in admit:
-            try:
-                req.page_table = self.ctx.allocator.alloc(self.ctx.allocator.pages_for(len(req.prompt_ids)), req.uid)
-            except OutOfPages:
-                break  # the rest waits for pages; decode frees them as requests finish
-            started.append(req)
+        started = take_admitted(self.queue, admit, self.ctx.allocator)
         if not started:
             return False
-        for req in started:
-            self.queue.remove(req)
-            req.status = Status.RUNNING
         chunks = [SeqChunk(r.prompt_ids, 0, r.page_table, "all" if r.params.prompt_logprobs else "last") for r in started]
         self.layers = self.ctx.runner.start(chunks)
         self.inflight = InflightPrefill(started, 0, self.ctx.runner.model.num_layers, self.ctx.clock.now())

@@ -20,6 +20,13 @@ def policy(ttft="10s", tpot="100ms", limit=10_000, max_tokens=8192, max_wait=30.
                                max_tokens, lambda units: limit, max_wait_s=max_wait)
 
 
+def order(p, view, units):
+    """The policy's queue order when the queue runs on `units` units (nothing in flight)."""
+    from bullet.schedulers.predict import prefill_costs
+
+    return [r.rid for r in p.order_queue(view, 0.0, prefill_costs(view.queue, p.est, units, 0))]
+
+
 # -- line 5: least predicted latency first, without starvation ------------------------------------
 
 def test_queue_is_ordered_by_least_predicted_latency():
@@ -27,7 +34,7 @@ def test_queue_is_ordered_by_least_predicted_latency():
     long, short, mid = req("long", 2000, 0.0), req("short", 100, 0.1), req("mid", 500, 0.2)
     d = p.decide(prefill_view(0.3, [long, short, mid]))
     assert d.admit == [short]
-    assert [r.rid for r in p.order_queue(prefill_view(0.3, [long, short, mid]), 0.0, TOTAL, 0)] == ["short", "mid", "long"]
+    assert order(p, prefill_view(0.3, [long, short, mid]), TOTAL) == ["short", "mid", "long"]
 
 
 def test_reordering_never_makes_a_request_miss_its_ttft_it_would_meet_in_order():
@@ -35,15 +42,15 @@ def test_reordering_never_makes_a_request_miss_its_ttft_it_would_meet_in_order()
     p = policy(ttft="1.05ms/token", limit=1)
     long, short = req("long", 1000, 0.0), req("short", 100, 0.01)
     view = prefill_view(0.02, [long, short], units=1)
-    assert [r.rid for r in p.order_queue(view, 0.0, 1, 0)] == ["long", "short"]
+    assert order(p, view, 1) == ["long", "short"]
     # with a generous target the short one goes first
-    assert [r.rid for r in policy(ttft="10ms/token").order_queue(view, 0.0, 1, 0)] == ["short", "long"]
+    assert order(policy(ttft="10ms/token"), view, 1) == ["short", "long"]
 
 
 def test_a_request_that_waited_too_long_goes_first():
     p = policy(max_wait=5.0)
     old, new = req("old", 3000, 0.0), req("new", 10, 9.0)
-    assert [r.rid for r in p.order_queue(prefill_view(10.0, [old, new]), 0.0, TOTAL, 0)] == ["old", "new"]
+    assert order(p, prefill_view(10.0, [old, new]), TOTAL) == ["old", "new"]
 
 
 # -- lines 10-13: batch until the arithmetic-intensity limit --------------------------------------
@@ -125,7 +132,11 @@ def test_last_layers_hand_units_back_to_decode():
     batch = inflight([r], layers_done=LAYERS - K)  # the last group of layers
     peer = decode_state(batch=10, context=5000, tpot_p90_ms=30)
     d = policy(ttft="10s", est=est).decide(prefill_view(0.5, [], inflight=batch, peer=peer))
-    assert d.units == 1 and "hand units back" in d.reason  # 1 unit finishes well within 10 s
+    # usual share 7 units: the group takes 0.1 s / 7 = 14 ms; one decode step on 1 unit is 30 ms, so
+    # the group may take up to 44 ms: 3 units (33 ms). Not 1 unit, which TTFT alone would allow (100
+    # ms): the next arrival would wait behind a slow tail.
+    assert d.units == 3 and "hand units back" in d.reason
+    assert d.num_layers == K
     # not the last layers: prefill keeps its priority share
     d = policy(est=est).decide(prefill_view(0.5, [], inflight=inflight([r], layers_done=8), peer=peer))
     assert d.units == TOTAL - 1
@@ -141,6 +152,9 @@ def test_decision_publishes_predictions_and_feedback_reaches_the_estimator():
     p.observe(d, 0.02, view)
     kind, args, kw = est.observed[-1]
     assert kind == "prefill" and args[0] == [500] and kw["num_layers"] == K
+    # the last group reports the layers it really ran
+    last = p.decide(prefill_view(1.0, [], inflight=inflight([req("b", 500, 0.5)], layers_done=LAYERS - 2)))
+    assert last.num_layers == 2
 
 
 # -- the decode scheduler ---------------------------------------------------------------------------
