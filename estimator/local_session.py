@@ -103,9 +103,8 @@ class ProfileSession:
         """Per-kernel medians over the usable sweeps (a sweep = one forward, timed kernel by kernel)."""
         apply_share(role_of(case), units, self.cores)
         clock = sweep_clock(units)
-        kernel_times(self.bench, case, clock)  # warm-up
         wait_until_quiet(self.quiet_wait_s)
-        timing = time_calls(lambda: kernel_times(self.bench, case, clock)[0], repeats=repeats, warmup=0,
+        timing = time_calls(lambda: kernel_times(self.bench, case, clock)[0], repeats=repeats,
                             budget_s=self.budget_s, quiet_wait_s=self.quiet_wait_s)
         sweeps = timing.values
         times = {k: statistics.median(s[k] for s in sweeps) for k in sweeps[0]}

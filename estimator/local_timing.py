@@ -23,6 +23,7 @@ is used and `usable` is 0, so callers can say so."""
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import time
@@ -37,6 +38,8 @@ MULTI_CORE_DELAY_LIMIT = 0.08
 # that did not.
 FOREIGN_LIMIT = 0.15
 _BACKOFF_S = 0.05  # pause after a disturbed run: bursts of other jobs are often short
+MIN_TIMED_S = 0.3  # usable run time wanted per measurement, for short steps
+MAX_REPEATS = 25
 
 
 def _thread_delays_ns() -> int:
@@ -100,11 +103,17 @@ def time_calls(fn: Callable[[], object], repeats: int = 5, warmup: int = 1, budg
     use is not a disturbance. Call it pinned: whether the correction of a single-core run applies
     is read from the calling thread's affinity."""
     single_core = len(os.sched_getaffinity(0)) == 1
-    max_runs = max_runs or 4 * repeats
     ticks = os.sysconf("SC_CLK_TCK")
     pids = ("self", *own_pids)
+    warm = time.perf_counter()
     for _ in range(warmup):
         fn()
+    if warmup:
+        # Short steps are cheap to repeat, and a median over more of them holds against disturbances
+        # too short for the clock-tick accounting to see: ask for about MIN_TIMED_S of usable runs.
+        per_run = (time.perf_counter() - warm) / warmup
+        repeats = max(repeats, min(MAX_REPEATS, math.ceil(MIN_TIMED_S / max(per_run, 1e-6))))
+    max_runs = max_runs or 4 * repeats
     runs: list[Run] = []
     values: list = []
     usable = 0

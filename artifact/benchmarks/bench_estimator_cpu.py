@@ -82,6 +82,7 @@ def main() -> int:
                         help="longest pause, before a measurement or after a disturbed run, for other jobs on the "
                              "machine to calm down (s)")
     parser.add_argument("--budget", type=float, default=30.0, help="time allowed per configuration and round (s)")
+    parser.add_argument("--name", default="estimator_cpu", help="results file: artifact/results/<name>.json")
     args = parser.parse_args()
 
     import torch
@@ -161,7 +162,7 @@ def main() -> int:
                "held-out configurations (round spread: max - min of the rounds / median)")
     print_rows(table, ["group", "n", "MAPE %", "max %", "round spread %", "target"],
                f"estimator on this CPU: prediction error per group (target MAPE <= {TARGET_MAPE:.0f} %)")
-    path = write_results("estimator_cpu", {
+    path = write_results(args.name, {
         "profile": str(profile_path), "profile_provenance": profile.provenance.model_dump() if profile.provenance else None,
         "profile_seconds_this_run": profile_seconds, "target_mape_pct": TARGET_MAPE, "cores": cores,
         "corun_split": "1 + 1 cores (the only split on 2 cores; the one the server uses)" if len(cores) == 2 else
