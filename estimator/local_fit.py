@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 
 from engines.model_config import ModelConfig
 from estimator.calibration import PHASES, Calibration, Sample
-from estimator.ops import ALL_CLASSES
+from estimator.ops import ALL_CLASSES, ATTENTION_CLASSES, LAYER_TOKEN_CLASSES
 from estimator.contention import ContentionModel
 from estimator.hardware import HardwareSpec
 from estimator.local_report import predict
@@ -86,6 +86,23 @@ def fit_contention(estimator: Estimator, corun: Sequence[Sample]) -> ContentionM
     for batch, group in sorted(prefill.items()):
         model.add_slowdown(batch, prefill_slowdown(estimator, group))
     return model
+
+
+def scale_sweep_to_step(op_samples: Sequence[Sample], step_seconds: float, num_layers: int) -> list[Sample]:
+    """A kernel sweep's samples scaled so that they add up to the end-to-end step of the same
+    state, timed right after it: the sweep says how a step divides among its kernels, the step how
+    long it takes. Measured apart, the two can land in different moods of a shared machine (seen
+    here: decode attention over a large KV cache runs in two speeds ~2x apart, for seconds at a time)."""
+    def launches(s: Sample) -> int:
+        if s.kind not in LAYER_TOKEN_CLASSES and s.kind not in ATTENTION_CLASSES:
+            return 1  # embedding, final norm, LM head: once per step
+        return num_layers * (2 if s.kind == "residual_add" else 1)
+
+    total = sum(s.seconds * launches(s) for s in op_samples)
+    if total <= 0:
+        return list(op_samples)
+    ratio = step_seconds / total
+    return [s.model_copy(update={"seconds": s.seconds * ratio}) for s in op_samples]
 
 
 def _pool_adjacent_violators(values: Sequence[float]) -> list[float]:

@@ -13,6 +13,7 @@ from engines.model_config import ModelConfig
 from estimator.calibration import Sample
 from estimator.cpu_probe import ProbeSizes, probe_cpu
 from estimator.hardware import HardwareSpec
+from estimator.local_fit import scale_sweep_to_step
 from estimator.local_plan import ProfilePlan
 from estimator.local_profile import cpu_model_name
 from estimator.local_session import Measurement, ProfileSession
@@ -66,12 +67,16 @@ def _jobs(session: ProfileSession, plan: ProfilePlan, cores: list[int]):
     solo at every profiled core count, then co-running at every split."""
     jobs = []
     for units in profiled_unit_counts(len(cores)):
-        for case in plan.sweeps:
-            jobs.append((f"sweep {units}", case, units, f"{units} core(s): kernels of {case.label()}",
-                         lambda c=case, u=units: session.sweep(c, u, plan.sweep_repeats)))
-        for case in plan.steps:
-            jobs.append((f"step {units}", case, units, f"{units} core(s): {case.label()}",
-                         lambda c=case, u=units: session.step(c, u, plan.repeats)))
+        # a state's kernel sweep right before its end-to-end step: both then see the machine in the
+        # same mood, and the sweep is scaled to the step (`local_fit.scale_sweep_to_step`)
+        swept = [c for c in plan.sweeps if c in plan.steps]
+        for case in [*swept, *(c for c in plan.sweeps if c not in swept), *(c for c in plan.steps if c not in swept)]:
+            if case in plan.sweeps:
+                jobs.append((f"sweep {units}", case, units, f"{units} core(s): kernels of {case.label()}",
+                             lambda c=case, u=units: session.sweep(c, u, plan.sweep_repeats)))
+            if case in plan.steps:
+                jobs.append((f"step {units}", case, units, f"{units} core(s): {case.label()}",
+                             lambda c=case, u=units: session.step(c, u, plan.repeats)))
     for decode_units in corun_splits(len(cores)):
         prefill_units = len(cores) - decode_units
         for sl in plan.corun_prefill_lengths:
@@ -97,8 +102,8 @@ def run_plan(config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.d
     kind (kernel sweeps, steps, each co-running kind) is clean at any core count."""
     cores = list(cores)
     too_slow: dict[tuple, int] = {}  # (units, kind) -> size of a step that took too long
-    kept: dict[str, list[Measurement]] = {}
-    disturbed: list[tuple[str, Callable[[], Measurement]]] = []
+    kept: dict[str, list[tuple[object, int, Measurement]]] = {}  # group -> (case, units, measurement)
+    disturbed: list[tuple[str, object, int, Callable[[], Measurement]]] = []
 
     def skipped(case, units) -> bool:
         kind, size = _kind_and_size(case)
@@ -125,22 +130,22 @@ def run_plan(config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.d
                     continue
                 measured = measure()
                 if measured.usable == 0:
-                    disturbed.append((group, measure))
+                    disturbed.append((group, case, units, measure))
                     continue
-                kept.setdefault(group, []).append(measured)
+                kept.setdefault(group, []).append((case, units, measured))
                 if measured.seconds > plan.max_step_seconds and group.startswith("step"):
                     kind, size = _kind_and_size(case)
                     too_slow[(units, kind)] = min(too_slow.get((units, kind), size), size)
             notes = []
             still_disturbed = []
-            for group, measure in disturbed:
+            for group, case, units, measure in disturbed:
                 advance("retrying a disturbed measurement")
                 measured = measure()
                 if measured.usable:
-                    kept.setdefault(group, []).append(measured)
+                    kept.setdefault(group, []).append((case, units, measured))
                 else:
-                    still_disturbed.append((group, measured))
-    for group, measured in still_disturbed:
+                    still_disturbed.append((group, case, units, measured))
+    for group, case, units, measured in still_disturbed:
         # A disturbed step says more about the other jobs than about this machine: without it the
         # calibration interpolates, or borrows the nearest core count's. Only a kind of
         # measurement with no clean sample at any core count keeps its least-disturbed estimate.
@@ -148,7 +153,7 @@ def run_plan(config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.d
         if any(g.split(" ")[0] == family and ms for g, ms in kept.items()):
             notes.append(f"{measured.label}: every run disturbed by other processes; dropped")
         else:
-            kept.setdefault(group, []).append(measured)
+            kept.setdefault(group, []).append((case, units, measured))
             notes.append(f"{measured.label}: every run disturbed by other processes; kept (nothing cleaner)")
     for units in profiled_unit_counts(len(cores)):
         if not any(group.endswith(f" {units}") and ms for group, ms in kept.items()):
@@ -156,7 +161,12 @@ def run_plan(config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.d
                          "of the nearest measured core count")
     for note in notes:
         say(note)
-    samples = [s for group in kept.values() for m in group for s in m.samples]
+    steps = {(case, units): m.seconds for group, ms in kept.items() if group.startswith("step") for case, units, m in ms}
+    samples = []
+    for group, ms in kept.items():
+        for case, units, m in ms:
+            step = steps.get((case, units)) if group.startswith("sweep") else None
+            samples += scale_sweep_to_step(m.samples, step, config.num_hidden_layers) if step else m.samples
     return hardware, samples, notes
 
 
