@@ -59,7 +59,7 @@ def _progress_bar(enabled: bool, total: int):
     with Progress(TextColumn("[bold]profile"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.description}"), transient=False) as bar:
         task = bar.add_task("", total=total)
-        yield (lambda desc: bar.update(task, advance=1, description=desc)), bar.console.log
+        yield (lambda desc: bar.update(task, advance=1, description=desc)), bar.console.print
 
 
 def _jobs(session: ProfileSession, plan: ProfilePlan, cores: list[int]):
