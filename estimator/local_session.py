@@ -12,6 +12,8 @@ be quiet (other jobs may share it)."""
 
 from __future__ import annotations
 
+import os
+
 import statistics
 import time
 from dataclasses import dataclass
@@ -85,6 +87,9 @@ class ProfileSession:
         self.kv_tokens = kv_tokens_needed(cases)
         self.bench = ModelBench(config, state, self.kv_tokens, dtype)
         self._corunner: CoRunner | None = None
+        # measuring re-pins every thread of this process; put them back on close, or every process
+        # started from here afterwards (a test suite's next server) would inherit a one-core share
+        self._original_cores, self._original_threads = os.sched_getaffinity(0), torch.get_num_threads()
 
     # ---- solo -------------------------------------------------------------------------------------
 
@@ -151,6 +156,10 @@ class ProfileSession:
         if self._corunner is not None:
             self._corunner.close()
             self._corunner = None
+        from bullet.partition.cpu import pin_all_threads
+
+        pin_all_threads(set(self._original_cores))
+        torch.set_num_threads(self._original_threads)
 
     def __enter__(self) -> "ProfileSession":
         return self

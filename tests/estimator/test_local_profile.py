@@ -241,3 +241,20 @@ def test_a_fitting_cached_profile_is_reused(tiny_profile):
     before = output.stat().st_mtime_ns
     assert ensure_profile(config_path, "dummy", "bfloat16", cores, quick=True, output=output) == output
     assert output.stat().st_mtime_ns == before and estimator_dtype("bfloat16") == "bf16"
+
+
+def test_a_profile_session_gives_the_process_its_cores_back(tiny_profile):
+    """Measuring pins every thread of the process; afterwards each thread has all its cores again
+    (or every process started from here, e.g. a test suite's next server, would inherit one core)."""
+    from pathlib import Path
+
+    _, cores, _, _ = tiny_profile
+    expected = f"{cores[0]}-{cores[-1]}" if len(cores) > 1 and cores == list(range(cores[0], cores[-1] + 1)) \
+        else ",".join(map(str, cores))
+    narrowed = {}
+    for task in Path("/proc/self/task").iterdir():
+        for line in (task / "status").read_text().splitlines():
+            if line.startswith("Cpus_allowed_list:") and line.split()[1] != expected:
+                narrowed[task.name] = line.split()[1]
+    assert not narrowed, f"threads left pinned after profiling: {narrowed}"
+    assert sorted(os.sched_getaffinity(0)) == cores
