@@ -2,7 +2,7 @@
 `sglang.bench_serving` on ShareGPT prompts, side by side in one run.
 
   python -m artifact.cpu_comparison [--systems bullet chunked:256 chunked:1024 static naive]
-                                    [--rates 1 2 3 4] [--num-prompts 40] [--context-len 512]
+                                    [--rates 0.5 1 1.5 2 2.5] [--num-prompts 50] [--context-len 512]
 
 For each system: start `bullet launch --policy <system>`, run bench_serving at every rate, score each
 request against SLOs derived from the profiled solo latencies (artifact/slo_rule.py), and report SLO
@@ -83,8 +83,8 @@ def run_system(system: str, args, tokenizer_dir: str, dataset: Path, profile: st
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--systems", nargs="+", default=DEFAULT_SYSTEMS)
-    ap.add_argument("--rates", nargs="+", type=float, default=[1.0, 2.0, 3.0, 4.0])
-    ap.add_argument("--num-prompts", type=int, default=40)
+    ap.add_argument("--rates", nargs="+", type=float, default=[0.5, 1.0, 1.5, 2.0, 2.5])
+    ap.add_argument("--num-prompts", type=int, default=50)
     ap.add_argument("--context-len", type=int, default=512, help="drop ShareGPT requests longer than this (prompt+output)")
     ap.add_argument("--output-len", type=int, default=64, help="fixed output length (0: the dataset's)")
     ap.add_argument("--max-total-tokens", type=int, default=32768)
@@ -105,9 +105,11 @@ def main() -> None:
         results[system] = run_system(system, args, tokenizer_dir, dataset, profile, derived.slo, out)
         (out / "results.json").write_text(json.dumps(
             {"slo": derived.as_dict(), "args": vars(args), "profile": profile, "systems": results}, indent=2))
-    from artifact.report import print_comparison
+    from artifact.report import comparison_markdown, print_comparison
 
     print_comparison(results, args.rates)
+    (out / "results.md").write_text(comparison_markdown(results, args.rates, derived.rule))
+    print(f"[compare] wrote {out / 'results.json'} and {out / 'results.md'}")
     try:
         from artifact.plots import plot_comparison
 

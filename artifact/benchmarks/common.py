@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -34,4 +35,5 @@ def print_table(rows: list[dict], columns: list[str], title: str = "") -> None:
         table.add_column(c, justify="right")
     for r in rows:
         table.add_row(*[f"{r[c]:.2f}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in columns])
-    Console().print(table)
+    # a log file or pipe gets the whole table, not one cut to an 80-column guess
+    Console(width=None if sys.stdout.isatty() else 200).print(table)

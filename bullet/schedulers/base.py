@@ -62,6 +62,7 @@ class PrefillDecision:
     predicted_s: float = 0.0  # the policy's estimate of this step, reported for the timeline
     reason: str = ""  # which rule chose the split (timeline, debugging)
     published: dict = field(default_factory=dict)  # predictions for the state buffer (WorkerState fields)
+    yield_s: float = 0.0  # > 0: run nothing, publish no units (decode takes them all) for this long
 
 
 @dataclass

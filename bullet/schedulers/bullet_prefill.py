@@ -1,6 +1,7 @@
 """Bullet's prefill scheduler (Algorithm 1), one decision per layer-group step:
 
-1. predict the TTFT of every in-flight and queued request; publish the P90;
+1. predict the TTFT of every in-flight and queued request; publish the P90; TTFT is "satisfied"
+   when the P90 of predicted TTFT / target over all of them is within 1;
 2. read decode's state (batch, context, predicted TPOT P90, pause budget) from the state buffer;
 3. order the queue by least predicted latency, except requests that the reordering would make
    miss their TTFT target (or that waited too long): those keep arrival order, ahead;
@@ -11,7 +12,13 @@
    broken → prefill yields units until it holds; on the last step of a batch with an empty queue,
    prefill hands units back to decode — as many as it can without stretching that step by more
    than one decode step (giving away all its TTFT slack instead idles the device: the next
-   arrival would queue behind a slow tail, found in simulation)."""
+   arrival would queue behind a slow tail, found in simulation);
+6. when TPOT is broken and no split that leaves prefill its smallest share lets decode catch up, prefill
+   yields (if TTFT holds, or fewer requests would miss TTFT than are decoding — attainment counts
+   requests): it runs nothing for one decode step on every unit, then takes its next layer group —
+   the limit of "shrink prefill's share" where the smallest share is large (1 of 2 CPU cores: found
+   serving ShareGPT on the CPU, where the decode batch then kept missing TPOT on its one core).
+   Yields alternate with prefill steps, so prefill always progresses."""
 
 from __future__ import annotations
 
@@ -36,6 +43,7 @@ class BulletPrefillPolicy(PrefillPolicy):
         self.batch_token_limit, self.max_wait_s = batch_token_limit, max_wait_s
         self.last_reason = ""
         self.last_ttft_p90 = 0.0
+        self.yielded_last = False  # the previous decision was a yield: the next one runs prefill
 
     # -- Algorithm 1 --------------------------------------------------------------------------
     def decide(self, view: PrefillView) -> PrefillDecision:
@@ -51,17 +59,24 @@ class BulletPrefillPolicy(PrefillPolicy):
         order = self.order_queue(view, remaining, costs)
         ttfts = predict_ttfts(view.now, inflight.requests if inflight else [], remaining, order, costs)
         self.last_ttft_p90 = p90(list(ttfts.values()))
+        # queued requests count while a batch is in flight too: a short prompt arriving behind a long
+        # batch can only be helped by speeding that batch up (found serving ShareGPT on the CPU)
+        satisfy = self._p90_ok((inflight.requests if inflight else []) + order, ttfts)
         if inflight is not None:
-            satisfy = all(ttfts[r.rid] <= self.slo.ttft_target(len(r.prompt_ids)) for r in inflight.requests)
             admit = []
         else:
-            satisfy = self._p90_ok(order, ttfts)
             admit = self.batch(order, view)
             if not admit:
                 return PrefillDecision(units=units_now, published=self._published(0.0))
         batch_lens = [len(r.prompt_ids) for r in (inflight.requests if inflight else admit)]
-        units, reason = self.split(view, batch_lens, satisfy, inflight, order)
+        misses = sum(1 for r in (inflight.requests if inflight else []) + order
+                     if ttfts[r.rid] > self.slo.ttft_target(len(r.prompt_ids)))
+        units, reason = self.split(view, batch_lens, satisfy, inflight, order, misses)
         self.last_reason = reason
+        self.yielded_last = units == 0
+        if units == 0:
+            step = self.est.decode_time((peer.batch_size, peer.tokens_in_flight), self.total)
+            return PrefillDecision(units=units_now, reason=reason, yield_s=step, published=self._published(0.0))
         layers = min(self.k, self._remaining(inflight))
         step = self.est.prefill_time(batch_lens, units, num_layers=layers, include_head=False,
                                      co_decode_batch=decode_batch)
@@ -111,7 +126,8 @@ class BulletPrefillPolicy(PrefillPolicy):
         return batch
 
     # -- lines 14-19: the compute split -----------------------------------------------------------
-    def split(self, view: PrefillView, batch_lens: list[int], satisfy: bool, inflight, order) -> tuple[int, str]:
+    def split(self, view: PrefillView, batch_lens: list[int], satisfy: bool, inflight, order,
+              ttft_misses: int = 0) -> tuple[int, str]:
         peer = view.peer
         b, ctx = peer.batch_size, peer.tokens_in_flight
         if b == 0:
@@ -123,6 +139,14 @@ class BulletPrefillPolicy(PrefillPolicy):
         if inflight is not None and inflight.remaining_layers <= self.k and not order and d_min is not None:
             p = self.hand_back(view, inflight, b, ctx, self._prefill_share(self.total - d_min))
             return p, "last layers: hand units back to decode"
+        # decode must catch up, not just hold: aim its steps below target by how far it is over
+        catch_up = None if tpot_ok else self.decode_units_for(
+            b, ctx, tokens, self.slo.tpot * TPOT_MARGIN * self.slo.tpot / tpot_p90)
+        # a yield saves every running request's TPOT at the cost of the queued ones' TTFT: take it
+        # when TTFT holds, or when fewer requests would miss TTFT than are decoding
+        if (not tpot_ok and catch_up is None and not self.yielded_last
+                and (satisfy or ttft_misses < b)):
+            return 0, "TPOT broken beyond any split: prefill yields a decode step"
         if not satisfy and not tpot_ok:
             return self.balanced(view, batch_lens, b, ctx), "both SLOs at risk: balanced split"
         if tpot_ok:
@@ -131,8 +155,6 @@ class BulletPrefillPolicy(PrefillPolicy):
                 return self.total, "burst: decode pauses, TPOT still holds"
             d = d_min if d_min is not None else self.total - self.feasible[0]
             return self._prefill_share(self.total - d), "TPOT has slack: decode gets the fewest units that keep it"
-        # decode must catch up, not just hold: aim its steps below target by how far it is over
-        catch_up = self.decode_units_for(b, ctx, tokens, self.slo.tpot * TPOT_MARGIN * self.slo.tpot / tpot_p90)
         d = catch_up if catch_up is not None else self.total - self.feasible[0]
         return self._prefill_share(self.total - d), "TPOT at risk: prefill yields units"
 

@@ -30,6 +30,7 @@ class SimPrefillWorker(SimWorker):
         self.published: dict = {}
         self.last_ttft_ms = 0.0
         self.last_step_ms = 0.0
+        self.yield_until = 0.0  # as the real loop: the policy yielded every unit to decode until then
         self.publish()
         env.board.on_publish("decode", self._peer_published)
 
@@ -57,11 +58,22 @@ class SimPrefillWorker(SimWorker):
 
     def step(self) -> bool:
         """Decide and start a layer group; False when nothing was started."""
+        if self.yield_until:
+            if self.now < self.yield_until:
+                self.wake(self.yield_until - self.now)
+                return False
+            self.yield_until = 0.0
         t_decide = time.perf_counter()
         view = self.view()
         decision = self.policy.decide(view)
         decide_us = (time.perf_counter() - t_decide) * 1e6
         self.published = decision.published
+        if decision.yield_s > 0:
+            self.yield_until = view.now + decision.yield_s
+            self.timeline.record(view.now, 0, run=False, queue=len(self.queue), decode_batch=view.peer.batch_size,
+                                 reason=decision.reason, sched_us=round(decide_us, 1))
+            self.wake(decision.yield_s)
+            return False
         if decision.num_layers <= 0:
             return False
         self.apply_units(decision.units)
@@ -116,7 +128,7 @@ class SimPrefillWorker(SimWorker):
     def publish(self) -> None:
         inflight = self.inflight
         self.publish_state(
-            idle=inflight is None, **self.published,
+            idle=inflight is None or bool(self.yield_until), **self.published,
             batch_size=len(inflight.requests) if inflight else 0,
             queued_requests=len(self.queue), queued_tokens=sum(len(r.prompt_ids) for r in self.queue),
             tokens_in_flight=inflight.num_tokens if inflight else 0,

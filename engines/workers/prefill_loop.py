@@ -33,6 +33,7 @@ class PrefillLoop:
         self.aborted: set[str] = set()  # in-flight requests aborted mid-batch
         self.last_ttft_ms = 0.0
         self.last_step_ms = 0.0
+        self.yield_until = 0.0  # the policy yielded every unit to decode until then (clock time)
 
     # -- main loop ------------------------------------------------------------------------------
     def run(self) -> None:
@@ -40,7 +41,10 @@ class PrefillLoop:
         self._publish()
         while not self.ctx.should_stop():
             idle = not self.queue and self.inflight is None
-            for msg in self.ctx.io.receive(IDLE_POLL_MS if idle else 0):
+            wait_ms = IDLE_POLL_MS if idle else 0
+            if self.yield_until:  # sleep through the yield, but take messages as they come
+                wait_ms = max(1, int((self.yield_until - self.ctx.clock.now()) * 1e3))
+            for msg in self.ctx.io.receive(wait_ms):
                 self._handle(msg)
             busy = not (not self.queue and self.inflight is None)
             self.step()
@@ -71,11 +75,20 @@ class PrefillLoop:
                            free_pages=ctx.allocator.num_free(), page_size=ctx.allocator.page_size)
 
     def step(self) -> None:
+        if self.yield_until:
+            if self.ctx.clock.now() < self.yield_until:
+                return
+            self.yield_until = 0.0
         t_decide = time.perf_counter()  # scheduler overhead: reading the peer's state + deciding
         view = self.view()
         decision = self.policy.decide(view)
         self.decide_us = (time.perf_counter() - t_decide) * 1e6
         self.published = decision.published
+        if decision.yield_s > 0:
+            self.yield_until = view.now + decision.yield_s
+            self.ctx.timeline.record(view.now, 0, run=False, queue=len(self.queue), decode_batch=view.peer.batch_size,
+                                     reason=decision.reason, sched_us=round(self.decide_us, 1))
+            return
         if decision.num_layers <= 0:
             return
         self.ctx.apply_units(decision.units)
@@ -157,7 +170,7 @@ class PrefillLoop:
     def _publish(self) -> None:
         inflight = self.inflight
         self.ctx.publish(
-            idle=inflight is None, **self.published,
+            idle=inflight is None or bool(self.yield_until), **self.published,
             batch_size=len(inflight.requests) if inflight else 0,
             queued_requests=len(self.queue), queued_tokens=sum(len(r.prompt_ids) for r in self.queue),
             tokens_in_flight=inflight.num_tokens if inflight else 0,

@@ -99,13 +99,30 @@ def test_burst_pauses_decode_when_its_tpot_still_holds():
     assert d.units == TOTAL - 1
 
 
+def test_a_queued_request_behind_the_inflight_batch_counts_for_the_burst():
+    # the in-flight batch meets its own target (800 ms), but a short prompt queued behind it
+    # cannot wait for it: speeding the batch up (decode pauses) is the only help it can get
+    batch = inflight([req("long", 800, 0.0)], layers_done=8)
+    queue = [req("short", 10, 0.45)]
+    roomy = decode_state(batch=10, context=5000, tpot_p90_ms=30, pause_budget_ms=5000)
+    d = policy(ttft="1ms/token").decide(prefill_view(0.5, queue, inflight=batch, peer=roomy))
+    assert d.units == TOTAL and "decode pauses" in d.reason
+    # with nobody queued behind it, the batch keeps the usual share and decode keeps running
+    d = policy(ttft="1ms/token").decide(prefill_view(0.5, [], inflight=batch, peer=roomy))
+    assert d.units == TOTAL - 1
+
+
 def test_tpot_violated_makes_prefill_yield_units():
     # decode is at 150 ms against a 100 ms target: it must catch up, 1 unit (30 ms) is not enough
     # once the target is scaled by 100/150 (0.9 * 100 * 100/150 = 60 ms -> still 1 unit ok); use 40 ms
     peer = decode_state(batch=10, context=5000, tpot_p90_ms=150)
-    d = policy(tpot="40ms").decide(prefill_view(1.0, [req("a", 100, 0.99)], peer=peer))
-    # target 0.9 * 40 * 40/150 = 9.6 ms: no share is fast enough -> decode gets all but prefill's minimum
-    assert d.units == 1 and "prefill yields" in d.reason
+    p = policy(tpot="40ms")
+    d = p.decide(prefill_view(1.0, [req("a", 100, 0.99)], peer=peer))
+    # target 0.9 * 40 * 40/150 = 9.6 ms: no share is fast enough -> prefill yields a decode step,
+    # and on its next step decode gets all but prefill's minimum
+    assert d.yield_s > 0 and "yields a decode step" in d.reason
+    d = p.decide(prefill_view(1.0, [req("a", 100, 0.99)], peer=peer))
+    assert d.units == 1 and "prefill yields units" in d.reason
     d = policy(tpot="100ms").decide(prefill_view(1.0, [req("a", 100, 0.99)], peer=decode_state(10, 5000, 150)))
     # target 0.9 * 100 * 100/150 = 60 ms: 1 unit (30 ms) catches up
     assert d.units == TOTAL - 1
@@ -114,7 +131,8 @@ def test_tpot_violated_makes_prefill_yield_units():
 def test_both_slos_broken_gives_a_balanced_split():
     est = FakePredictor()
     p = policy(ttft="0.1ms/token", tpot="10ms", limit=1, est=est)
-    queue = [req("a", 800, 0.0)]
+    # more prompts miss TTFT (11) than requests decode (10): no yield, the paper's balanced split
+    queue = [req(f"r{i}", 800, 0.0) for i in range(11)]
     peer = decode_state(batch=10, context=5000, tpot_p90_ms=50)
     d = p.decide(prefill_view(1.0, queue, peer=peer))
     assert "balanced" in d.reason
@@ -124,6 +142,25 @@ def test_both_slos_broken_gives_a_balanced_split():
 
     assert worst(d.units) == min(worst(u) for u in range(1, TOTAL))
     assert 1 < d.units < TOTAL
+
+
+def test_tpot_beyond_any_split_makes_prefill_yield_a_decode_step_then_run():
+    # TPOT 10 ms: even 7 of 8 units give decode a 15 ms step, and it is at 30 ms already
+    p = policy(tpot="10ms")
+    peer = decode_state(batch=10, context=5000, tpot_p90_ms=30)
+    view = prefill_view(1.0, [req("a", 100, 0.99)], peer=peer)
+    d = p.decide(view)
+    assert d.num_layers == 0 and not d.admit and "yields a decode step" in d.reason
+    assert d.yield_s == pytest.approx(0.015)  # one decode step on all 8 units
+    # yields alternate with prefill steps: the next decision runs prefill on its smallest share
+    d = p.decide(view)
+    assert d.num_layers == K and d.units == 1 and [r.rid for r in d.admit] == ["a"]
+    assert p.decide(view).yield_s > 0
+    # both broken, and more prompts would miss TTFT (3) than requests decode (2): no yield
+    crowded = [req(f"q{i}", 800, 0.0) for i in range(3)]
+    d = policy(ttft="0.1ms/token", tpot="10ms").decide(
+        prefill_view(1.0, crowded, peer=decode_state(batch=2, context=1000, tpot_p90_ms=30)))
+    assert d.yield_s == 0 and d.num_layers > 0
 
 
 def test_last_layers_hand_units_back_to_decode():
