@@ -86,3 +86,45 @@ def test_policy_serves_the_same_greedy_outputs(policy, reference_outputs, cpu_pr
     assert all(r["units"] >= 0 and "reason" in r for r in rows)
     if policy == "bullet":
         assert any("sched_us" in r for r in rows)
+
+
+
+def test_bullet_prefill_yields_to_decode_when_no_split_keeps_tpot(cpu_profile, tmp_path):
+    """A TPOT target no split can meet: while decode runs a batch, prefill yields whole decode
+    steps (publishing no units, so decode takes every core) between its own layer groups, and
+    every request still completes with the offline engine's greedy output."""
+    import threading
+    import time
+
+    import bullet
+
+    params = {"temperature": 0, "max_new_tokens": 32, "ignore_eos": True}
+    expected = [o.output_ids for o in bullet.LLM(dtype="float32", max_total_tokens=4096).generate(PROMPTS, params)]
+    timeline = tmp_path / "timeline"
+    with ServerProcess("--policy", "bullet", "--dtype", "float32", "--max-total-tokens", "4096",
+                       "--estimator-profile", cpu_profile, "--timeline-dir", str(timeline),
+                       "--ttft-slo", "10s", "--tpot-slo", "1ms") as server:
+        results: dict[int, list[int]] = {}
+
+        def one(i):
+            status, body = server.post("/generate", {"text": PROMPTS[i], "sampling_params": params})
+            assert status == 200, body
+            results[i] = body["output_ids"]
+
+        # a first wave starts decoding; the second arrives while it does, so prefill has work
+        # while decode's TPOT is broken
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(PROMPTS))]
+        for i, t in enumerate(threads):
+            t.start()
+            time.sleep(0.3 if i == len(PROMPTS) // 2 - 1 else 0.0)
+        for t in threads:
+            t.join()
+        assert [results[i] for i in range(len(PROMPTS))] == expected
+        state = server.state()
+        assert state["kv_pages_free"] == state["kv_pages_total"]
+    rows = _timeline(timeline)
+    yields = [r for r in rows if r["role"] == "prefill" and "yields a decode step" in r.get("reason", "")]
+    assert yields and all(r["run"] is False and r["units"] == 0 for r in yields), \
+        sorted({r.get("reason", "") for r in rows})
+    # yields alternate with prefill steps: prefill still ran layer groups
+    assert any(r["role"] == "prefill" and r.get("run") for r in rows)
