@@ -61,7 +61,8 @@ class BulletPrefillPolicy(PrefillPolicy):
         self.last_ttft_p90 = p90(list(ttfts.values()))
         # queued requests count while a batch is in flight too: a short prompt arriving behind a long
         # batch can only be helped by speeding that batch up (found serving ShareGPT on the CPU)
-        satisfy = self._p90_ok((inflight.requests if inflight else []) + order, ttfts)
+        waiting = (inflight.requests if inflight else []) + order
+        satisfy = self._p90_ok(waiting, ttfts)
         if inflight is not None:
             admit = []
         else:
@@ -69,8 +70,7 @@ class BulletPrefillPolicy(PrefillPolicy):
             if not admit:
                 return PrefillDecision(units=units_now, published=self._published(0.0))
         batch_lens = [len(r.prompt_ids) for r in (inflight.requests if inflight else admit)]
-        misses = sum(1 for r in (inflight.requests if inflight else []) + order
-                     if ttfts[r.rid] > self.slo.ttft_target(len(r.prompt_ids)))
+        misses = sum(1 for r in waiting if ttfts[r.rid] > self.slo.ttft_target(len(r.prompt_ids)))
         units, reason = self.split(view, batch_lens, satisfy, inflight, order, misses)
         self.last_reason = reason
         self.yielded_last = units == 0
