@@ -19,21 +19,23 @@ import time
 from pathlib import Path
 
 from artifact.bench_client import run_bench_serving
+from artifact.plots import plot_comparison
+from artifact.report import comparison_markdown, print_comparison
 from artifact.scoring import goodput, summarize
 from artifact.server import BulletServer
 from artifact.slo_rule import derive_slo
+from bullet.loops.timeline import load_timeline
+from bullet.workloads.sharegpt import repaired_sharegpt_path
+from engines.device import resolve_dtype
+from engines.tokenizer import gguf_tokenizer_dir
+from engines.weights.resolve import default_gguf_path
+from estimator.profile import load_estimator
+from estimator.profiler.cache import ensure_profile
 
 DEFAULT_SYSTEMS = ["bullet", "chunked:256", "chunked:1024", "static", "naive"]
 
 
 def prepare(args) -> tuple[str, Path, str, object]:
-    from artifact.workloads.sharegpt import repaired_sharegpt_path
-    from engines.device import resolve_dtype
-    from engines.tokenizer import gguf_tokenizer_dir
-    from engines.weights.resolve import default_gguf_path
-    from estimator import Estimator
-    from estimator.local_profile import ensure_profile
-
     import torch
 
     tokenizer_dir = str(gguf_tokenizer_dir(default_gguf_path()))
@@ -41,12 +43,10 @@ def prepare(args) -> tuple[str, Path, str, object]:
     dtype = str(resolve_dtype(args.dtype, torch.device("cpu"))).removeprefix("torch.")
     profile = args.profile or str(ensure_profile(None, "auto", dtype, sorted(__import__("os").sched_getaffinity(0)),
                                                  quick=not args.full_profile))
-    return tokenizer_dir, dataset, profile, Estimator.load(profile)
+    return tokenizer_dir, dataset, profile, load_estimator(profile)
 
 
 def scheduler_overhead(timeline_dir: Path) -> dict:
-    from bullet.schedulers.timeline import load_timeline
-
     out = {}
     rows = load_timeline(timeline_dir) if timeline_dir.exists() else []
     for role in ("prefill", "decode"):
@@ -105,14 +105,11 @@ def main() -> None:
         results[system] = run_system(system, args, tokenizer_dir, dataset, profile, derived.slo, out)
         (out / "results.json").write_text(json.dumps(
             {"slo": derived.as_dict(), "args": vars(args), "profile": profile, "systems": results}, indent=2))
-    from artifact.report import comparison_markdown, print_comparison
 
     print_comparison(results, args.rates)
     (out / "results.md").write_text(comparison_markdown(results, args.rates, derived.rule))
     print(f"[compare] wrote {out / 'results.json'} and {out / 'results.md'}")
     try:
-        from artifact.plots import plot_comparison
-
         for path in plot_comparison(out):
             print(f"[compare] figure: {path}")
     except ImportError as exc:

@@ -11,6 +11,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from bullet.loops.timeline import load_timeline
+
 
 def plot_comparison(out_dir: str | Path) -> list[Path]:
     out_dir = Path(out_dir)
@@ -43,8 +45,6 @@ def plot_comparison(out_dir: str | Path) -> list[Path]:
 
 
 def plot_timeline(timeline_dir: Path, path: Path) -> Path:
-    from bullet.schedulers.timeline import load_timeline
-
     rows = load_timeline(timeline_dir)
     if not rows:
         return path

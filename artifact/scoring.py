@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from artifact.bench_client import RequestRecord
-from bullet.slo import SLO
+from bullet.core.slo import SLO
 
 
 def attainment(records: list[RequestRecord], slo: SLO) -> float:

@@ -21,8 +21,12 @@ import time
 from multiprocessing import Pool
 from pathlib import Path
 
+from artifact.plots import plot_timeline
 from artifact.scoring import goodput
 from bullet.commands.simulate import TABLE4_SLOS
+from bullet.loops.timeline import load_timeline
+from bullet.sim import SimConfig, Simulation
+from bullet.workloads.traces import build_workload
 
 SYSTEMS = ["bullet", "chunked:1024", "chunked:2048", "static:54", "static:72", "static:84", "naive"]
 RATES = {"sharegpt": [2, 5, 10, 15, 20, 25, 30], "azure-code": [0.5, 1, 2, 3, 4, 5, 6], "arxiv": [0.5, 1, 2, 3, 4, 5]}
@@ -33,9 +37,6 @@ PAPER = ("Bullet paper, one A100 (Fig. 15): 1.09x average / up to 1.20x throughp
 
 
 def simulate_one(job: tuple) -> tuple:
-    from artifact.workloads.traces import build_workload
-    from bullet.sim import SimConfig, Simulation
-
     workload, system, rate, duration, seed, timeline_dir = job
     ttft, tpot = TABLE4_SLOS[workload]
     config = SimConfig(policy=system, ttft_slo=ttft, tpot_slo=tpot, seed=seed, timeline_dir=timeline_dir,
@@ -74,9 +75,6 @@ SENSITIVITY_RATES = {"sharegpt": 10, "azure-code": 3, "arxiv": 3}
 
 
 def sensitivity_one(job: tuple) -> tuple:
-    from artifact.workloads.traces import build_workload
-    from bullet.sim import SimConfig, Simulation
-
     workload, system, variant, duration, seed = job
     ttft, tpot = TABLE4_SLOS[workload]
     config = SimConfig(policy=system, ttft_slo=ttft, tpot_slo=tpot, seed=seed, **SENSITIVITY[variant])
@@ -199,8 +197,6 @@ def plot_chunked_timeline(directory: Path, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from bullet.schedulers.timeline import load_timeline
-
     rows = load_timeline(directory)
     t = [r["t"] for r in rows]
     fig, axes = plt.subplots(3, 1, figsize=(12, 6), sharex=True)
@@ -219,8 +215,6 @@ def plot_chunked_timeline(directory: Path, path: Path) -> Path:
 
 
 def timelines(out: Path, args) -> list[Path]:
-    from artifact.plots import plot_timeline
-
     paths = []
     for system, name, plot in [("bullet", "timeline_bullet.png", plot_timeline),
                                (args.timeline_chunked, "timeline_chunked.png", plot_chunked_timeline)]:

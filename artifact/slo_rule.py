@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bullet.slo import SLO
+from bullet.core.slo import SLO
 
 A100_PREFILL_S_PER_TOKEN = 78.7e-3 / 1024
 A100_DECODE_STEP_S = 10.5e-3
@@ -42,7 +42,7 @@ class DerivedSLO:
 def derive_slo(estimator, typical_prompt: int, workload: str = "sharegpt", typical_context: int = 1024) -> DerivedSLO:
     units = estimator.hardware.units
     prefill = estimator.prefill_time([typical_prompt], units) / typical_prompt
-    decode = estimator.decode_time((1, typical_context), units)
+    decode = estimator.decode_time(1, typical_context, units)
     ttft0, tpot0 = TABLE4[workload]
     ts, ds = prefill / A100_PREFILL_S_PER_TOKEN, decode / A100_DECODE_STEP_S
     slo = SLO(ttft=ttft0 * ts, ttft_per_token=True, tpot=tpot0 * ds)

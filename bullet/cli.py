@@ -10,6 +10,7 @@ import pkgutil
 import sys
 
 import bullet.commands
+from bullet import __version__
 
 
 def _commands():
@@ -24,8 +25,6 @@ def build_parser() -> argparse.ArgumentParser:
         prog="bullet",
         description="Bullet LLM serving runtime: concurrent prefill/decode workers with dynamic compute partitioning.",
     )
-    from bullet import __version__
-
     parser.add_argument("--version", action="version", version=f"bullet {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for mod in _commands():

@@ -9,6 +9,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from engines.cpuset import parse_id_list
+
 
 class ServerArgs(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -43,7 +45,11 @@ class ServerArgs(BaseModel):
     timeline_dir: str | None = Field(None, description="write every scheduling decision to <dir>/<role>.jsonl")
     # supervision
     max_worker_restarts: int = Field(3, ge=0, description="restarts after a worker dies before the server gives up")
-    heartbeat_timeout: float = Field(0.0, ge=0.0, description="declare a busy worker hung after this many seconds without a heartbeat (0 = off)")
+    heartbeat_timeout: float = Field(30.0, ge=0.0, description="a worker that publishes no heartbeat for this many "
+                                     "seconds (stopped, deadlocked) is killed, its requests fail, and it is restarted "
+                                     "(0 = never; raise it for models whose single steps take longer)")
+    shutdown_timeout: float = Field(30.0, ge=0.0, description="on SIGTERM/SIGINT: stop admitting (503), give requests "
+                                    "in flight this many seconds to finish, then end the rest with an error")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log verbosity")
 
     @field_validator("policy")
@@ -78,8 +84,6 @@ class ServerArgs(BaseModel):
         return -(-self.max_total_tokens // self.page_size)
 
     def allowed_cores(self) -> list[int]:
-        from bullet.partition import parse_id_list
-
         allowed = sorted(os.sched_getaffinity(0))
         if self.cores is None:
             return allowed

@@ -1,16 +1,29 @@
 """The offline API: `bullet.LLM(model_path).generate(prompts, sampling_params)` in one process, with
-continuous batching (requests join and leave the batch between steps), like nano-vllm's `LLM`."""
+continuous batching (requests join and leave the batch between steps), like nano-vllm's `LLM`.
+
+It runs the same loop core as the chunked baseline's server worker (`UnifiedCore`, hybrid batches
+with chunked prefill) on the same model executor, with an in-process page allocator and no peer."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
 
-from bullet.engine import Engine
-from bullet.finish import FinishChecker, trim_stop_string
-from bullet.page_allocator import LocalPageAllocator
+from bullet.core.finish import FinishChecker, trim_stop_string
+from bullet.core.request import Request
+from bullet.core.roles import Role
+from bullet.core.validation import RequestError, validate_prompt
+from bullet.core.worker_state import WorkerState
+from bullet.loops.base import LoopEnv
+from bullet.loops.timeline import Timeline
+from bullet.loops.unified import UnifiedCore
+from bullet.partition.unpartitioned import NoPartitionBackend
 from bullet.schedulers.hybrid import HybridScheduler
+from bullet.schedulers.views import MonotonicClock
+from bullet.shm.page_allocator import LocalPageAllocator
+from bullet.workers.executor import ModelExecutor
 from engines.device import resolve_device, resolve_dtype
 from engines.kv_pool import KVPool
 from engines.model.build import build_model
@@ -25,10 +38,70 @@ class GenerateOutput:
     text: str
     output_ids: list[int]
     prompt_ids: list[int]
-    finish_reason: dict
+    finish_reason: dict  # SGLang's shape: {"type": "stop" | "length" | "abort", ...}
     prompt_logprobs: list[float | None] | None = None
     output_logprobs: list[float | None] | None = None
     output_top_logprobs: list | None = None
+
+
+class _NoPeer:
+    """The state buffer of a process without a peer: publishes go nowhere, the peer is idle."""
+
+    def publish(self, role: str, state: WorkerState) -> None:
+        pass
+
+    def read(self, role: str) -> WorkerState:
+        return WorkerState()
+
+
+class _Collect:
+    """Outputs stay on the requests, which `generate` reads when they finish."""
+
+    def handed_off(self, req: Request) -> None:
+        raise RuntimeError("the offline engine has no decode worker")
+
+    def tokens(self, reqs) -> None:
+        pass
+
+    def finished(self, req: Request) -> None:
+        pass
+
+
+class OfflineEngine:
+    """Continuous batching in this process: the unified loop core on a model runner, with its own
+    page allocator over the runner's KV pool. `LLM` is this plus weights and a tokenizer."""
+
+    def __init__(self, runner: ModelRunner, finish: FinishChecker, chunked_prefill_size: int = 8192,
+                 max_running_requests: int = 64):
+        kv = runner.kv
+        self.runner, self.vocab_size = runner, runner.model.config.vocab_size
+        self.allocator = LocalPageAllocator(kv.num_pages, kv.page_size)
+        self.scheduler = HybridScheduler(self.allocator, chunked_prefill_size, max_running_requests)
+        env = LoopEnv(role=Role.UNIFIED, clock=MonotonicClock(), state=_NoPeer(), allocator=self.allocator,
+                      partition=NoPartitionBackend("prefill", total_units=torch.get_num_threads()),
+                      timeline=Timeline(None, Role.UNIFIED.value), executor=ModelExecutor(runner, finish),
+                      outbox=_Collect())
+        self.core = UnifiedCore(env, self.scheduler)
+        self._rids = itertools.count()
+
+    def add_request(self, prompt_ids: list[int], params: SamplingParams, rid: str | None = None) -> Request:
+        """Queue one tokenized request (raises RequestError if it can never run)."""
+        validate_prompt(prompt_ids, params, self.vocab_size, self.runner.max_context,
+                        self.allocator.total_pages * self.allocator.page_size)
+        req = Request(rid=rid if rid is not None else f"req-{next(self._rids)}", prompt_ids=list(prompt_ids),
+                      params=params)
+        self.core.add(req)
+        return req
+
+    def abort(self, req: Request, message: str = "aborted") -> None:
+        self.core.abort(req.uid, message)
+
+    def has_work(self) -> bool:
+        return not self.core.idle
+
+    def step(self) -> None:
+        """One hybrid batch (nothing when no request is waiting or running)."""
+        self.core.iterate()
 
 
 class LLM:
@@ -50,9 +123,8 @@ class LLM:
         self.runner = ModelRunner(model, kv, self.device)
         eos = set(weights.config.eos_token_ids) | (self.tokenizer.eos_token_ids if self.tokenizer else set())
         finish = FinishChecker(self.tokenizer, eos, weights.config.max_position_embeddings)
-        self.allocator = LocalPageAllocator(pages, page_size)
-        self.scheduler = HybridScheduler(self.allocator, chunked_prefill_size, max_running_requests)
-        self.engine = Engine(self.runner, self.scheduler, finish)
+        self.engine = OfflineEngine(self.runner, finish, chunked_prefill_size, max_running_requests)
+        self.allocator = self.engine.allocator
 
     def encode(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -77,29 +149,36 @@ class LLM:
                 reqs.append(self.engine.add_request(ids, p))
         except Exception:
             for r in reqs:
-                self.engine.abort(r.rid)
+                self.engine.abort(r)
             raise
         bar = None
         if use_tqdm:
-            from tqdm import tqdm
+            from tqdm import tqdm  # optional progress bar: only imported when asked for
 
             bar = tqdm(total=len(reqs), desc="generate", unit="req")
-        while any(not r.finished for r in reqs):
-            progressed = self.engine.step()
+        done = 0
+        while done < len(reqs):
+            self.engine.step()
+            finished = sum(1 for r in reqs if r.finished)
             if bar is not None:
-                bar.update(sum(1 for r in progressed if r.finished))
+                bar.update(finished - done)
+            done = finished
         if bar is not None:
             bar.close()
         return [self._output(r) for r in reqs]
 
-    def _output(self, req) -> GenerateOutput:
+    def _output(self, req: Request) -> GenerateOutput:
         text = ""
         if self.tokenizer is not None:
             text = trim_stop_string(self.tokenizer.decode(req.output_ids, req.params.skip_special_tokens), req.finish_reason)
         lp = req.params.logprobs or req.params.top_logprobs_num
         return GenerateOutput(
-            text=text, output_ids=list(req.output_ids), prompt_ids=list(req.prompt_ids), finish_reason=req.finish_reason,
+            text=text, output_ids=list(req.output_ids), prompt_ids=list(req.prompt_ids),
+            finish_reason=req.finish_reason.to_json(),
             prompt_logprobs=req.prompt_logprobs if req.params.prompt_logprobs else None,
             output_logprobs=req.output_logprobs if lp else None,
             output_top_logprobs=req.output_top_logprobs if req.params.top_logprobs_num else None,
         )
+
+
+__all__ = ["LLM", "GenerateOutput", "OfflineEngine", "RequestError"]

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from engines.context import ForwardContext
+from engines.forward_context import ForwardContext
 from engines.kv_pool import KVPool
 from engines.model.llama import LlamaModel
 

@@ -6,24 +6,26 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 MAX_STOP_STRINGS = 32
+MAX_STOP_TOKEN_IDS = 256
+MAX_COUNT = 1 << 30  # bound on every count a client sends: far above any context, far below int64
 GREEDY_BELOW = 1e-5
 
 
 class SamplingParams(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    max_new_tokens: int = Field(128, ge=0, description="0 scores the prompt only (no token is generated)")
-    min_new_tokens: int = Field(0, ge=0)
+    max_new_tokens: int = Field(128, ge=0, le=MAX_COUNT, description="0 scores the prompt only (no token is generated)")
+    min_new_tokens: int = Field(0, ge=0, le=MAX_COUNT)
     temperature: float = Field(1.0, ge=0.0, le=100.0, description="0 = greedy")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(-1, description="-1 or 0 = off")
+    top_k: int = Field(-1, ge=-1, le=MAX_COUNT, description="-1 or 0 = off")
     min_p: float = Field(0.0, ge=0.0, le=1.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     repetition_penalty: float = Field(1.0, ge=0.01, le=10.0)
     seed: int | None = Field(None, ge=0, lt=2**63)
     stop: list[str] = Field(default_factory=list)
-    stop_token_ids: list[int] = Field(default_factory=list)
+    stop_token_ids: list[int] = Field(default_factory=list, max_length=MAX_STOP_TOKEN_IDS)
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     # log-probabilities (natural log, of the model's raw distribution before temperature/top-k/top-p)
@@ -53,6 +55,13 @@ class SamplingParams(BaseModel):
     @classmethod
     def _stop_ids(cls, v):
         return [] if v is None else v
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _stop_ids_range(cls, v: list[int]):
+        if any(not 0 <= t < MAX_COUNT for t in v):
+            raise ValueError("stop_token_ids must be token ids (0 <= id < vocabulary size)")
+        return v
 
     @field_validator("top_k")
     @classmethod

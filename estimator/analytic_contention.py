@@ -118,7 +118,7 @@ class AnalyticContention:
         fraction = self.pressure_fraction(prefill_tokens, prefill_units)
         decode = decode_alone * slow_d
         if fraction < 1.0:
-            decode = max(decode, self.est.decode_time_at_bandwidth(decode_batch, decode_units, fraction))
+            decode = max(decode, self.est.decode_time_at_bandwidth(*decode_batch, decode_units, fraction))
         return prefill_alone * max(slow_p, self.prefill_slowdown_factor(decode_units)), decode
 
     def contention_table(self, decode_units: list[int], typical_context: int = 1024) -> ContentionModel:
@@ -130,7 +130,7 @@ class AnalyticContention:
         for u in decode_units:
             if not 0 < u < total:
                 continue
-            decode_alone = self.est.decode_time((1, typical_context), u)
+            decode_alone = self.est.decode_time(1, typical_context, u)
             decode_demand = self.decode_bytes(1, typical_context) / decode_alone
             for sl in TABLE_PREFILL_TOKENS:
                 prefill_demand = self.prefill_bytes([sl]) / self.est.prefill_time([sl], total - u)

@@ -2,7 +2,7 @@
 compute and move memory, and how many units it takes to saturate memory bandwidth (Bullet §3.2.2).
 
 GPUs are described from public spec sheets (see `BUILTIN`); the local CPU is described by
-measurement (`estimator.cpu_probe`), with units = cores. Either can be written to and read from
+measurement (`estimator.profiler.cpu_probe`), with units = cores. Either can be written to and read from
 JSON, and is embedded in an estimator profile."""
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from estimator.tiling import (
 Tiling = FixedTiling | HeuristicTiling
 
 # Calibration classes; each kernel has its own. The names of the Vidur profile columns they match
-# are in `estimator.reference_data`.
+# are in `estimator.reference.data`.
 LAYER_TOKEN_CLASSES = ("input_norm", "qkv_proj", "rope", "o_proj", "post_attn_norm",
                        "gate_up_proj", "act", "down_proj", "residual_add")
 ATTENTION_CLASSES = ("attn_prefill", "attn_decode")

@@ -10,27 +10,14 @@ Prediction is on the scheduler's critical path, so the per-kernel work is split 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Sequence
 
 from engines.model_config import ModelConfig
 from estimator.calibration import AlphaCurve, Calibration, by_units
 from estimator.contention import ContentionModel
 from estimator.hardware import DTYPE_BYTES, HardwareSpec
-from estimator.kernels import KernelModel
+from estimator.kernel_model import KernelModel
 from estimator.ops import ExecutionState, head_ops, layer_ops
-
-DecodeBatch = Sequence[int] | tuple[int, int]
-
-
-def decode_summary(context_lens: DecodeBatch) -> tuple[int, int]:
-    """(batch, total context). A tuple is taken as that summary already; pass a list to give one
-    context length per request (KV tokens including the token being decoded)."""
-    if isinstance(context_lens, tuple):
-        if len(context_lens) != 2:
-            raise ValueError("a tuple must be the (batch, total context) summary; pass per-request lengths as a list")
-        return int(context_lens[0]), int(context_lens[1])
-    return len(context_lens), int(sum(context_lens))
 
 
 class Estimator:
@@ -95,11 +82,13 @@ class Estimator:
             seconds *= online.factor("prefill", sum(seq_lens), units, self.hardware.units)
         return seconds
 
-    def decode_time(self, context_lens: DecodeBatch, units: int, co_prefill_tokens: int = 0,
+    def decode_time(self, batch: int, context: int, units: int, co_prefill_tokens: int = 0,
                     include_head: bool = True, num_layers: int | None = None) -> float:
-        """Seconds for one decode step of all layers (+ LM head) on `units` units, with a prefill
-        of `co_prefill_tokens` tokens running on the other units."""
-        batch, context = self._decode_state(context_lens)
+        """Seconds for one decode step of all layers (+ LM head) of `batch` requests holding
+        `context` KV tokens in all (each counting the token being decoded) on `units` units, with a
+        prefill of `co_prefill_tokens` tokens running on the other units."""
+        if batch < 0 or context < 0:
+            raise ValueError(f"a decode batch needs batch >= 0 and context >= 0, got ({batch}, {context})")
         if not 0 < units <= self.hardware.units:
             raise ValueError(f"units must be in 1..{self.hardware.units}, got {units}")
         seconds = self._decode(batch, context, units, co_prefill_tokens, include_head, num_layers, True)
@@ -107,6 +96,19 @@ class Estimator:
         if online.factors:
             seconds *= online.factor("decode", batch, units, self.hardware.units)
         return seconds
+
+    def decode_time_for(self, context_lens: Sequence[int], units: int, co_prefill_tokens: int = 0,
+                        include_head: bool = True, num_layers: int | None = None) -> float:
+        """`decode_time` of requests with these contexts: exact on an engine that pads decode
+        attention to the longest context (the CPU engine), where only the lengths say what it reads."""
+        return self.decode_time(*self.decode_reads(context_lens), units, co_prefill_tokens, include_head, num_layers)
+
+    def decode_reads(self, context_lens: Sequence[int]) -> tuple[int, int]:
+        """(batch, KV tokens attention reads) of a decode step over these contexts."""
+        batch = len(context_lens)
+        if self.hardware.decode_attention_padded and batch:
+            return batch, batch * max(context_lens)
+        return batch, int(sum(context_lens))
 
     def _prefill(self, seq_lens, units, num_layers, include_head, co_decode_batch, phase_alpha) -> float:
         if not seq_lens:
@@ -123,21 +125,12 @@ class Estimator:
             seconds = sum(w * curve.calibrated(tokens, seconds) for curve, w in self._phase_curves["prefill"][units])
         return seconds
 
-    def decode_time_at_bandwidth(self, context_lens: DecodeBatch, units: int, fraction: float,
+    def decode_time_at_bandwidth(self, batch: int, context: int, units: int, fraction: float,
                                  include_head: bool = True, num_layers: int | None = None) -> float:
         """A decode step with its units' memory bandwidth scaled by `fraction`: what an entry
         D_{p,sl} / D_p of the contention table means. The profiler solves for the fraction that
         reproduces decode steps measured beside a prefill. No online correction."""
-        batch, context = self._decode_state(context_lens)
         return self._decode(batch, context, units, 0, include_head, num_layers, True, scale=fraction)
-
-    def _decode_state(self, context_lens: DecodeBatch) -> tuple[int, int]:
-        """(batch, context attention reads). An engine that pads decode attention to the longest
-        context reads batch x longest; only a per-request list says what that is."""
-        batch, context = decode_summary(context_lens)
-        if self.hardware.decode_attention_padded and not isinstance(context_lens, tuple) and batch:
-            context = batch * max(context_lens)
-        return batch, context
 
     def _decode(self, batch, context, units, co_prefill_tokens, include_head, num_layers, phase_alpha,
                 scale: float | None = None) -> float:
@@ -164,7 +157,7 @@ class Estimator:
                                                                           self.kernels.tiling))
         return layer * self.model.num_hidden_layers + head
 
-    def hybrid_step_time(self, chunks: Sequence[tuple[int, int]], decode: DecodeBatch = (0, 0),
+    def hybrid_step_time(self, chunks: Sequence[tuple[int, int]], decode_batch: int = 0, decode_context: int = 0,
                          units: int | None = None) -> float:
         """One hybrid step on the fast paths: prefill `chunks` given as (new tokens, tokens of the
         prompt already cached — attended to and read back, the chunked baseline's "KV reloads") and
@@ -176,7 +169,7 @@ class Estimator:
         units = self.hardware.units if units is None else units
         if not 0 < units <= self.hardware.units:
             raise ValueError(f"units must be in 1..{self.hardware.units}, got {units}")
-        batch, context = decode_summary(decode)
+        batch, context = decode_batch, decode_context
         new = [c for c, _ in chunks]
         tokens = sum(new)
         rows = tokens + batch
@@ -211,25 +204,13 @@ class Estimator:
         if predicted > 0 and seconds > 0:
             self.calibration.online.observe("prefill", sum(seq_lens), units, self.hardware.units, seconds / predicted)
 
-    def observe_decode(self, context_lens: DecodeBatch, units: int, seconds: float, co_prefill_tokens: int = 0,
+    def observe_decode(self, context_lens: Sequence[int], units: int, seconds: float, co_prefill_tokens: int = 0,
                        include_head: bool = True, num_layers: int | None = None) -> None:
-        batch, context = self._decode_state(context_lens)
+        """A decode step over requests with these contexts took `seconds` (online refinement)."""
+        batch, context = self.decode_reads(context_lens)
         predicted = self._decode(batch, context, units, co_prefill_tokens, include_head, num_layers, True)
         if predicted > 0 and seconds > 0:
             self.calibration.online.observe("decode", batch, units, self.hardware.units, seconds / predicted)
-
-    # ---- persistence --------------------------------------------------------------------------
-
-    def save(self, path: str | Path, notes: list[str] | None = None, provenance=None) -> None:
-        from estimator.profile import EstimatorProfile
-
-        EstimatorProfile.from_estimator(self, notes, provenance).write(path)
-
-    @classmethod
-    def load(cls, path: str | Path, model: ModelConfig | None = None) -> "Estimator":
-        from estimator.profile import EstimatorProfile
-
-        return EstimatorProfile.read(path).estimator(model)
 
     def __repr__(self) -> str:
         kinds = ", ".join(sorted(self.calibration.kinds())) or "none"

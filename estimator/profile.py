@@ -38,7 +38,7 @@ VERSION = 1
 
 
 class Provenance(BaseModel):
-    """Where a measured profile comes from; `estimator.local_profile.ensure_profile` reuses a cached
+    """Where a measured profile comes from; `estimator.profiler.cache.ensure_profile` reuses a cached
     profile only if these still describe the model, dtype, cores, CPU and code at hand."""
 
     model: str  # cache name: the model's name and a digest of its file (see local_profile)
@@ -93,3 +93,13 @@ class EstimatorProfile(BaseModel):
         if data.get("version") != VERSION:
             raise ValueError(f"{path}: profile version {data.get('version')} unsupported (expected {VERSION})")
         return cls.model_validate(data)
+
+
+def load_estimator(path: str | Path, model: ModelConfig | None = None) -> Estimator:
+    """The estimator a profile file describes (`model` overrides the stored shape)."""
+    return EstimatorProfile.read(path).estimator(model)
+
+
+def save_estimator(estimator: Estimator, path: str | Path, notes: list[str] | None = None,
+                   provenance: Provenance | None = None) -> None:
+    EstimatorProfile.from_estimator(estimator, notes, provenance).write(path)

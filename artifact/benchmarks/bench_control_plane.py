@@ -18,6 +18,13 @@ import statistics
 import time
 
 from artifact.benchmarks.common import print_table, write_results
+from bullet.core.messages import Handoff, decode, encode
+from bullet.partition import make_backend
+from bullet.shm.segments import new_instance_id
+from bullet.shm.state_buffer import StateBuffer, WorkerState
+from engines.model_config import ModelConfig
+from engines.sampling_params import SamplingParams
+from estimator import Estimator, HardwareSpec
 
 PAPER = {"metadata send+recv (ms)": (0.21, 1.54), "performance predict (us)": (10.2, 25.8),
          "resource re-config (us)": (4.1, 5.9)}
@@ -31,8 +38,6 @@ def _stats(samples: list[float]) -> dict:
 
 def _receiver(address: str, n: int, out) -> None:
     import zmq
-
-    from bullet.messages import decode
 
     ctx = zmq.Context(1)
     sock = ctx.socket(zmq.PULL)
@@ -50,9 +55,6 @@ def _receiver(address: str, n: int, out) -> None:
 
 def metadata_latency(n: int) -> dict:
     import zmq
-
-    from bullet.messages import Handoff, encode
-    from engines.sampling_params import SamplingParams
 
     address = f"ipc://@bullet-bench-{time.time_ns()}"
     q = mp.get_context("spawn").Queue()
@@ -77,9 +79,6 @@ def metadata_latency(n: int) -> dict:
 
 
 def state_buffer_costs(n: int) -> tuple[dict, dict]:
-    from bullet.shm import new_instance_id
-    from bullet.state_buffer import StateBuffer, WorkerState
-
     sb = StateBuffer.create(new_instance_id())
     try:
         ws = WorkerState(pid=1, batch_size=32, queued_requests=4, compute_units=1)
@@ -98,15 +97,12 @@ def state_buffer_costs(n: int) -> tuple[dict, dict]:
 
 
 def prediction_cost(n: int) -> dict:
-    from engines.model_config import ModelConfig
-    from estimator import Estimator, HardwareSpec
-
     est = Estimator(ModelConfig.builtin("llama-3.1-8b"), HardwareSpec.builtin("a100"))
     samples = []
     for i in range(n):
         units = 20 + (i % 80)
         t = time.perf_counter_ns()
-        est.decode_time((48, 48 * 900), units, co_prefill_tokens=2048)
+        est.decode_time(48, 48 * 900, units, co_prefill_tokens=2048)
         est.prefill_time([512, 700, 1024], 108 - units, num_layers=4)
         samples.append((time.perf_counter_ns() - t) / 2e3)  # per call
     return _stats(samples)
@@ -114,8 +110,6 @@ def prediction_cost(n: int) -> dict:
 
 def reconfig_cost(n: int) -> dict:
     import os
-
-    from bullet.partition import make_backend
 
     cores = sorted(os.sched_getaffinity(0))
     backend = make_backend("cpu", "decode", cores=cores)

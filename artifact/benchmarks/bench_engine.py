@@ -16,7 +16,12 @@ import time
 
 import torch
 
+import bullet
 from artifact.benchmarks.common import print_table, write_results
+from engines.device import DTYPES
+from engines.runner import SeqChunk
+from engines.sampling_params import SamplingParams
+from engines.weights.resolve import default_gguf_path
 
 PROMPT_LEN = 128
 PREFILL_LENS = (128, 512)
@@ -29,22 +34,16 @@ def _ids(n: int, seed: int) -> list[int]:
 
 class Ours:
     def __init__(self, dtype: str, steps: int):
-        import bullet
-
         self.steps = steps
         self.llm = bullet.LLM(dtype=dtype, max_total_tokens=max(BATCHES) * (PROMPT_LEN + 4 * steps + 8) + 1024)
 
     def prefill(self, n: int) -> float:
-        from engines.runner import SeqChunk
-
         ids, pages = _ids(n, n), list(range(-(-n // self.llm.runner.page_size)))
         t = time.perf_counter()
         self.llm.runner.forward([SeqChunk(ids, 0, pages)])
         return n / (time.perf_counter() - t)
 
     def decode(self, b: int) -> float:
-        from engines.sampling_params import SamplingParams
-
         eng = self.llm.engine
         params = SamplingParams(temperature=0, max_new_tokens=self.steps + 2, ignore_eos=True)
         for i in range(b):
@@ -62,9 +61,6 @@ class Ours:
 class Reference:
     def __init__(self, dtype: str, steps: int):
         from transformers import AutoModelForCausalLM
-
-        from engines.device import DTYPES
-        from engines.weights.resolve import default_gguf_path
 
         path = default_gguf_path()
         self.steps = steps

@@ -1,5 +1,4 @@
 """The estimator against the paper and against measurements:
-
 1. Bullet Table 2 (wave-quantization idle %, Llama-3.1-8B prefill on A100) from the tile model;
 2. calibration accuracy: two samples per kernel class (128 and 4096 tokens) predicting every other
    token count of the Vidur A100 profiles of Llama-3-8B and Llama-2-7B (MAPE per kernel and for the
@@ -28,15 +27,16 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from engines.model_config import ModelConfig  # noqa: E402
-from estimator.predictor import Estimator  # noqa: E402
-from estimator.reference_data import (  # noqa: E402
+from estimator.profile import load_estimator
+from estimator.profiler.cpu_probe import ProbeSizes, probe_cpu
+from estimator.reference.data import (  # noqa: E402
     A100_LLAMA3_8B_DECODE_MS,
     A100_LLAMA3_8B_PREFILL_MS,
     llama2_7b,
     load_vidur_ops,
     vidur_csv_path,
 )
-from estimator.reference_profiles import (  # noqa: E402
+from estimator.reference.profiles import (  # noqa: E402
     DEFAULT_SHARED_DATA,
     SAMPLE_TOKENS,
     SHIPPED_PROFILE,
@@ -45,7 +45,6 @@ from estimator.reference_profiles import (  # noqa: E402
     vidur_estimator,
 )
 from estimator.waves import TABLE2_COLUMNS, TABLE2_PAPER, prefill_idle_table  # noqa: E402
-
 
 RESULTS = Path(os.environ.get("BULLET_RESULTS_DIR", ROOT / "artifact" / "results"))
 
@@ -100,7 +99,7 @@ def calibration_accuracy(shared_data: Path) -> dict:
 
 
 def held_out_points() -> dict:
-    shipped = Estimator.load(SHIPPED_PROFILE)
+    shipped = load_estimator(SHIPPED_PROFILE)
     attention = [{"state": s, "measured_ms": m, "predicted_ms": round(p, 3), "error_pct": round(100 * (p - m) / m, 1)}
                  for s, m, p in attention_errors(shipped)]
     end_to_end = []
@@ -109,7 +108,7 @@ def held_out_points() -> dict:
         end_to_end.append({"state": f"prefill {tokens}", "measured_ms": ms, "predicted_ms": round(p, 2),
                            "error_pct": round(100 * (p - ms) / ms, 1)})
     for (batch, ctx), ms in A100_LLAMA3_8B_DECODE_MS.items():
-        p = 1e3 * shipped.decode_time((batch, batch * ctx), 108, include_head=False)
+        p = 1e3 * shipped.decode_time(batch, batch * ctx, 108, include_head=False)
         end_to_end.append({"state": f"decode {batch}x{ctx}", "measured_ms": ms, "predicted_ms": round(p, 2),
                            "error_pct": round(100 * (p - ms) / ms, 1)})
     return {"attention": attention, "end_to_end": end_to_end,
@@ -126,7 +125,7 @@ def _stats(samples_ns: list[int], timer_ns: float) -> dict:
 def prediction_cost(calls: int, seed: int = 0) -> dict:
     """Per-call cost, timer overhead subtracted. Units vary every call (the scheduler's search);
     'cold' draws a new prompt length every call, so nothing is cached for it."""
-    est = Estimator.load(SHIPPED_PROFILE)
+    est = load_estimator(SHIPPED_PROFILE)
     rng = random.Random(seed)
     contexts = [rng.randint(200, 4000) for _ in range(64)]
     summary = (64, sum(contexts))
@@ -158,8 +157,6 @@ def prediction_cost(calls: int, seed: int = 0) -> dict:
 
 
 def cpu_probe() -> dict:
-    from estimator.cpu_probe import ProbeSizes, probe_cpu
-
     spec = probe_cpu(sizes=ProbeSizes.quick(), progress=False)
     return spec.model_dump(mode="json")
 

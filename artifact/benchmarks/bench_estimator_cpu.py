@@ -28,13 +28,19 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from artifact.benchmarks.common import write_results  # noqa: E402
+from engines.weights import load_weights
+from estimator.profile import EstimatorProfile, load_estimator
+from estimator.profiler.cache import ensure_profile, measure_profile
+from estimator.profiler.plan import ProfilePlan, calibration_keys, case_key
+from estimator.profiler.report import group_of, percent_error, predict, summarize_errors
+from estimator.profiler.session import ProfileSession
+from estimator.profiler.workload import DecodeCase, PrefillCase, uniform_decode
 
 TARGET_MAPE = 10.0
 
 
 def held_out_cases():
     """(solo prefill, solo decode, decode beside prefill sl, prefill beside decode batch)."""
-    from estimator.local_workload import DecodeCase, PrefillCase, uniform_decode
 
     rnd = random.Random(7)
     prefill = [PrefillCase((48,)), PrefillCase((100,)), PrefillCase((400,)), PrefillCase((700,)),
@@ -63,7 +69,6 @@ def print_rows(rows: list[dict], columns: list[str], title: str) -> None:
 
 def check_held_out(cases) -> None:
     """No held-out state is one the quick or full plan calibrates on."""
-    from estimator.local_plan import ProfilePlan, calibration_keys, case_key
 
     calibrated = calibration_keys(ProfilePlan.quick()) | calibration_keys(ProfilePlan.full())
     overlap = [c.label() for c in cases if case_key(c) in calibrated]
@@ -87,13 +92,6 @@ def main() -> int:
 
     import torch
 
-    from engines.weights import load_weights
-    from estimator.local_profile import ensure_profile, measure_profile
-    from estimator.local_session import ProfileSession
-    from estimator.local_workload import DecodeCase
-    from estimator.predictor import Estimator
-    from estimator.profile import EstimatorProfile
-
     cores = sorted(os.sched_getaffinity(0))
     started = time.monotonic()
     if args.profile:
@@ -105,7 +103,7 @@ def main() -> int:
         profile_path = ensure_profile(None, "auto", "auto", cores, quick=not args.full_profile)
     profile_seconds = time.monotonic() - started
     profile = EstimatorProfile.read(profile_path)
-    estimator = Estimator.load(profile_path)
+    estimator = load_estimator(profile_path)
 
     prefill, decode, decode_beside, prefill_beside = held_out_cases()
     check_held_out([*prefill, *decode, *(c for c, _ in decode_beside), *(c for c, _ in prefill_beside)])
@@ -140,8 +138,6 @@ def main() -> int:
                 disturbed[i] += result.usable == 0
                 print(f"[round {round_index + 1}/{args.rounds}] {n}/{len(jobs)} {result.label}: "
                       f"{result.seconds * 1e3:.1f} ms ({result.usable} undisturbed runs)", flush=True)
-
-    from estimator.local_report import group_of, percent_error, predict, summarize_errors
 
     rows = []
     for i, (label, lens, _) in enumerate(jobs):

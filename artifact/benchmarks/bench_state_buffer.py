@@ -18,11 +18,11 @@ import time
 from pathlib import Path
 
 import posix_ipc
-
-from bullet import shm
 from bullet._shmatomic import SharedRegion
-from bullet.shm_page_allocator import SharedPageAllocator
-from bullet.state_buffer import PAYLOAD_SIZE, StateBuffer, WorkerState
+
+from bullet.shm import segments as shm
+from bullet.shm.shared_page_allocator import SharedPageAllocator
+from bullet.shm.state_buffer import PAYLOAD_SIZE, StateBuffer, WorkerState
 
 ROOT = Path(__file__).resolve().parents[2]
 SPAWN = mp.get_context("spawn")

@@ -30,9 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from bullet.llm import LLM
-    from engines.sampling_params import SamplingParams, validation_message
-    from engines.weights import ModelLoadError
+    from bullet.llm import LLM  # deferred: `bullet --help` lists commands without loading torch
+    from engines.sampling_params import SamplingParams, validation_message  # deferred: as above
+    from engines.weights import ModelLoadError  # deferred: as above
 
     prompts = args.prompts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
     if not prompts:

@@ -4,9 +4,17 @@ prefill and decode workers, and serves SGLang's native API and the OpenAI API ov
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import sys
 import typing
+
+import setproctitle
+import uvicorn
+
+from bullet.config import ServerArgs
+
+log = logging.getLogger("bullet.launch")
 
 NAME = "launch"
 HELP = "serve a model over HTTP with concurrent prefill and decode workers"
@@ -24,8 +32,6 @@ def _flag_type(annotation):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from bullet.config import ServerArgs
-
     for name, field in ServerArgs.model_fields.items():
         flag = "--" + name.replace("_", "-")
         kind, choices = _flag_type(field.annotation)
@@ -36,8 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from bullet.config import ServerArgs
-    from engines.sampling_params import validation_message
+    from engines.sampling_params import validation_message  # deferred: `bullet --help` lists commands without torch
 
     fields = {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "command"}
     try:
@@ -52,20 +57,43 @@ def run(args: argparse.Namespace) -> int:
     return serve(server_args)
 
 
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server with a graceful drain: the first SIGTERM/SIGINT stops admitting requests
+    (503 + Retry-After) and lets the ones in flight finish for up to `shutdown_timeout` seconds
+    before the usual shutdown, which ends whatever is left with an error; a second signal exits at once."""
+
+    def __init__(self, config, runtime, shutdown_timeout: float):
+        super().__init__(config)
+        self.runtime, self.shutdown_timeout = runtime, shutdown_timeout
+        self._drain: asyncio.Task | None = None
+
+    def handle_exit(self, sig, frame) -> None:
+        if self._drain is not None or self.runtime.status != "serving" or not self.shutdown_timeout:
+            return super().handle_exit(sig, frame)
+        log.info("signal %d: draining (up to %.0fs); send it again to stop at once", sig, self.shutdown_timeout)
+        self._drain = asyncio.get_event_loop().create_task(self._drain_then_exit(sig, frame))
+
+    async def _drain_then_exit(self, sig, frame) -> None:
+        try:
+            await self.runtime.drain(self.shutdown_timeout)
+        finally:
+            super().handle_exit(sig, frame)
+
+
 def serve(server_args) -> int:
-    import uvicorn
-
+    # deferred: `bullet --help` lists commands without loading torch, the model loaders and the server
     from bullet.http.app import create_app
-    from bullet.runtime.launcher import WorkerStartupError
-    from bullet.runtime.serving import ServingRuntime
-    from engines.weights import ModelLoadError
+    from bullet.runtime.launcher import WorkerStartupError  # deferred: as above
+    from bullet.runtime.serving import ServingRuntime  # deferred: as above
+    from engines.weights import ModelLoadError  # deferred: as above
 
+    setproctitle.setproctitle(f"bullet::launcher port={server_args.port}")
     logging.basicConfig(level=server_args.log_level.upper(), format="[%(asctime)s %(name)s] %(levelname)s %(message)s")
     runtime = ServingRuntime(server_args)
     app = create_app(server_args, runtime)
     config = uvicorn.Config(app, host=server_args.host, port=server_args.port, log_level=server_args.log_level,
                             timeout_graceful_shutdown=5, access_log=server_args.log_level == "debug")
-    server = uvicorn.Server(config)
+    server = DrainingServer(config, runtime, server_args.shutdown_timeout)
     fatal: list[str] = []
 
     def on_fatal(what: str) -> None:

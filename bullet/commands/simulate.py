@@ -7,6 +7,11 @@ import argparse
 import json
 import sys
 
+from bullet.sim import Simulation
+from bullet.sim.config import SimConfig
+from bullet.sim.report import result_dict, summary_lines
+from bullet.workloads.traces import build_workload
+
 NAME = "simulate"
 HELP = "SIMULATED run: a workload on a virtual GPU (A100/H100...) with the real scheduling policies"
 DESCRIPTION = (
@@ -21,8 +26,6 @@ TABLE4_SLOS = {"sharegpt": ("3.0ms/token", "150ms"), "azure-code": ("1.5ms/token
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from bullet.sim.config import SimConfig
-
     d = SimConfig()
     p.add_argument("--model", default=d.model, help="built-in model config")
     p.add_argument("--hardware", default=d.hardware, help="a100 | h100 | h200 | h20 (only a100 is calibrated)")
@@ -61,9 +64,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress output")
 
 
-def config_from_args(args: argparse.Namespace):
-    from bullet.sim.config import SimConfig
-
+def config_from_args(args: argparse.Namespace) -> SimConfig:
     ttft, tpot = TABLE4_SLOS[args.workload]
     return SimConfig(
         policy=args.policy, model=args.model, hardware=args.hardware, estimator_profile=args.estimator_profile,
@@ -78,10 +79,6 @@ def config_from_args(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
-
-    from artifact.workloads.traces import build_workload
-    from bullet.sim import Simulation
-    from bullet.sim.report import result_dict, summary_lines
 
     rate = args.rate if args.rate is not None or args.arrivals == "trace" else 5.0
     log = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))

@@ -50,10 +50,10 @@ def check_shm(min_free_mb: int) -> CheckResult:
 
 def check_stale_segments() -> CheckResult:
     """Lists segments of servers whose creator is gone. Listing only: removing them is the
-    launcher's job (`bullet.shm.cleanup_instance`), and a live server's segments must stay."""
+    launcher's job (`bullet.shm.segments.cleanup_instance`), and a live server's segments must stay."""
     name = "leftover /dev/shm/bullet-* segments"
     try:
-        from bullet.shm import list_instances
+        from bullet.shm.segments import list_instances  # deferred: posix_ipc may be missing; fall back below
     except ImportError as e:  # posix_ipc missing: fall back to a plain listing
         names = sorted(p.name for p in SHM.glob("*bullet-*"))
         return passed(name, f"{len(names)} found (owner liveness unknown: {e})", segments=names)

@@ -14,12 +14,13 @@ import os
 
 from bullet.doctor.gpu_checks import skip_gpu
 from bullet.doctor.report import CheckResult, failed, passed, skipped
+from bullet.doctor.smid_probe import ProbeUnavailable, load_probe_for_current_device
 from bullet.partition import PartitionUnavailable, format_id_list
+from bullet.partition.green_ctx import GreenContextBackend
+from bullet.partition.libsmctrl import LIBRARY_ENV, LibSmCtrlBackend
 
 
 def _probe():
-    from bullet.doctor.smid_probe import ProbeUnavailable, load_probe_for_current_device
-
     try:
         return load_probe_for_current_device(), None
     except (ProbeUnavailable, OSError) as e:
@@ -40,8 +41,6 @@ def check_libsmctrl_masks(no_gpu: str | None, library: str | None, allow_unteste
     if no_gpu:
         return skip_gpu(name, no_gpu)
     import torch
-
-    from bullet.partition.libsmctrl import LIBRARY_ENV, LibSmCtrlBackend
 
     if not (library or os.environ.get(LIBRARY_ENV)):
         return skipped(name, f"no libsmctrl given (--libsmctrl PATH or {LIBRARY_ENV})")
@@ -95,8 +94,6 @@ def check_green_ctx_pools(no_gpu: str | None) -> CheckResult:
     if no_gpu:
         return skip_gpu(name, no_gpu)
     import torch
-
-    from bullet.partition.green_ctx import GreenContextBackend
 
     probe, why = _probe()
     if probe is None:

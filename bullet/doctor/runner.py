@@ -5,6 +5,7 @@ from __future__ import annotations
 import platform
 from dataclasses import dataclass
 
+from bullet import __version__
 from bullet.doctor import cpu_check, gpu_checks, host_checks, mask_checks
 from bullet.doctor.report import CheckResult, failed
 
@@ -40,8 +41,6 @@ def run_checks(opts: DoctorOptions) -> tuple[list[CheckResult], dict]:
         ("CUDA IPC zero-copy", gpu_checks.check_cuda_ipc, no_gpu),
     ]
     results = [_guarded(name, fn, *args) for name, fn, *args in plan]
-    from bullet import __version__
-
     context = {"bullet": __version__, "host": platform.node(), "gpu": no_gpu or "available",
                "gpu_checks_note": gpu_checks.NOT_RUN if no_gpu else "run on this machine"}
     return results, context

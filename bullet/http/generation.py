@@ -10,7 +10,7 @@ from typing import AsyncIterator
 
 from fastapi import Request
 
-from bullet.engine import RequestError
+from bullet.core.validation import RequestError
 from bullet.http.errors import APIError
 from bullet.http.text import TextAssembler
 from bullet.runtime.client import RequestState
@@ -55,7 +55,8 @@ def check_fits(runtime: ServingRuntime, input_ids: list[int], params: SamplingPa
 async def submit(runtime: ServingRuntime, input_ids: list[int], params: SamplingParams,
                  rid: str | None = None) -> RequestState:
     if not runtime.healthy:
-        raise APIError(f"the server is {runtime.status}; try again shortly", status=503, type_="server_error")
+        raise APIError(f"the server is {runtime.status}; try again shortly", status=503, type_="server_error",
+                       headers={"Retry-After": "5"})
     try:
         return await runtime.client.submit(input_ids, params, rid)
     except RequestError as exc:
@@ -71,7 +72,7 @@ async def follow(runtime: ServingRuntime, state: RequestState) -> AsyncIterator[
             yield Update(st, delta, asm.visible)
     finally:
         if not state.done:
-            await runtime.client.abort(state.rid, "the client disconnected")
+            await runtime.client.abort(state, "the client disconnected")
 
 
 async def run_to_completion(request: Request, updates: AsyncIterator[Update], poll_s: float = 0.5) -> Update:
@@ -117,5 +118,5 @@ async def run_all(request: Request, runtime: ServingRuntime, states: list[Reques
         await asyncio.gather(*tasks, return_exceptions=True)
         for st in states:
             if not st.done:
-                await runtime.client.abort(st.rid, "the client disconnected")
+                await runtime.client.abort(st, "the client disconnected")
         raise

@@ -71,7 +71,7 @@ class Metrics:
         r.register(_RuntimeCollector(runtime))
 
     def on_finish(self, st: RequestState) -> None:
-        self.finished.labels((st.finish_reason or {}).get("type", "unknown")).inc()
+        self.finished.labels((st.finish_json or {}).get("type", "unknown")).inc()
         self.prompt_tokens.inc(len(st.prompt_ids))
         self.generation_tokens.inc(len(st.output_ids))
         if st.first_token_time is not None:

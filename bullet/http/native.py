@@ -13,11 +13,11 @@ from fastapi.responses import JSONResponse
 
 from bullet import __version__
 from bullet.http.errors import APIError, stream_error_event
-from bullet.http.generation import (ClientGone, Update, check_fits, follow, latency, run_all, run_to_completion,
-                                     submit)
+from bullet.http.generation import ClientGone, Update, check_fits, follow, latency, run_all, run_to_completion, submit
 from bullet.http.protocol import GenerateBody, parse_body
 from bullet.http.sampling import build_sampling_params
 from bullet.http.streaming import DONE, EventStream, merged_updates, sse
+from engines.sampling_params import SamplingParams
 
 router = APIRouter()
 MAX_TOP_LOGPROBS = 20
@@ -72,7 +72,7 @@ def _entries(tok, lps, ids, with_text: bool) -> list:
 
 def _response(rt, u: Update, item: dict, with_text: bool) -> dict:
     st = u.state
-    meta = {"id": st.rid, "finish_reason": st.finish_reason, "prompt_tokens": len(st.prompt_ids),
+    meta = {"id": st.rid, "finish_reason": st.finish_json, "prompt_tokens": len(st.prompt_ids),
             "completion_tokens": len(st.output_ids), "cached_tokens": 0}
     if st.done:
         meta["e2e_latency"] = latency(st)
@@ -92,7 +92,7 @@ def _response(rt, u: Update, item: dict, with_text: bool) -> dict:
 
 
 def _server_failure(u: Update) -> str | None:
-    reason = u.state.finish_reason or {}
+    reason = u.state.finish_json or {}
     return reason.get("message") if reason.get("type") == "abort" else None
 
 
@@ -107,7 +107,7 @@ async def generate(request: Request):
             states.append(await submit(rt, item["ids"], item["params"], item["rid"]))
     except APIError:
         for st in states:
-            await rt.client.abort(st.rid, "another item of the batch was rejected")
+            await rt.client.abort(st, "another item of the batch was rejected")
         raise
     with_text = body.return_text_in_logprobs
     if body.stream:
@@ -174,8 +174,6 @@ async def health_generate(request: Request):
     rt = request.app.state.runtime
     if not rt.healthy:
         return JSONResponse({"status": rt.status}, status_code=503)
-    from engines.sampling_params import SamplingParams
-
     try:
         state = await submit(rt, [rt.model.config.bos_token_id or 1], SamplingParams(max_new_tokens=1, temperature=0))
         final = await asyncio.wait_for(run_to_completion(request, follow(rt, state)), timeout=60)

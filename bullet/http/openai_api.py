@@ -66,7 +66,7 @@ async def _submit_all(rt, jobs) -> list:
             states.append(await submit(rt, ids, params))
     except APIError:
         for st in states:
-            await rt.client.abort(st.rid, "another prompt of the request was rejected")
+            await rt.client.abort(st, "another prompt of the request was rejected")
         raise
     return states
 
@@ -77,7 +77,7 @@ async def _finals(request: Request, rt, states) -> list[Update]:
     except ClientGone:
         raise APIError("client disconnected", status=499)
     for u in finals:
-        reason = u.state.finish_reason or {}
+        reason = u.state.finish_json or {}
         if reason.get("type") == "abort":
             raise APIError(reason.get("message", "request failed"), status=503, type_="server_error")
     return finals
@@ -129,7 +129,7 @@ async def completions(request: Request):
             sent_echo = set()
             async with aclosing(merged_updates(rt, states)) as updates:
                 async for i, u in updates:
-                    reason = u.state.finish_reason or {}
+                    reason = u.state.finish_json or {}
                     if reason.get("type") == "abort":
                         yield sse(stream_error_event(reason.get("message", "request failed"), 503))
                         continue
@@ -140,7 +140,7 @@ async def completions(request: Request):
                         continue
                     yield sse({"id": cid, "object": "text_completion", "created": created, "model": model,
                                "choices": [{"index": i, "text": text, "logprobs": None,
-                                            "finish_reason": _finish_reason(u.state.finish_reason)}]})
+                                            "finish_reason": _finish_reason(u.state.finish_json)}]})
             if include_usage:
                 yield sse({"id": cid, "object": "text_completion", "created": created, "model": model,
                            "choices": [], "usage": _usage(states)})
@@ -153,7 +153,7 @@ async def completions(request: Request):
     for i, u in enumerate(finals):
         lp = _completion_logprobs(rt.tokenizer, u.state, body.logprobs or 0, len(echo_text[i])) if want_lp else None
         choices.append({"index": i, "text": echo_text[i] + u.text, "logprobs": lp,
-                        "finish_reason": _finish_reason(u.state.finish_reason)})
+                        "finish_reason": _finish_reason(u.state.finish_json)})
     return JSONResponse({"id": cid, "object": "text_completion", "created": created, "model": model,
                          "choices": choices, "usage": _usage([u.state for u in finals])})
 
@@ -225,11 +225,11 @@ async def chat_completions(request: Request):
                 yield chunk(i, {"role": "assistant", "content": ""})
             async with aclosing(merged_updates(rt, states)) as updates:
                 async for i, u in updates:
-                    reason = u.state.finish_reason or {}
+                    reason = u.state.finish_json or {}
                     if reason.get("type") == "abort":
                         yield sse(stream_error_event(reason.get("message", "request failed"), 503))
                     elif u.delta or u.done:
-                        yield chunk(i, {"content": u.delta} if u.delta else {}, _finish_reason(u.state.finish_reason))
+                        yield chunk(i, {"content": u.delta} if u.delta else {}, _finish_reason(u.state.finish_json))
             if include_usage:
                 yield sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
                            "choices": [], "usage": _usage(states)})
@@ -240,6 +240,6 @@ async def chat_completions(request: Request):
     finals = await _finals(request, rt, states)
     choices = [{"index": i, "message": {"role": "assistant", "content": u.text},
                 "logprobs": _chat_logprobs(rt.tokenizer, u.state, n_top) if body.logprobs else None,
-                "finish_reason": _finish_reason(u.state.finish_reason)} for i, u in enumerate(finals)]
+                "finish_reason": _finish_reason(u.state.finish_json)} for i, u in enumerate(finals)]
     return JSONResponse({"id": cid, "object": "chat.completion", "created": created, "model": model,
                          "choices": choices, "usage": _usage([u.state for u in finals])})

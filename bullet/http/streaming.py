@@ -38,7 +38,7 @@ class EventStream(StreamingResponse):
             await self.body_iterator.aclose()
             for st in self.states:
                 if not st.done:
-                    await self.runtime.client.abort(st.rid, "the client disconnected")
+                    await self.runtime.client.abort(st, "the client disconnected")
 
 
 async def merged_updates(runtime, states: list[RequestState]) -> AsyncIterator[tuple[int, Update]]:

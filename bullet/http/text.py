@@ -3,7 +3,7 @@ could still turn into one is held back until it can't), trimmed at the match whe
 
 from __future__ import annotations
 
-from bullet.finish import trim_stop_string
+from bullet.core.finish import FinishReason, trim_stop_string
 from engines.detokenizer import IncrementalDetokenizer
 from engines.tokenizer import Tokenizer
 
@@ -16,7 +16,7 @@ class TextAssembler:
         self.consumed = 0  # output tokens fed so far
         self.visible = ""  # text released to the client (only ever grows)
 
-    def update(self, output_ids: list[int], finish_reason: dict | None) -> str:
+    def update(self, output_ids: list[int], finish_reason: FinishReason | None) -> str:
         """Feed the cumulative output ids; returns the newly visible text."""
         if len(output_ids) > self.consumed:
             self.detok.push(output_ids[self.consumed :])

@@ -17,8 +17,15 @@ from __future__ import annotations
 
 import importlib
 
-from bullet.partition.base import (ROLES, Granularity, PartitionBackend, PartitionUnavailable,
-                                   format_id_list, parse_id_list, role_slice)
+from bullet.partition.base import (
+    ROLES,
+    Granularity,
+    PartitionBackend,
+    PartitionUnavailable,
+    format_id_list,
+    parse_id_list,
+    role_slice,
+)
 from bullet.partition.stats import ApplyCostSummary
 
 # name -> (module, class)

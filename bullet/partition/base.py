@@ -24,6 +24,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from bullet.partition.stats import ApplyCostRecorder, ApplyCostSummary
+from engines.cpuset import format_id_list, parse_id_list  # noqa: F401 (re-exported: the CLI and reports use them)
 
 ROLES = ("prefill", "decode")
 
@@ -53,31 +54,6 @@ def role_slice(total: int, units: int, role: str) -> range:
         raise ValueError(f"role must be one of {ROLES}, got {role!r}")
     units = max(0, min(units, total))
     return range(0, units) if role == "prefill" else range(total - units, total)
-
-
-def format_id_list(ids) -> str:
-    """Compact id list in the kernel's `Cpus_allowed_list` style: {0,1,2,5} -> '0-2,5'."""
-    ordered = sorted(set(ids))
-    parts: list[str] = []
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ",".join(parts)
-
-
-def parse_id_list(text: str) -> set[int]:
-    """Inverse of `format_id_list` (also reads `/proc/<pid>/status` Cpus_allowed_list)."""
-    ids: set[int] = set()
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        lo, _, hi = part.partition("-")
-        ids.update(range(int(lo), int(hi or lo) + 1))
-    return ids
 
 
 class PartitionBackend(ABC):
@@ -126,6 +102,13 @@ class PartitionBackend(ABC):
     def unit_set(self) -> frozenset[int]:
         """Concrete ids of the units this worker currently holds (core ids, SM ids)."""
         return frozenset(self._ids_of(role_slice(self.total_units, self._current, self.role)))
+
+    def unit_mask(self) -> int:
+        """`unit_set()` as a bit mask (bit u set = unit u held): what a worker publishes."""
+        mask = 0
+        for u in self.unit_set():
+            mask |= 1 << u
+        return mask
 
     def launch_stream(self) -> int | None:
         """CUDA stream handle the worker must launch its kernels on after `apply`, or None when

@@ -1,10 +1,8 @@
 """`cpu` backend: a worker's share is a set of cores.
 
 Applying a share does two things, both needed:
-* `sched_setaffinity` on **every thread of the process**. `sched_setaffinity(0, …)` only moves the
-  calling thread, and by the time a worker applies its first share torch's OpenMP/MKL pool threads
-  already exist. New threads inherit the affinity of the thread that creates them, so pinning every
-  existing thread also covers threads created later.
+* `sched_setaffinity` on **every thread of the process** (`engines.host.pin_all_threads`: torch's
+  OpenMP pool threads already exist when the first share is applied).
 * `torch.set_num_threads(len(cores))`, so intra-op parallelism matches the share instead of
   oversubscribing it. OpenMP's thread count is per calling thread: call `apply` from the thread that
   runs the model (the worker loop does), not from a helper thread.
@@ -19,31 +17,9 @@ from __future__ import annotations
 import os
 
 from bullet.partition.base import Granularity, PartitionBackend, PartitionUnavailable, role_slice
+from engines.host import pin_all_threads
 
 THREAD_BINDING_ENV = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFFINITY")
-
-
-def thread_ids() -> set[int]:
-    return {int(tid) for tid in os.listdir("/proc/self/task")}
-
-
-def pin_all_threads(cores: set[int]) -> int:
-    """Restrict every thread of this process to `cores`; returns how many threads were pinned.
-
-    Re-lists the threads until no new one shows up: a thread not yet pinned may have created another
-    (inheriting the old mask) while the first pass ran."""
-    pinned: set[int] = set()
-    for _ in range(8):
-        fresh = thread_ids() - pinned
-        if not fresh:
-            break
-        for tid in fresh:
-            try:
-                os.sched_setaffinity(tid, cores)
-            except ProcessLookupError:
-                pass  # the thread exited between listing and pinning
-        pinned |= fresh
-    return len(pinned)
 
 
 class CpuCoreBackend(PartitionBackend):

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bullet.partition.base import Granularity, PartitionBackend, PartitionUnavailable
+from bullet.partition.gpu_helper import load_helper
 
 
 @dataclass(frozen=True)
@@ -94,8 +95,6 @@ class GreenContextBackend(PartitionBackend):
         self._split = None
         try:
             if driver is None:
-                from bullet.partition.gpu_helper import load_helper
-
                 driver = load_helper()
             driver.green_ctx_supported()  # "no CUDA driver" / "driver lacks cuGreenCtxCreate" / ...
         except PartitionUnavailable as e:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator
@@ -16,10 +17,21 @@ from typing import AsyncIterator
 import zmq
 import zmq.asyncio
 
-from bullet.engine import validate_prompt
-from bullet.messages import Abort, GenerateRequest, OutputBatch, RequestOutput, decode, encode
+from bullet.core.finish import Abort, FinishReason
+from bullet.core.messages import (
+    AbortRequest,
+    GenerateRequest,
+    MalformedMessage,
+    OutputBatch,
+    RequestOutput,
+    decode,
+    encode,
+)
+from bullet.core.validation import RequestError, validate_prompt
 from bullet.runtime.endpoints import Endpoints
 from engines.sampling_params import SamplingParams
+
+log = logging.getLogger("bullet.client")
 
 
 @dataclass
@@ -33,17 +45,22 @@ class RequestState:
     output_logprobs: list[float | None] = field(default_factory=list)
     output_top_logprobs: list = field(default_factory=list)
     prompt_logprobs: list[float | None] | None = None
-    finish_reason: dict | None = None
+    finish_reason: FinishReason | None = None
     first_token_time: float | None = None
     finish_time: float | None = None
     token_times: list[float] = field(default_factory=list)  # arrival time of each output token
     _pending: dict[int, RequestOutput] = field(default_factory=dict)
-    _final: tuple[int, dict] | None = None  # (number of tokens, reason) once announced
+    _final: tuple[int, FinishReason] | None = None  # (number of tokens, reason) once announced
     _updated: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def done(self) -> bool:
         return self.finish_reason is not None
+
+    @property
+    def finish_json(self) -> dict | None:
+        """The finish reason in SGLang's JSON shape (the HTTP edge)."""
+        return None if self.finish_reason is None else self.finish_reason.to_json()
 
     @property
     def stage(self) -> str:
@@ -55,7 +72,8 @@ class RuntimeClient:
         self.vocab_size, self.max_context, self.pool_tokens = vocab_size, max_context, pool_tokens
         self.has_decode_worker = has_decode_worker  # False for the single-process chunked baseline
         self.ctx = zmq.asyncio.Context(1)
-        self.inflight: dict[str, RequestState] = {}
+        self.inflight: dict[str, RequestState] = {}  # by the client's rid (unique among requests in flight)
+        self.by_uid: dict[int, RequestState] = {}  # by the server's id, which outputs and aborts carry
         self._uids = itertools.count(1)
         self._rids = itertools.count(1)
         self._inbox = self._to_prefill = self._to_decode = None
@@ -64,6 +82,7 @@ class RuntimeClient:
 
     async def start(self, endpoints: Endpoints) -> None:
         self._inbox = self.ctx.socket(zmq.PULL)
+        self._inbox.setsockopt(zmq.MAXMSGSIZE, 64 << 20)
         self._inbox.bind(endpoints.frontend_in)
         self.connect_workers(endpoints)
         self._recv_task = asyncio.get_running_loop().create_task(self._receive())
@@ -93,12 +112,11 @@ class RuntimeClient:
         validate_prompt(input_ids, params, self.vocab_size, self.max_context, self.pool_tokens)
         rid = rid or f"r{next(self._rids)}-{int(time.time() * 1000) % 10**8}"
         if rid in self.inflight:
-            from bullet.engine import RequestError
-
             raise RequestError(f"request id {rid!r} is already in flight")
         state = RequestState(rid=rid, uid=next(self._uids), prompt_ids=list(input_ids), params=params,
                              arrival=time.monotonic())
         self.inflight[rid] = state
+        self.by_uid[state.uid] = state
         await self._to_prefill.send(encode(GenerateRequest(rid=rid, uid=state.uid, input_ids=state.prompt_ids,
                                                            params=params, arrival=state.arrival)))
         return state
@@ -118,33 +136,39 @@ class RuntimeClient:
             pass
         return state
 
-    async def abort(self, rid: str, message: str = "aborted by the client") -> None:
-        state = self.inflight.get(rid)
-        if state is None:
+    async def abort(self, state: RequestState, message: str = "aborted by the client") -> None:
+        """Abort one request (addressed by the server's id: its rid may already name a newer one)."""
+        if state.done:
             return
-        msg = encode(Abort(rid=rid, uid=state.uid, message=message))
+        msg = encode(AbortRequest(uid=state.uid, message=message))
         # both workers: the request may be queued, in prefill, in transit, or decoding
         await self._to_prefill.send(msg)
         if self._to_decode is not None:
             await self._to_decode.send(msg)
-        self._finish(state, {"type": "abort", "message": message})
+        self._finish(state, Abort(message=message))
 
     def fail_all(self, message: str) -> list[int]:
         """Finish every in-flight request with an error; returns their page-owner ids."""
         uids = [s.uid for s in self.inflight.values()]
         for state in list(self.inflight.values()):
-            self._finish(state, {"type": "abort", "message": message})
+            self._finish(state, Abort(message=message))
         return uids
 
     # -- outputs -------------------------------------------------------------------------------
     async def _receive(self) -> None:
         while True:
-            batch = decode(await self._inbox.recv())
-            if isinstance(batch, OutputBatch):
+            data = await self._inbox.recv()
+            try:
+                batch = decode(data)
+                if not isinstance(batch, OutputBatch):
+                    raise MalformedMessage(f"a {type(batch).__name__} is not an output batch")
                 for out in batch.outputs:
-                    state = self.inflight.get(out.rid)
+                    state = self.by_uid.get(out.uid)
                     if state is not None:  # else: finished or failed already (e.g. a late abort ack)
                         self._merge(state, out)
+            except (MalformedMessage, ValueError, IndexError, TypeError) as exc:
+                # garbage (or a bug) on the socket must never stop the frontend from hearing outputs
+                log.warning("dropped a malformed output message (%d bytes): %s", len(data), exc)
 
     def _merge(self, state: RequestState, out: RequestOutput) -> None:
         if out.prompt_logprobs is not None:
@@ -167,11 +191,12 @@ class RuntimeClient:
         else:
             state._updated.set()
 
-    def _finish(self, state: RequestState, reason: dict) -> None:
+    def _finish(self, state: RequestState, reason: FinishReason) -> None:
         if state.done:
             return
         state.finish_reason, state.finish_time = reason, time.monotonic()
         self.inflight.pop(state.rid, None)
+        self.by_uid.pop(state.uid, None)
         state._updated.set()
         if self.on_finish is not None:
             self.on_finish(state)

@@ -1,6 +1,7 @@
 """The launcher: loads weights and allocates the KV pool once, creates the instance's shared
-memory (state buffer, page allocator), starts the prefill and decode worker processes, restarts
-or stops them, and removes every segment however the server ends."""
+memory (state buffer, page allocator) and private socket directory, starts the prefill and decode
+worker processes, restarts or stops them, and removes every segment and socket however the server
+ends — and, at start, what crashed instances of this user left behind."""
 
 from __future__ import annotations
 
@@ -12,18 +13,33 @@ import time
 import torch.multiprocessing as mp
 
 from bullet.config import ServerArgs
-from bullet.runtime.endpoints import Endpoints
+from bullet.core.roles import Role
+from bullet.core.worker_state import ControlFlags, WorkerFlags
+from bullet.runtime.endpoints import Endpoints, make_runtime_dir, remove_runtime_dir, stale_runtime_dirs
 from bullet.runtime.shared_model import load_shared_model
 from bullet.schedulers.factory import initial_units, roles_for
-from bullet.shm import cleanup_instance, new_instance_id
-from bullet.shm_page_allocator import SharedPageAllocator
-from bullet.state_buffer import ControlFlags, StateBuffer, WorkerFlags
-from engines.workers.bootstrap import WorkerSpec, worker_main
+from bullet.shm.segments import cleanup_at_exit_only, cleanup_instance, instance_alive, new_instance_id, stale_instances
+from bullet.shm.shared_page_allocator import SharedPageAllocator
+from bullet.shm.state_buffer import StateBuffer
+from bullet.workers.bootstrap import worker_main
+from bullet.workers.spec import WorkerSpec
+from estimator.profiler.cache import ensure_profile
 
 log = logging.getLogger("bullet.launcher")
 
-def state_role(role: str) -> str:
-    return "prefill" if role == "unified" else role
+
+def reclaim_stale_instances() -> list[str]:
+    """Remove the segments and socket directories of instances whose creator no longer runs (a
+    launcher killed with SIGKILL cannot clean up after itself); returns what was removed."""
+    removed = []
+    for info in stale_instances():
+        removed.extend(cleanup_instance(info.instance_id))
+    for path in stale_runtime_dirs(instance_alive):
+        remove_runtime_dir(path)
+        removed.append(str(path))
+    if removed:
+        log.info("removed %d leftovers of crashed instances: %s", len(removed), ", ".join(removed[:6]))
+    return removed
 
 
 class WorkerStartupError(RuntimeError):
@@ -34,11 +50,12 @@ class Launcher:
     def __init__(self, args: ServerArgs):
         self.args = args
         self.instance_id = new_instance_id()
-        self.procs: dict[str, mp.Process] = {}
+        self.procs: dict[Role, mp.Process] = {}
         self.incarnation = 0
         self.restarts = 0
         self.shared = self.tokenizer = self.state = self.allocator = None
         self.endpoints: Endpoints | None = None
+        self.runtime_dir = None
         self.cores = args.allowed_cores()
         self.roles = roles_for(args)
         self.estimator_profile: str | None = args.estimator_profile
@@ -48,28 +65,31 @@ class Launcher:
         """Load the model into shared memory, create the segments, start both workers (returns
         without waiting for them; see wait_ready)."""
         t0 = time.monotonic()
+        reclaim_stale_instances()
         self.shared, self.tokenizer = load_shared_model(self.args)
         log.info("loaded %s (%s, %.0f MB weights, %.0f MB KV pool of %d pages) in %.1fs", self.shared.model_name,
                  self.shared.dtype, self.shared.weight_bytes() / 2**20, self.shared.kv_bytes() / 2**20,
                  self.shared.num_pages, time.monotonic() - t0)
         if self.args.policy_name == "bullet" and self.estimator_profile is None:
             self.estimator_profile = str(self._profile())
+        self.runtime_dir = make_runtime_dir(self.instance_id)
+        cleanup_at_exit_only()  # the server drains on SIGTERM (its segments must stay until it stops)
         self.state = StateBuffer.create(self.instance_id)
         self.allocator = SharedPageAllocator.create(self.instance_id, self.shared.num_pages, self.shared.page_size)
         self.spawn_workers()
 
     def spawn_workers(self) -> None:
         self.incarnation += 1
-        self.endpoints = Endpoints.for_instance(self.instance_id, self.incarnation)
-        self.state.clear_control(ControlFlags.SHUTDOWN | ControlFlags.DRAIN)
+        self.endpoints = Endpoints.in_dir(self.runtime_dir, self.incarnation)
+        self.state.clear_control(ControlFlags.SHUTDOWN)
         ctx = mp.get_context("spawn")
         prefill_units, decode_units = initial_units(self.args, len(self.cores))
-        units = {"prefill": prefill_units, "decode": decode_units, "unified": len(self.cores)}
+        units = {Role.PREFILL: prefill_units, Role.DECODE: decode_units, Role.UNIFIED: len(self.cores)}
         for role in self.roles:
             spec = WorkerSpec(role=role, instance_id=self.instance_id, incarnation=self.incarnation, args=self.args,
-                              model=self.shared, endpoints=self.endpoints, cores=self.cores,
-                              launcher_pid=os.getpid(), initial_units=units[role],
-                              extra={"estimator_profile": self.estimator_profile})
+                              model=self.shared, endpoints=self.endpoints, runtime_dir=str(self.runtime_dir),
+                              cores=self.cores, launcher_pid=os.getpid(), initial_units=units[role],
+                              estimator_profile=self.estimator_profile)
             proc = ctx.Process(target=worker_main, args=(spec,), name=f"bullet-{role}-{self.instance_id}", daemon=False)
             proc.start()
             self.procs[role] = proc
@@ -81,17 +101,38 @@ class Launcher:
             dead = self.dead_workers()
             if dead:
                 raise WorkerStartupError(", ".join(f"{r} worker exited with code {c} during startup" for r, c in dead))
-            states = [self.state.read(state_role(r)) for r in self.roles]
+            states = [self.state.read(r.block) for r in self.roles]
             if all(s.flags & WorkerFlags.READY and s.pid == self.procs[r].pid for r, s in zip(self.roles, states)):
                 return
             await asyncio.sleep(0.05)
         raise WorkerStartupError(f"workers not ready after {timeout:.0f}s")
 
-    def dead_workers(self) -> list[tuple[str, int]]:
+    def hung_workers(self, timeout: float) -> list[tuple[Role, float]]:
+        """Ready workers of this incarnation whose last heartbeat is older than `timeout` seconds."""
+        if timeout <= 0 or self.state is None:
+            return []
+        now, hung = time.monotonic_ns(), []
+        for role, proc in self.procs.items():
+            if proc.exitcode is not None:
+                continue
+            state = self.state.read(role.block)
+            if state.pid == proc.pid and state.flags & WorkerFlags.READY:
+                silent = (now - state.heartbeat_ns) / 1e9
+                if silent > timeout:
+                    hung.append((role, silent))
+        return hung
+
+    def kill_worker(self, role: Role) -> None:
+        proc = self.procs.get(role)
+        if proc is not None and proc.exitcode is None:
+            proc.kill()
+            proc.join(2.0)
+
+    def dead_workers(self) -> list[tuple[Role, int]]:
         return [(role, p.exitcode) for role, p in self.procs.items() if p.exitcode is not None]
 
     def worker_pids(self) -> dict[str, int]:
-        return {role: p.pid for role, p in self.procs.items()}
+        return {role.value: p.pid for role, p in self.procs.items()}
 
     def terminate_workers(self, grace: float = 5.0) -> None:
         """SIGTERM (stop after the current step), then SIGKILL whatever is still alive."""
@@ -117,14 +158,14 @@ class Launcher:
 
     def _profile(self):
         """The estimator profile of this model on these cores: cached, or measured now (minutes)."""
-        from estimator.local_profile import ensure_profile
-
         log.info("the bullet policy needs an estimator profile of this model on %d cores: measuring "
                  "(once; cached for later runs)", len(self.cores))
         return ensure_profile(self.args.model_path, self.args.load_format, self.shared.dtype, self.cores, quick=True)
 
     def stop(self) -> None:
         if self.state is None:
+            remove_runtime_dir(self.runtime_dir)
+            self.runtime_dir = None
             return
         try:
             self.terminate_workers()
@@ -137,4 +178,5 @@ class Launcher:
                     except Exception:
                         pass
             cleanup_instance(self.instance_id)
-            self.state = self.allocator = None
+            remove_runtime_dir(self.runtime_dir)
+            self.state = self.allocator = self.runtime_dir = None

@@ -20,7 +20,7 @@ class ServingRuntime:
         self.args = args
         self.launcher = Launcher(args)
         self.client: RuntimeClient | None = None
-        self.status = "starting"  # starting | serving | restarting | failed | stopped
+        self.status = "starting"  # starting | serving | restarting | draining | failed | stopped
         self.last_failure: str | None = None
         self.failures: list[dict] = []
         self._supervisor: asyncio.Task | None = None
@@ -68,7 +68,8 @@ class ServingRuntime:
         info = {"status": self.status, "instance_id": self.launcher.instance_id,
                 "incarnation": self.launcher.incarnation, "worker_restarts": self.launcher.restarts,
                 "worker_pids": self.launcher.worker_pids(), "failures": self.failures[-5:],
-                "inflight_requests": len(self.client.inflight) if self.client else 0}
+                "inflight_requests": len(self.client.inflight) if self.client else 0,
+                "runtime_dir": str(self.launcher.runtime_dir) if self.launcher.runtime_dir else None}
         if self.launcher.state is not None:
             for role in ("prefill", "decode"):  # the chunked baseline reports in the prefill block
                 ws = self.launcher.state.read(role)
@@ -88,13 +89,33 @@ class ServingRuntime:
     def healthy(self) -> bool:
         return self.status == "serving"
 
+    async def drain(self, timeout: float) -> int:
+        """Stop admitting (new requests get 503), let the requests in flight finish for up to
+        `timeout` seconds, then end the rest with an error; returns how many were cut off."""
+        if self.status == "serving":
+            self.status = "draining"
+        deadline = time.monotonic() + timeout
+        while self.client is not None and self.client.inflight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        left = len(self.client.inflight) if self.client is not None else 0
+        if left:
+            log.warning("shutting down: %d request(s) did not finish within %.0fs", left, timeout)
+            self.client.fail_all(f"the server shut down before this request finished ({timeout:g}s to drain)")
+        return left
+
     async def _supervise(self) -> None:
         while True:
             await asyncio.sleep(SUPERVISE_INTERVAL_S)
+            hung = {}
+            for role, silent in self.launcher.hung_workers(self.args.heartbeat_timeout):
+                log.error("the %s worker published no heartbeat for %.1fs: killing it", role, silent)
+                self.launcher.kill_worker(role)
+                hung[role] = silent
             dead = self.launcher.dead_workers()
             if not dead:
                 continue
-            what = ", ".join(f"the {role} worker died (exit code {code})" for role, code in dead)
+            what = ", ".join(f"the {role} worker stopped responding (no heartbeat for {hung[role]:.1f}s) and was killed"
+                             if role in hung else f"the {role} worker died (exit code {code})" for role, code in dead)
             log.error("%s; failing %d in-flight requests", what, len(self.client.inflight))
             self.last_failure = what
             self.failures.append({"time": time.time(), "what": what, "inflight": len(self.client.inflight)})

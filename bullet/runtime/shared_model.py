@@ -12,10 +12,11 @@ import torch
 
 from bullet.config import ServerArgs
 from engines.device import resolve_device, resolve_dtype
+from engines.host import release_free_heap
 from engines.kv_pool import KVPool
 from engines.model_config import ModelConfig
 from engines.tokenizer import Tokenizer, load_tokenizer
-from engines.weights import load_weights
+from engines.weights import DEFAULT_MODEL, load_weights
 
 
 @dataclass
@@ -75,20 +76,7 @@ def load_shared_model(args: ServerArgs) -> tuple[SharedModel, Tokenizer | None]:
                        source, eos), tokenizer
 
 
-def release_free_heap() -> None:
-    """Give the dequantization buffers back to the OS: glibc keeps freed heap memory otherwise, and
-    the launcher would hold ~250 MB it never uses again."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass  # not glibc
-
-
 def _model_name(args: ServerArgs, source: Path | None, config: ModelConfig) -> str:
     if args.model_path is None:
-        from engines.weights import DEFAULT_MODEL
-
         return DEFAULT_MODEL
     return Path(args.model_path).name.removesuffix(".gguf") if source else config.name

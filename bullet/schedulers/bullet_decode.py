@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import math
 
-from bullet.schedulers.base import DecodeDecision, DecodePolicy, DecodeView
-from bullet.schedulers.predict import Predictor, p90, pause_budget, tpot_after_next_step
-from bullet.slo import SLO
+from bullet.core.slo import SLO
+from bullet.core.worker_state import Predictions
+from bullet.schedulers.predict import LearningPredictor, Predictor, p90, pause_budget, tpot_after_next_step
+from bullet.schedulers.views import DecodeDecision, DecodePolicy, DecodeView
 
 
 def prefill_active(peer) -> bool:
@@ -21,37 +22,36 @@ class BulletDecodePolicy(DecodePolicy):
 
     def __init__(self, est: Predictor, slo: SLO, feasible_units: list[int]):
         self.est, self.slo, self.feasible = est, slo, sorted(feasible_units)
+        self.learner: LearningPredictor | None = est if hasattr(est, "observe_decode") else None
         self.total = self.feasible[-1]
 
     def decide(self, view: DecodeView) -> DecodeDecision:
         running, peer = view.running, view.peer
         if not running:
             return DecodeDecision(run=False, units=view.current_units or self.total,
-                                  published={"tpot_pred_p90_ms": 0.0, "pause_budget_ms": 1e9, "step_pred_ms": 0.0})
+                                  predictions=Predictions(pause_budget_ms=1e9))
         active = prefill_active(peer)
         if not active:
             units, reason = self.total, "prefill idle: decode takes every unit"
         else:
             units, reason = self.total - peer.compute_units, "complement of prefill's share"
-        batch = (len(running), sum(r.seq_len for r in running))
+        lens = [r.seq_len for r in running]
         co_tokens = peer.tokens_in_flight if active else 0
-        step = self.est.decode_time(batch, units if units > 0 else self.feasible[0], co_prefill_tokens=co_tokens)
+        step = self.est.decode_time_for(lens, units if units > 0 else self.feasible[0], co_prefill_tokens=co_tokens)
         budget = pause_budget(running, view.now, step, self.slo)
-        published = {"tpot_pred_p90_ms": p90([tpot_after_next_step(r, view.now, step) for r in running]) * 1e3,
-                     "pause_budget_ms": (budget if math.isfinite(budget) else 1e9) * 1e3,
-                     "step_pred_ms": step * 1e3}
+        predictions = Predictions(tpot_pred_p90_ms=p90([tpot_after_next_step(r, view.now, step) for r in running]) * 1e3,
+                                  pause_budget_ms=(budget if math.isfinite(budget) else 1e9) * 1e3,
+                                  step_pred_ms=step * 1e3)
         if units <= 0:
             if budget > 0:
                 return DecodeDecision(run=False, units=view.current_units, reason="paused for a prefill burst",
-                                      published=published)
+                                      predictions=predictions)
             units, reason = self.feasible[0], "pause budget spent: run on a shared unit"
         units = next((f for f in self.feasible if f >= units), self.total)
-        return DecodeDecision(run=True, units=units, predicted_s=step, reason=reason, published=published)
+        return DecodeDecision(run=True, units=units, predicted_s=step, reason=reason, predictions=predictions)
 
     def observe(self, decision: DecodeDecision, seconds: float, view: DecodeView) -> None:
-        observe = getattr(self.est, "observe_decode", None)
-        if observe is None or not view.running:
+        if self.learner is None or not view.running:
             return
-        batch = (len(view.running), sum(r.seq_len for r in view.running))
         co = view.peer.tokens_in_flight if prefill_active(view.peer) else 0
-        observe(batch, decision.units, seconds, co_prefill_tokens=co)
+        self.learner.observe_decode([r.seq_len for r in view.running], decision.units, seconds, co_prefill_tokens=co)

@@ -24,10 +24,11 @@ from __future__ import annotations
 
 from typing import Callable
 
-from bullet.request import Request
-from bullet.schedulers.base import PrefillDecision, PrefillPolicy, PrefillView
-from bullet.schedulers.predict import Predictor, p90, predict_ttfts, prefill_costs
-from bullet.slo import SLO
+from bullet.core.request import Request
+from bullet.core.slo import SLO
+from bullet.core.worker_state import Predictions
+from bullet.schedulers.predict import LearningPredictor, Predictor, p90, predict_ttfts, prefill_costs
+from bullet.schedulers.views import PrefillDecision, PrefillPolicy, PrefillView
 
 TPOT_MARGIN = 0.9  # aim decode steps at 90% of the TPOT target: predictions are not exact
 
@@ -38,6 +39,7 @@ class BulletPrefillPolicy(PrefillPolicy):
     def __init__(self, est: Predictor, slo: SLO, feasible_units: list[int], layers_per_step: int, num_layers: int,
                  max_prefill_tokens: int, batch_token_limit: Callable[[int], int], max_wait_s: float = 30.0):
         self.est, self.slo, self.feasible = est, slo, sorted(feasible_units)
+        self.learner: LearningPredictor | None = est if hasattr(est, "observe_prefill") else None
         self.total = self.feasible[-1]
         self.k, self.num_layers, self.max_tokens = layers_per_step, num_layers, max_prefill_tokens
         self.batch_token_limit, self.max_wait_s = batch_token_limit, max_wait_s
@@ -68,44 +70,44 @@ class BulletPrefillPolicy(PrefillPolicy):
         else:
             admit = self.batch(order, view)
             if not admit:
-                return PrefillDecision(units=units_now, published=self._published(0.0))
+                return PrefillDecision(units=units_now, predictions=self._predictions(0.0))
         batch_lens = [len(r.prompt_ids) for r in (inflight.requests if inflight else admit)]
-        misses = sum(1 for r in waiting if ttfts[r.rid] > self.slo.ttft_target(len(r.prompt_ids)))
+        misses = sum(1 for r in waiting if ttfts[r] > self.slo.ttft_target(len(r.prompt_ids)))
         units, reason = self.split(view, batch_lens, satisfy, inflight, order, misses)
         self.last_reason = reason
         self.yielded_last = units == 0
         if units == 0:
-            step = self.est.decode_time((peer.batch_size, peer.tokens_in_flight), self.total)
-            return PrefillDecision(units=units_now, reason=reason, yield_s=step, published=self._published(0.0))
+            step = self.est.decode_time(peer.batch_size, peer.tokens_in_flight, self.total)
+            return PrefillDecision(units=units_now, reason=reason, yield_s=step, predictions=self._predictions(0.0))
         layers = min(self.k, self._remaining(inflight))
         step = self.est.prefill_time(batch_lens, units, num_layers=layers, include_head=False,
                                      co_decode_batch=decode_batch)
         return PrefillDecision(admit=admit, num_layers=layers, units=units, predicted_s=step, reason=reason,
-                               published=self._published(step))
+                               predictions=self._predictions(step))
 
-    def _published(self, step_s: float) -> dict:
-        return {"ttft_pred_p90_ms": self.last_ttft_p90 * 1e3, "step_pred_ms": step_s * 1e3}
+    def _predictions(self, step_s: float) -> Predictions:
+        return Predictions(ttft_pred_p90_ms=self.last_ttft_p90 * 1e3, step_pred_ms=step_s * 1e3)
 
     def _remaining(self, inflight) -> int:
         return inflight.remaining_layers if inflight is not None else self.num_layers
 
-    def _p90_ok(self, reqs: list[Request], ttfts: dict[str, float]) -> bool:
+    def _p90_ok(self, reqs: list[Request], ttfts: dict[Request, float]) -> bool:
         # P90 of the TTFT-to-target ratio: targets differ per request when they scale with length
-        ratios = [ttfts[r.rid] / self.slo.ttft_target(len(r.prompt_ids)) for r in reqs]
+        ratios = [ttfts[r] / self.slo.ttft_target(len(r.prompt_ids)) for r in reqs]
         return p90(ratios) <= 1.0
 
     # -- line 5: least predicted latency first, without starvation ---------------------------------
-    def order_queue(self, view: PrefillView, remaining: float, costs: dict[str, float]) -> list[Request]:
+    def order_queue(self, view: PrefillView, remaining: float, costs: dict[Request, float]) -> list[Request]:
         fcfs = list(view.queue)
         if len(fcfs) < 2:
             return fcfs
-        sjf = sorted(fcfs, key=lambda r: costs[r.rid])
+        sjf = sorted(fcfs, key=lambda r: costs[r])
         in_sjf = predict_ttfts(view.now, [], remaining, sjf, costs)
         in_fcfs = predict_ttfts(view.now, [], remaining, fcfs, costs)
         urgent = [r for r in fcfs
                   if view.now - r.arrival > self.max_wait_s
-                  or (in_sjf[r.rid] > self.slo.ttft_target(len(r.prompt_ids))
-                      and in_fcfs[r.rid] <= self.slo.ttft_target(len(r.prompt_ids)))]
+                  or (in_sjf[r] > self.slo.ttft_target(len(r.prompt_ids))
+                      and in_fcfs[r] <= self.slo.ttft_target(len(r.prompt_ids)))]
         rest = [r for r in sjf if r not in urgent]
         return urgent + rest
 
@@ -168,7 +170,7 @@ class BulletPrefillPolicy(PrefillPolicy):
         """Fewest units (leaving prefill at least its minimum) with a decode step within target."""
         candidates = [self.total - f for f in self.feasible if self.total - f > 0]
         for d in sorted(candidates):
-            if self.est.decode_time((batch, context), d, co_prefill_tokens=co_tokens) <= target:
+            if self.est.decode_time(batch, context, d, co_prefill_tokens=co_tokens) <= target:
                 return d
         return None
 
@@ -181,7 +183,7 @@ class BulletPrefillPolicy(PrefillPolicy):
         def group(p: int) -> float:
             return self.est.prefill_time(lens, p, num_layers=layers, co_decode_batch=batch)
 
-        allowed = group(usual) + self.est.decode_time((batch, context), max(1, self.total - usual))
+        allowed = group(usual) + self.est.decode_time(batch, context, max(1, self.total - usual))
         for p in self.feasible:
             if p >= usual:
                 break
@@ -200,18 +202,17 @@ class BulletPrefillPolicy(PrefillPolicy):
             if d <= 0:
                 continue
             over_p = self.est.prefill_time(batch_lens, p, co_decode_batch=batch) / target_p
-            over_d = self.est.decode_time((batch, context), d, co_prefill_tokens=sum(batch_lens)) / self.slo.tpot
+            over_d = self.est.decode_time(batch, context, d, co_prefill_tokens=sum(batch_lens)) / self.slo.tpot
             worst = max(over_p, over_d)
             if worst < best:
                 best, best_p = worst, p
         return best_p
 
     def observe(self, decision: PrefillDecision, seconds: float, view: PrefillView) -> None:
-        observe = getattr(self.est, "observe_prefill", None)
         reqs = view.inflight.requests if view.inflight is not None else decision.admit
-        if observe is None or not reqs or decision.num_layers <= 0:
+        if self.learner is None or not reqs or decision.num_layers <= 0:
             return
         # decision.num_layers is what ran (decided before the step: the in-flight batch object has
         # moved on by now, so its remaining layers no longer say)
-        observe([len(r.prompt_ids) for r in reqs], decision.units, seconds, num_layers=decision.num_layers,
+        self.learner.observe_prefill([len(r.prompt_ids) for r in reqs], decision.units, seconds, num_layers=decision.num_layers,
                 include_head=False, co_decode_batch=view.peer.batch_size)

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from bullet.config import ServerArgs
-from bullet.schedulers.base import DecodePolicy, PrefillPolicy
+from bullet.core.roles import Role
+from bullet.core.slo import SLO
+from bullet.schedulers.bullet_decode import BulletDecodePolicy
+from bullet.schedulers.bullet_prefill import BulletPrefillPolicy
 from bullet.schedulers.static import StaticDecodePolicy, StaticPrefillPolicy
-from bullet.slo import SLO
-
-TWO_WORKER_POLICIES = ("bullet", "static", "naive")
+from bullet.schedulers.views import DecodePolicy, PrefillPolicy
 
 
-def roles_for(args: ServerArgs) -> tuple[str, ...]:
+def roles_for(args: ServerArgs) -> tuple[Role, ...]:
     """Worker processes a policy runs: the chunked baseline is one process doing both phases."""
-    return ("unified",) if args.policy_name == "chunked" else ("prefill", "decode")
+    return (Role.UNIFIED,) if args.policy_name == "chunked" else (Role.PREFILL, Role.DECODE)
 
 
 def static_split(args: ServerArgs, total_units: int) -> tuple[int, int]:
@@ -43,8 +44,6 @@ def make_prefill_policy(args: ServerArgs, feasible_units: list[int], num_layers:
         units, _ = static_split(args, total)
         return StaticPrefillPolicy(units, args.prefill_layers_per_step, args.max_prefill_tokens)
     if args.policy_name == "bullet":
-        from bullet.schedulers.bullet_prefill import BulletPrefillPolicy
-
         return BulletPrefillPolicy(estimator, slo_of(args), feasible_units, args.prefill_layers_per_step, num_layers,
                                    args.max_prefill_tokens, batch_token_limit or (lambda units: args.max_prefill_tokens))
     raise ValueError(f"policy {args.policy!r} has no prefill worker")
@@ -56,7 +55,5 @@ def make_decode_policy(args: ServerArgs, feasible_units: list[int], estimator=No
         _, units = static_split(args, total)
         return StaticDecodePolicy(units)
     if args.policy_name == "bullet":
-        from bullet.schedulers.bullet_decode import BulletDecodePolicy
-
         return BulletDecodePolicy(estimator, slo_of(args), feasible_units)
     raise ValueError(f"policy {args.policy!r} has no decode worker")

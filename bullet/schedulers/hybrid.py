@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from bullet.page_allocator import OutOfPages, PageAllocator
-from bullet.request import Request, Status
+from bullet.core.request import Request, Status
+from bullet.shm.page_allocator import OutOfPages, PageAllocator
 
 
 @dataclass

@@ -10,15 +10,31 @@ from __future__ import annotations
 import math
 from typing import Protocol, Sequence
 
-from bullet.request import Request
-from bullet.slo import SLO
+from bullet.core.request import Request
+from bullet.core.slo import SLO
 
 
 class Predictor(Protocol):
+    """What the policies ask of a latency model (`estimator.Estimator` is one)."""
+
     def prefill_time(self, seq_lens: Sequence[int], units: int, num_layers: int | None = None,
                      include_head: bool = True, co_decode_batch: int = 0) -> float: ...
 
-    def decode_time(self, context_lens, units: int, co_prefill_tokens: int = 0) -> float: ...
+    def decode_time(self, batch: int, context: int, units: int, co_prefill_tokens: int = 0) -> float:
+        """A decode step of `batch` requests holding `context` KV tokens in all."""
+
+    def decode_time_for(self, context_lens: Sequence[int], units: int, co_prefill_tokens: int = 0) -> float:
+        """A decode step whose requests hold these contexts (exact where the device pads to the longest)."""
+
+
+class LearningPredictor(Predictor, Protocol):
+    """A predictor that refines itself from observed step times (Bullet §3.2: online calibration)."""
+
+    def observe_prefill(self, seq_lens: Sequence[int], units: int, seconds: float, num_layers: int | None = None,
+                        include_head: bool = True, co_decode_batch: int = 0) -> None: ...
+
+    def observe_decode(self, context_lens: Sequence[int], units: int, seconds: float,
+                       co_prefill_tokens: int = 0) -> None: ...
 
 
 def p90(values: Sequence[float]) -> float:
@@ -28,22 +44,22 @@ def p90(values: Sequence[float]) -> float:
     return s[min(len(s) - 1, math.ceil(0.9 * len(s)) - 1)]
 
 
-def prefill_costs(queue: Sequence[Request], est: Predictor, units: int, co_decode_batch: int) -> dict[str, float]:
+def prefill_costs(queue: Sequence[Request], est: Predictor, units: int, co_decode_batch: int) -> dict[Request, float]:
     """Each queued request's solo prefill time: one estimator call per request and decision, reused
     by every ordering the scheduler compares."""
-    return {r.rid: est.prefill_time([len(r.prompt_ids)], units, co_decode_batch=co_decode_batch) for r in queue}
+    return {r: est.prefill_time([len(r.prompt_ids)], units, co_decode_batch=co_decode_batch) for r in queue}
 
 
 def predict_ttfts(now: float, inflight: Sequence[Request], remaining_s: float, queue: Sequence[Request],
-                  costs: dict[str, float]) -> dict[str, float]:
+                  costs: dict[Request, float]) -> dict[Request, float]:
     """Predicted TTFT (arrival to first token) of in-flight and queued requests, if the queue runs in
     the given order after the in-flight batch, one request after another (`costs`: solo times)."""
     out, t = {}, now + remaining_s
     for r in inflight:
-        out[r.rid] = t - r.arrival
+        out[r] = t - r.arrival
     for r in queue:
-        t += costs[r.rid]
-        out[r.rid] = t - r.arrival
+        t += costs[r]
+        out[r] = t - r.arrival
     return out
 
 

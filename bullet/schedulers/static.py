@@ -4,8 +4,15 @@ constant number of layers per step, decode always running."""
 
 from __future__ import annotations
 
-from bullet.schedulers.base import (DecodeDecision, DecodePolicy, DecodeView, PrefillDecision, PrefillPolicy,
-                                    PrefillView, admit_fcfs)
+from bullet.schedulers.views import (
+    DecodeDecision,
+    DecodePolicy,
+    DecodeView,
+    PrefillDecision,
+    PrefillPolicy,
+    PrefillView,
+    admit_fcfs,
+)
 
 
 def decode_page_reserve(running: int, queued: int) -> int:

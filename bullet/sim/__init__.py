@@ -1,14 +1,14 @@
-"""Discrete-event simulator of a Bullet server on a virtual GPU (DESIGN §4, third world): the real
-policy classes and the real chunked-prefill scheduler, driven on virtual time by simulated workers
-that mirror `engines/workers/*_loop.py`, with step latencies charged by the estimator.
+"""Discrete-event simulator of a Bullet server on a virtual GPU (DESIGN §4, third world): the
+worker processes' own loop cores (`bullet.loops`) with their real policies and the real
+chunked-prefill scheduler, driven on virtual time, with step latencies charged by the estimator.
 
     from bullet.sim import SimConfig, Simulation
     result = Simulation(SimConfig(policy="bullet"), [(0.0, 1024, 128)]).run()
 
 Modules: `events` (virtual clock, event loop), `device` (what a step costs: units, overlap,
 contention, noise), `partition` (the simulated partition backend), `board` (the state buffer),
-`worker`, `prefill_worker`, `decode_worker`, `unified_worker` (the loops), `metrics`, `config`,
-`simulator` (one run)."""
+`executor` (steps on the device), `driver` (a core on virtual time, and where its outputs go),
+`metrics`, `config`, `simulator` (one run), `report`."""
 
 from bullet.sim.config import SimConfig
 from bullet.sim.metrics import RequestRecord, summarize

@@ -1,32 +1,37 @@
 """The state buffer of a simulated server: each worker publishes a `WorkerState` for its role and
-reads its peer's, exactly the fields the real loops publish (`engines/workers/*_loop.py` through
-`WorkerContext.publish`). A publish replaces the role's snapshot with a new object, so a reader
-holds a consistent copy as with the shared-memory seqlock; listeners let a waiting worker notice
-its peer's change (the real loops notice by polling)."""
+reads its peer's — the same records, at the same points, as in the worker processes (the loop cores
+publish them). A publish replaces the role's snapshot with a new object, so a reader holds a
+consistent copy as with the shared-memory seqlock; listeners let a waiting worker notice its peer's
+change (a worker process notices by polling)."""
 
 from __future__ import annotations
 
 from typing import Callable
 
-from bullet.state_buffer import ROLES, WorkerState
+from bullet.core.roles import BLOCK_ROLES, Role
+from bullet.core.worker_state import WorkerState
+from bullet.schedulers.views import Clock
 
 
 class StateBoard:
-    def __init__(self):
-        self._states = {role: WorkerState() for role in ROLES}
-        self._beats = dict.fromkeys(ROLES, 0)
-        self._listeners: dict[str, list[Callable[[], None]]] = {role: [] for role in ROLES}
+    def __init__(self, clock: Clock):
+        self.clock = clock
+        self._states = {role: WorkerState() for role in BLOCK_ROLES}
+        self._beats = dict.fromkeys(BLOCK_ROLES, 0)
+        self._listeners: dict[Role, list[Callable[[], None]]] = {role: [] for role in BLOCK_ROLES}
 
-    def publish(self, role: str, state: WorkerState, heartbeat_ns: int) -> None:
+    def publish(self, role: str, state: WorkerState) -> int:
+        role = Role(role).block
         self._beats[role] += 1
-        state.heartbeat_ns, state.heartbeat_count = heartbeat_ns, self._beats[role]
+        state.heartbeat_ns, state.heartbeat_count = int(self.clock.now() * 1e9), self._beats[role]
         self._states[role] = state
         for listener in self._listeners[role]:
             listener()
+        return self._beats[role]
 
     def read(self, role: str) -> WorkerState:
-        return self._states[role]
+        return self._states[Role(role).block]
 
     def on_publish(self, role: str, listener: Callable[[], None]) -> None:
         """Call `listener` after every publish by `role`."""
-        self._listeners[role].append(listener)
+        self._listeners[Role(role).block].append(listener)

@@ -5,17 +5,18 @@ pool size, the contention model."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 from bullet.config import ServerArgs
+from bullet.schedulers.intensity import ridge_token_limit
 from engines.model_config import ModelConfig
 from estimator import Estimator
 from estimator.analytic_contention import DEFAULT_FLOOR, DEFAULT_PREFILL_SLOWDOWN, AnalyticContention
 from estimator.hardware import DTYPE_BYTES, HardwareSpec
+from estimator.profile import load_estimator
+from estimator.reference.profiles import SHIPPED_PROFILE
 
-ESTIMATOR_DATA = Path(__file__).resolve().parents[2] / "estimator" / "data"
 # calibrated profiles shipped with the estimator, per built-in hardware name
-SHIPPED_PROFILES = {"a100": ESTIMATOR_DATA / "a100-llama-3-8b.json"}
+SHIPPED_PROFILES = {"a100": SHIPPED_PROFILE}
 GB = 1e9
 
 
@@ -54,19 +55,17 @@ class SimConfig:
     def batch_token_limit(self, estimator: Estimator):
         """The prefill batching limit the real runtime gives Bullet's policy (arithmetic intensity
         reaching the ridge point on the units it holds)."""
-        from bullet.schedulers.intensity import ridge_token_limit
-
         return ridge_token_limit(estimator.model, estimator.hardware, estimator.dtype, DTYPE_BYTES[estimator.dtype])
 
 
-def load_estimator(config: SimConfig) -> Estimator:
+def device_estimator(config: SimConfig) -> Estimator:
     """The estimator the device charges latencies from."""
     model = ModelConfig.builtin(config.model)
     hardware = HardwareSpec.builtin(config.hardware)
     path = config.estimator_profile or SHIPPED_PROFILES.get(config.hardware.lower())
     if path is None:
         return Estimator(model, hardware)  # SRM only: no calibration exists for this device
-    est = Estimator.load(path, model=model)
+    est = load_estimator(path, model=model)
     if est.hardware.name != hardware.name:
         raise ValueError(f"{path} describes {est.hardware.name}, not {hardware.name} (--hardware {config.hardware})")
     return est

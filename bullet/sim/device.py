@@ -187,8 +187,8 @@ class SimulatedDevice:
             return self.est.prefill_time(list(work.seq_lens), units, num_layers=work.layers,
                                          include_head=work.include_head)
         if isinstance(work, DecodeWork):
-            return self.est.decode_time((work.batch, work.context), units)
-        return self.est.hybrid_step_time(list(work.chunks), (work.batch, work.context), units)
+            return self.est.decode_time(work.batch, work.context, units)
+        return self.est.hybrid_step_time(list(work.chunks), work.batch, work.context, units)
 
     def _account(self, now: float) -> None:
         """Co-running time since the last change (the configuration was constant over it)."""

@@ -1,5 +1,5 @@
 """Per-request outcomes of a simulated run and their summary: SLO attainment (both targets, Bullet
-§4.1), TTFT and TPOT statistics, throughput. The summary keys match `artifact.scoring.summarize`,
+§4.1), TTFT and TPOT statistics, throughput. The summary keys match the served benchmarks' scoring (`artifact.scoring`),
 so the same report and plotting code reads real and simulated runs."""
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from bullet.request import Request
-from bullet.slo import SLO
+from bullet.core.finish import Abort
+from bullet.core.request import Request
+from bullet.core.slo import SLO
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,9 +42,9 @@ class RequestLog:
     def __init__(self):
         self.records: list[RequestRecord] = []
 
-    def finished(self, req: Request, aborted: bool = False) -> None:
+    def finished(self, req: Request) -> None:
         self.records.append(RequestRecord(req.rid, req.arrival, len(req.prompt_ids), len(req.output_ids),
-                                          req.first_token_time, req.finish_time, aborted))
+                                          req.first_token_time, req.finish_time, isinstance(req.finish_reason, Abort)))
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -1,6 +1,7 @@
 """A whole simulated server: the workers `--policy` asks for (two for bullet/static/naive, one for
 chunked — `factory.roles_for`, as the launcher decides), on one simulated device, one KV pool, one
-state buffer, fed a list of requests at their arrival times on virtual time.
+state buffer, fed a list of requests at their arrival times on virtual time. Each worker is the
+same loop core a worker process runs (`bullet.loops.factory.build_core`), driven on virtual time.
 
     sim = Simulation(SimConfig(policy="bullet", ttft_slo="1.5ms/token", tpot_slo="200ms"), requests)
     result = sim.run()
@@ -15,19 +16,22 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
-from bullet.finish import FinishChecker
-from bullet.page_allocator import LocalPageAllocator
-from bullet.request import Request
-from bullet.schedulers.factory import roles_for, slo_of
+from bullet.core.finish import FinishChecker
+from bullet.core.request import Request
+from bullet.core.roles import Role
+from bullet.loops.base import LoopEnv
+from bullet.loops.factory import build_core
+from bullet.loops.timeline import Timeline
+from bullet.schedulers.factory import initial_units, roles_for, slo_of
+from bullet.shm.page_allocator import LocalPageAllocator
 from bullet.sim.board import StateBoard
-from bullet.sim.config import SimConfig, kv_pool_pages, load_estimator, policy_estimator, server_args
-from bullet.sim.decode_worker import SimDecodeWorker
+from bullet.sim.config import SimConfig, device_estimator, kv_pool_pages, policy_estimator, server_args
 from bullet.sim.device import DeviceStats, SimulatedDevice
+from bullet.sim.driver import SimDriver, SimOutbox
 from bullet.sim.events import EventLoop, VirtualClock
+from bullet.sim.executor import SimExecutor
 from bullet.sim.metrics import RequestLog, RequestRecord, summarize
-from bullet.sim.prefill_worker import SimPrefillWorker
-from bullet.sim.unified_worker import SimUnifiedWorker
-from bullet.sim.worker import SimEnv
+from bullet.sim.partition import SimulatedPartition
 from engines.sampling_params import SamplingParams
 
 
@@ -49,7 +53,7 @@ class Simulation:
         """`requests`: (arrival s, prompt tokens, output tokens) each, e.g. `TraceRequest`s."""
         self.config = config
         self.requests = sorted((float(a), int(p), max(1, int(o))) for a, p, o in requests)
-        self.device_estimator = load_estimator(config)
+        self.device_estimator = device_estimator(config)
         model, hardware = self.device_estimator.model, self.device_estimator.hardware
         pages = kv_pool_pages(config, model, hardware)
         self.args = server_args(config, pages)
@@ -59,25 +63,38 @@ class Simulation:
         self.device = SimulatedDevice(self.device_estimator, self.loop, config.contention(self.device_estimator),
                                       config.noise, config.seed, config.overlap_share)
         self.log = RequestLog()
-        self.env = SimEnv(self.args, hardware, model.num_hidden_layers, self.clock, self.loop, self.device,
-                          StateBoard(), LocalPageAllocator(pages, config.page_size),
-                          FinishChecker(None, set(model.eos_token_ids), model.max_position_embeddings), self.log)
-        self.workers = self._build_workers()
-        self.entry = self.workers[0]
+        self.board = StateBoard(self.clock)
+        self.allocator = LocalPageAllocator(pages, config.page_size)
+        self.finish = FinishChecker(None, set(model.eos_token_ids), model.max_position_embeddings)
+        self.drivers = self._build_workers()
+        self.entry = self.drivers[0]
         self._params: dict[int, SamplingParams] = {}
         self.stopped_early = False
         self._scored = self._finished_misses = 0
 
-    def _build_workers(self) -> list:
-        if roles_for(self.args) == ("unified",):
-            return [SimUnifiedWorker(self.env)]
-        decode = SimDecodeWorker(self.env, policy_estimator(self.config, self.device_estimator))
-        delay = self.config.handoff_delay_s
-        hand_off = decode.receive if delay <= 0 else (lambda req: self.loop.at(self.clock.now() + delay,
-                                                                                decode.receive, req))
-        prefill = SimPrefillWorker(self.env, policy_estimator(self.config, self.device_estimator),
-                                   self.config.batch_token_limit(self.device_estimator), hand_off)
-        return [prefill, decode]
+    def _build_workers(self) -> list[SimDriver]:
+        """Drivers of the workers, the one taking arrivals first (prefill, or the unified worker)."""
+        roles = roles_for(self.args)
+        hardware = self.device_estimator.hardware
+        start = dict(zip((Role.PREFILL, Role.DECODE), initial_units(self.args, hardware.units)))
+        drivers: dict[Role, SimDriver] = {}
+        for role in reversed(roles):  # decode first: prefill hands off to it
+            partition = SimulatedPartition(role.partition_side, hardware)
+            partition.apply(start.get(role, hardware.units))
+            executor = SimExecutor(role, self.device, partition, self.clock, self.finish)
+            outbox = SimOutbox(self.log, self.loop, drivers.get(Role.DECODE), self.config.handoff_delay_s)
+            env = LoopEnv(role=role, clock=self.clock, state=self.board, allocator=self.allocator, partition=partition,
+                          timeline=Timeline(self.config.timeline_dir, role.value), executor=executor, outbox=outbox)
+            predictor = limit = None
+            if self.args.policy_name == "bullet":
+                predictor = policy_estimator(self.config, self.device_estimator)
+                limit = self.config.batch_token_limit(self.device_estimator)
+            core = build_core(env, self.args, self.device_estimator.model.num_hidden_layers, predictor, limit)
+            driver = SimDriver(core, self.loop, self.board)
+            executor.on_step_end = driver.step_ended
+            core.publish()
+            drivers[role] = driver
+        return [drivers[role] for role in roles]
 
     # -- arrivals ---------------------------------------------------------------------------------
     def _arrive(self, index: int) -> None:
@@ -86,7 +103,7 @@ class Simulation:
         if params is None:  # shared by requests of one output length: nothing mutates it
             params = self._params[output] = SamplingParams(max_new_tokens=output, ignore_eos=True, temperature=0.0)
         req = Request(rid=f"r{index}", prompt_ids=[0] * prompt, params=params, uid=index + 1, arrival=arrival)
-        self.entry.receive(req)
+        self.entry.deliver(req)
 
     # -- running ----------------------------------------------------------------------------------
     def run(self, progress: Callable[[dict], None] | None = None, progress_every_s: float = 30.0) -> SimResult:
@@ -98,15 +115,15 @@ class Simulation:
         if self.requests:
             self.loop.at(0.0, self._tick, progress, progress_every_s, 0.0, t0)
         self.loop.run()
-        for worker in self.workers:
-            worker.close()
+        for driver in self.drivers:
+            driver.core.env.timeline.flush()
         # the run ends with its last request (a progress tick may have moved the clock past it)
         end = self.clock.now() if self.stopped_early else max((r.finish_time for r in self.log.records), default=0.0)
         summary = summarize(self.log.records, self.slo, end, total_requests=len(self.requests))
-        counters = {"free_pages": self.env.allocator.num_free(), "total_pages": self.env.allocator.total_pages,
-                    "steps": {w.role: w.steps for w in self.workers}}
-        for w in self.workers:
-            counters.update(w.counters())
+        counters = {"free_pages": self.allocator.num_free(), "total_pages": self.allocator.total_pages,
+                    "steps": {d.core.role.value: d.core.steps for d in self.drivers}}
+        for d in self.drivers:
+            counters.update(d.core.counters())
         return SimResult(self.config, self.log.records, summary, self.device.stats, end, time.perf_counter() - t0,
                          self.loop.processed, self.stopped_early, counters)
 
@@ -138,6 +155,6 @@ class Simulation:
             if not (r.ok and slo.attained(r.input_len, r.ttft, r.tpot)):
                 self._finished_misses += 1
         self._scored = len(records)
-        late = sum(1 for w in self.workers for r in w.without_first_token()
+        late = sum(1 for d in self.drivers for r in d.core.pending_first_token() + d.pending_arrivals()
                    if now - r.arrival > slo.ttft_target(len(r.prompt_ids)))
         return self._finished_misses + late

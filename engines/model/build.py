@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from engines.model.llama import LlamaModel
+from engines.model.rope import RotaryEmbedding
 from engines.model_config import ModelConfig
 
 
@@ -14,8 +15,6 @@ def build_model(config: ModelConfig, state: dict[str, torch.Tensor], device: tor
         model = LlamaModel(config)
     model.load_state_dict(state, strict=True, assign=True)
     # Non-persistent buffers (RoPE tables) are not in the state dict: rebuild them on the device.
-    from engines.model.rope import RotaryEmbedding
-
     with torch.device(device):
         model.rope = RotaryEmbedding(config)
     return model.eval().requires_grad_(False)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engines.context import ForwardContext
+from engines.forward_context import ForwardContext
 from engines.model.attention import paged_attention, write_kv
 from engines.model.rope import RotaryEmbedding
 from engines.model_config import ModelConfig

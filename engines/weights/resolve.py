@@ -81,16 +81,16 @@ def load_weights(model_path: str | None = None, load_format: str = "auto", dtype
                  seed: int = 0) -> LoadedWeights:
     path, fmt = resolve_model_path(model_path, load_format)
     if fmt == "dummy":
-        from engines.weights.dummy import dummy_weights
+        from engines.weights.dummy import dummy_weights  # deferred: only the format being loaded imports its loader
 
         config = dummy_config(model_path)
         return LoadedWeights(config, dummy_weights(config, dtype, seed), path, fmt)
     if fmt == "gguf":
-        from engines.weights.gguf_loader import load_gguf
+        from engines.weights.gguf_loader import load_gguf  # deferred: as above (the gguf library)
 
         config, state = load_gguf(path, dtype)
     else:
-        from engines.weights.hf_loader import load_hf_dir
+        from engines.weights.hf_loader import load_hf_dir  # deferred: as above (safetensors)
 
         config, state = load_hf_dir(path, dtype)
     return LoadedWeights(config, state, path, fmt)

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from bullet.engine import Engine
-from bullet.finish import FinishChecker
-from bullet.page_allocator import LocalPageAllocator
-from bullet.schedulers.hybrid import HybridScheduler
+from bullet.core.finish import Abort, FinishChecker
+from bullet.llm import OfflineEngine
 from engines.kv_pool import KVPool
 from engines.runner import ModelRunner
 from engines.sampling_params import SamplingParams
@@ -22,11 +20,10 @@ def solo_outputs(llm32):
     return [llm32.generate(p, GREEDY)[0].output_ids for p in PROMPTS]
 
 
-def _engine(llm32, pages: int, budget: int, max_running: int = 64) -> Engine:
+def _engine(llm32, pages: int, budget: int, max_running: int = 64) -> OfflineEngine:
     runner = ModelRunner(llm32.runner.model, KVPool(llm32.config, pages, 16, llm32.dtype))
-    alloc = LocalPageAllocator(pages, 16)
     finish = FinishChecker(llm32.tokenizer, llm32.tokenizer.eos_token_ids, llm32.config.max_position_embeddings)
-    return Engine(runner, HybridScheduler(alloc, budget, max_running), finish)
+    return OfflineEngine(runner, finish, budget, max_running)
 
 
 def test_requests_join_and_leave_between_steps(llm32, solo_outputs):
@@ -64,8 +61,8 @@ def test_abort_frees_pages(llm32):
     b = eng.add_request(llm32.tokenizer.encode(PROMPTS[1]), GREEDY)
     eng.step()
     eng.step()
-    eng.abort(a.rid, "client went away")
-    assert a.finish_reason == {"type": "abort", "message": "client went away"}
+    eng.abort(a, "client went away")
+    assert a.finish_reason == Abort(message="client went away")
     while eng.has_work():
         eng.step()
     assert len(b.output_ids) == 12 and eng.scheduler.allocator.num_free() == 64

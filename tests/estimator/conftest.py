@@ -6,7 +6,7 @@ import pytest
 
 from engines.model_config import ModelConfig
 from estimator.hardware import HardwareSpec
-from estimator.reference_data import llama2_7b
+from estimator.reference.data import llama2_7b
 
 
 @pytest.fixture(scope="session")

@@ -8,8 +8,8 @@ import pytest
 
 from estimator.calibration import AlphaCurve, Calibration, Sample
 from estimator.predictor import Estimator
-from estimator.reference_data import load_vidur_ops, vidur_csv_path, vidur_model_config
-from estimator.reference_profiles import SAMPLE_TOKENS, attention_errors, vidur_errors, vidur_estimator
+from estimator.reference.data import load_vidur_ops, vidur_csv_path, vidur_model_config
+from estimator.reference.profiles import SAMPLE_TOKENS, attention_errors, vidur_errors, vidur_estimator
 
 # Target was 5 % per kernel. Measured (tokens >= 64): Llama-3-8B 3.3-6.3 %, Llama-2-7B 3.7-9.4 %.
 # The residual is cuBLAS switching kernels between neighbouring token counts below ~1024 (alpha
@@ -120,12 +120,12 @@ def test_phase_samples_calibrate_end_to_end(llama3_8b, a100):
     assert estimator.prefill_time([2048], 54) == pytest.approx(1.5 * raw_prefill)
     raw_other = Estimator(llama3_8b, a100).prefill_time([512, 300], 108)
     assert estimator.prefill_time([512, 300], 108) == pytest.approx(1.5 * raw_other)  # one sample: flat alpha
-    raw_decode = estimator.decode_time([1000] * 16, 20)
+    raw_decode = estimator.decode_time_for([1000] * 16, 20)
     estimator.add_sample("decode", 0.8 * raw_decode, 20, decode_batch=16, decode_context=16000)
-    assert estimator.decode_time((16, 16000), 20) == pytest.approx(0.8 * raw_decode)
+    assert estimator.decode_time(16, 16000, 20) == pytest.approx(0.8 * raw_decode)
     # alpha carries over to other unit counts
-    assert estimator.decode_time((16, 16000), 40) == pytest.approx(
-        0.8 * Estimator(llama3_8b, a100).decode_time((16, 16000), 40))
+    assert estimator.decode_time(16, 16000, 40) == pytest.approx(
+        0.8 * Estimator(llama3_8b, a100).decode_time(16, 16000, 40))
 
 
 def test_sample_tokens_are_fixed_before_validation():

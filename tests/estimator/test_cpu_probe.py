@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from estimator.cpu_probe import ProbeSizes, allowed_cores, measure_contention, pinned, probe_cpu
+from estimator.profiler.cpu_probe import ProbeSizes, allowed_cores, measure_contention, pinned, probe_cpu
 from estimator.predictor import Estimator
 
 TINY = ProbeSizes(gemm_n=128, matrix_mb=8, min_seconds=0.01)
@@ -38,10 +38,10 @@ def test_an_estimator_runs_on_the_probed_cpu():
 
     spec = probe_cpu(sizes=TINY, progress=False)
     est = Estimator(ModelConfig.builtin("smollm2-135m"), spec, dtype="fp32")
-    one = est.decode_time([300] * 4, 1)
+    one = est.decode_time_for([300] * 4, 1)
     assert one > 0 and est.prefill_time([200], spec.units) > 0
     est.add_sample("decode", 2 * one, 1, decode_batch=4, decode_context=1200)
-    assert est.decode_time([300] * 4, 1) == pytest.approx(2 * one)
+    assert est.decode_time_for([300] * 4, 1) == pytest.approx(2 * one)
 
 
 @pytest.mark.skipif(len(allowed_cores()) < 2, reason="needs two cores")

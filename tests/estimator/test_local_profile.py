@@ -14,9 +14,10 @@ from engines.model_config import ModelConfig
 from estimator.calibration import Calibration, Sample, unit_blend
 from estimator.contention import ContentionModel
 from estimator.hardware import HardwareSpec
-from estimator.local_fit import build_estimator, fit_contention
-from estimator.local_profile import default_profile_path, reusable
+from estimator.profiler.fit import build_estimator, fit_contention
+from estimator.profiler.cache import default_profile_path, reusable
 from estimator.predictor import Estimator
+from estimator.profile import load_estimator
 
 TINY_HF_CONFIG = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
                   "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 512,
@@ -49,12 +50,12 @@ def test_phase_alpha_is_kept_per_core_count(tiny):
     """Samples at 1 and 2 cores with different alphas: each core count gets its own."""
     hw = two_core_cpu()
     raw = Estimator(tiny, hw)
-    one, two = raw.decode_time((8, 8 * 256), 1), raw.decode_time((8, 8 * 256), 2)
+    one, two = raw.decode_time(8, 8 * 256, 1), raw.decode_time(8, 8 * 256, 2)
     est = Estimator(tiny, hw, Calibration(samples=[
         Sample(kind="decode", units=1, seconds=3 * one, decode_batch=8, decode_context=8 * 256),
         Sample(kind="decode", units=2, seconds=1.5 * two, decode_batch=8, decode_context=8 * 256)]))
-    assert est.decode_time((8, 8 * 256), 1) == pytest.approx(3 * one)
-    assert est.decode_time((8, 8 * 256), 2) == pytest.approx(1.5 * two)
+    assert est.decode_time(8, 8 * 256, 1) == pytest.approx(3 * one)
+    assert est.decode_time(8, 8 * 256, 2) == pytest.approx(1.5 * two)
 
 
 def test_kernel_alpha_is_kept_per_core_count(tiny):
@@ -73,7 +74,7 @@ def test_kernel_alpha_is_kept_per_core_count(tiny):
 
 def test_piecewise_curves_fast_path_equals_kernel_by_kernel(tiny):
     """The CPU profile's piecewise kernel curves: the predictor's fast path is the kernel-by-kernel model."""
-    from estimator.local_fit import KERNEL_CURVES
+    from estimator.profiler.fit import KERNEL_CURVES
     from estimator.ops import ExecutionState
 
     hw = two_core_cpu()
@@ -113,9 +114,9 @@ def test_engine_attention_flags(tiny):
     rows = ours.breakdown(ExecutionState(prefill_lens=(300, 20, 5)), 1)
     slow = sum(t for _, _, t in rows[:-3]) * tiny.num_hidden_layers + sum(t for _, _, t in rows[-3:])
     assert ours.prefill_time([300, 20, 5], 1) == pytest.approx(slow, rel=1e-9)
-    assert ours.decode_time([100, 900], 1) == pytest.approx(ours.decode_time((2, 1800), 1))
-    assert flat.decode_time([100, 900], 1) == pytest.approx(flat.decode_time((2, 1000), 1))
-    assert ours.decode_time((2, 1000), 1) == pytest.approx(flat.decode_time((2, 1000), 1))
+    assert ours.decode_time_for([100, 900], 1) == pytest.approx(ours.decode_time(2, 1800, 1))
+    assert flat.decode_time_for([100, 900], 1) == pytest.approx(flat.decode_time(2, 1000, 1))
+    assert ours.decode_time(2, 1000, 1) == pytest.approx(flat.decode_time(2, 1000, 1))
 
 
 # ---- contention fit --------------------------------------------------------------------------------
@@ -127,7 +128,7 @@ def test_contention_fit_recovers_the_bandwidth_fraction_and_slowdown(tiny):
     truth.add_bandwidth(1, 512, 0.6)
     truth.add_slowdown(16, 1.2)
     true_est = Estimator(tiny, hw, contention=truth)
-    corun = [Sample(kind="decode", units=1, seconds=true_est.decode_time((b, b * 300), 1, co_prefill_tokens=512),
+    corun = [Sample(kind="decode", units=1, seconds=true_est.decode_time(b, b * 300, 1, co_prefill_tokens=512),
                     decode_batch=b, decode_context=b * 300, co_running=512) for b in (1, 8, 32)]
     corun += [Sample(kind="prefill", units=1, seconds=true_est.prefill_time([n], 1, co_decode_batch=16),
                      prefill_lens=(n,), co_running=16) for n in (64, 256)]
@@ -140,11 +141,11 @@ def test_contention_fit_recovers_the_bandwidth_fraction_and_slowdown(tiny):
 def test_contention_never_makes_a_step_faster(tiny):
     hw = two_core_cpu()
     solo = Estimator(tiny, hw)
-    fast = [Sample(kind="decode", units=1, seconds=0.5 * solo.decode_time((4, 400), 1), decode_batch=4,
+    fast = [Sample(kind="decode", units=1, seconds=0.5 * solo.decode_time(4, 400, 1), decode_batch=4,
                    decode_context=400, co_running=128),
             Sample(kind="prefill", units=1, seconds=0.5 * solo.prefill_time([100], 1), prefill_lens=(100,), co_running=4)]
     est = build_estimator(tiny, hw, "bf16", fast)
-    assert est.decode_time((4, 400), 1, co_prefill_tokens=128) >= est.decode_time((4, 400), 1)
+    assert est.decode_time(4, 400, 1, co_prefill_tokens=128) >= est.decode_time(4, 400, 1)
     assert est.prefill_time([100], 1, co_decode_batch=4) >= est.prefill_time([100], 1)
 
 
@@ -165,9 +166,9 @@ def test_default_path_is_keyed_and_under_the_cache_dir(monkeypatch, tmp_path):
 @pytest.fixture(scope="module")
 def tiny_profile(tmp_path_factory):
     """A real profile of a 2-layer dummy model with a trimmed quick plan (seconds, not a minute)."""
-    from estimator.local_plan import ProfilePlan
-    from estimator.local_profile import measure_profile
-    from estimator.local_workload import PrefillCase, uniform_decode
+    from estimator.profiler.plan import ProfilePlan
+    from estimator.profiler.measure import measure_profile
+    from estimator.profiler.workload import PrefillCase, uniform_decode
 
     root = tmp_path_factory.mktemp("profile")
     config_path = root / "config.json"
@@ -188,20 +189,20 @@ def tiny_profile(tmp_path_factory):
 @pytest.mark.slow
 def test_quick_profile_round_trips_and_predicts_sensibly(tiny_profile):
     _, cores, output, profile = tiny_profile
-    est = Estimator.load(output)
+    est = load_estimator(output)
     assert est.hardware.kind == "cpu" and est.hardware.units == len(cores)
     assert profile.provenance is not None and profile.provenance.plan == "quick"
     assert est.prefill_time([300, 20], 1) == pytest.approx(profile.estimator().prefill_time([300, 20], 1))
     for units in range(1, len(cores) + 1):
         prefill = [est.prefill_time([n], units) for n in (16, 64, 128, 512, 1024)]
-        decode = [est.decode_time((b, b * 200), units) for b in (1, 4, 16, 64)]
+        decode = [est.decode_time(b, b * 200, units) for b in (1, 4, 16, 64)]
         assert all(t > 0 for t in prefill + decode)
         assert prefill == sorted(prefill) and decode == sorted(decode)
         assert est.prefill_time([128], units, num_layers=1, include_head=False) < est.prefill_time([128], units)
     if len(cores) >= 2:
         assert est.contention.samples, "co-running was measured"
         for tokens in (64, 256, 1024):
-            assert est.decode_time((8, 8 * 128), 1, co_prefill_tokens=tokens) >= est.decode_time((8, 8 * 128), 1)
+            assert est.decode_time(8, 8 * 128, 1, co_prefill_tokens=tokens) >= est.decode_time(8, 8 * 128, 1)
 
 
 @pytest.mark.slow
@@ -210,11 +211,11 @@ def test_quick_profile_predicts_fresh_measurements(tiny_profile):
     import torch
 
     from engines.weights import load_weights
-    from estimator.local_session import ProfileSession
-    from estimator.local_workload import PrefillCase, uniform_decode
+    from estimator.profiler.session import ProfileSession
+    from estimator.profiler.workload import PrefillCase, uniform_decode
 
     config_path, cores, output, _ = tiny_profile
-    est = Estimator.load(output)
+    est = load_estimator(output)
     weights = load_weights(config_path, "dummy", torch.bfloat16)
     cases = [PrefillCase((256,)), PrefillCase((64, 64)), uniform_decode(16, 256)]
     with ProfileSession(weights.config, weights.state, torch.bfloat16, cores, cases, budget_s=2.0,
@@ -224,12 +225,12 @@ def test_quick_profile_predicts_fresh_measurements(tiny_profile):
             if isinstance(case, PrefillCase):
                 predicted = est.prefill_time(list(case.seq_lens), 1)
             else:
-                predicted = est.decode_time(list(case.context_lens), 1)
+                predicted = est.decode_time_for(list(case.context_lens), 1)
             assert predicted == pytest.approx(sample.seconds, rel=0.5), case.label()
 
 
 def test_a_fitting_cached_profile_is_reused(tiny_profile):
-    from estimator.local_profile import ensure_profile, estimator_dtype, model_cache_name
+    from estimator.profiler.cache import ensure_profile, estimator_dtype, model_cache_name
 
     config_path, cores, output, _ = tiny_profile
     name = model_cache_name(config_path, "dummy")

@@ -5,17 +5,18 @@ from __future__ import annotations
 import json
 
 from estimator.predictor import Estimator
-from estimator.reference_profiles import SHIPPED_PROFILE, a100_llama3_8b_profile
+from estimator.reference.profiles import SHIPPED_PROFILE, a100_llama3_8b_profile
+from estimator.profile import load_estimator
 
 
 def test_shipped_profile_is_regenerated_from_shared_data(shared_data):
     regenerated = a100_llama3_8b_profile(shared_data).model_dump(mode="json")
     assert json.loads(SHIPPED_PROFILE.read_text()) == regenerated, (
-        "estimator/data/a100-llama-3-8b.json is stale: run `python -m estimator.reference_profiles`")
+        "estimator/reference/data/a100-llama-3-8b.json is stale: run `python -m estimator.reference.profiles`")
 
 
 def test_shipped_profile_uses_at_most_two_samples_per_kind():
-    estimator = Estimator.load(SHIPPED_PROFILE)
+    estimator = load_estimator(SHIPPED_PROFILE)
     counts = {}
     for sample in estimator.calibration.samples:
         counts[sample.kind] = counts.get(sample.kind, 0) + 1

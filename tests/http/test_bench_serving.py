@@ -22,7 +22,7 @@ import pytest
 from tests.http.helpers import token_counters
 
 pytest.importorskip("sglang")
-sharegpt = pytest.importorskip("artifact.workloads.sharegpt")
+sharegpt = pytest.importorskip("bullet.workloads.sharegpt")
 
 NUM_PROMPTS = 24
 OUTPUT_LEN = 16

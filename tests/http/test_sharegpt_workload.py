@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from artifact.workloads import sharegpt
+from bullet.workloads import sharegpt
 
 
 def _record(i: int) -> str:

@@ -13,9 +13,9 @@ from pathlib import Path
 import posix_ipc
 import pytest
 
-from bullet import shm
-from bullet.shm_page_allocator import SharedPageAllocator
-from bullet.state_buffer import StateBuffer, WorkerState
+from bullet.shm import segments as shm
+from bullet.shm.shared_page_allocator import SharedPageAllocator
+from bullet.shm.state_buffer import StateBuffer, WorkerState
 
 SPAWN = mp.get_context("spawn")
 

@@ -15,10 +15,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from bullet import shm
+from bullet.shm import segments as shm
 from bullet._shmatomic import SharedRegion
-from bullet.page_allocator import LocalPageAllocator, OutOfPages
-from bullet.shm_page_allocator import SharedPageAllocator
+from bullet.shm.page_allocator import LocalPageAllocator, OutOfPages
+from bullet.shm.shared_page_allocator import SharedPageAllocator
 
 SPAWN = mp.get_context("spawn")
 

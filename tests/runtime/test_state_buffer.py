@@ -12,9 +12,9 @@ from dataclasses import fields
 
 import pytest
 
-import bullet.state_buffer as sbmod
-from bullet import shm
-from bullet.state_buffer import (ControlFlags, SeqlockTimeout, StateBuffer, StateBufferLayoutError, WorkerFlags,
+import bullet.shm.state_buffer as sbmod
+from bullet.shm import segments as shm
+from bullet.shm.state_buffer import (ControlFlags, SeqlockTimeout, StateBuffer, StateBufferLayoutError, WorkerFlags,
                                  WorkerState)
 
 SPAWN = mp.get_context("spawn")
@@ -74,10 +74,11 @@ def test_header_fields_and_control_bits(iid):
         assert (other.instance_id, other.creator_pid, other.layout_version) == (iid, os.getpid(), sbmod.LAYOUT_VERSION)
         assert abs(other.created_ns - time.time_ns()) < 60e9
         assert other.control() == ControlFlags(0)
-        sb.set_control(ControlFlags.DRAIN)
-        assert other.set_control(ControlFlags.SHUTDOWN) == ControlFlags.DRAIN
-        assert sb.control() == ControlFlags.DRAIN | ControlFlags.SHUTDOWN
-        sb.clear_control(ControlFlags.DRAIN)
+        spare = 1 << 7  # the word is a plain atomic bit set: bits other than SHUTDOWN are kept as they are
+        sb.set_control(ControlFlags(spare))
+        assert other.set_control(ControlFlags.SHUTDOWN) == spare
+        assert sb.control() == spare | ControlFlags.SHUTDOWN
+        sb.clear_control(ControlFlags(spare))
         assert other.control() == ControlFlags.SHUTDOWN
     finally:
         other.close()

@@ -5,9 +5,9 @@ on 2 or more (bandwidth saturates at 2 units, as on real hardware)."""
 
 from __future__ import annotations
 
-from bullet.request import Request
-from bullet.schedulers.base import InflightPrefill, PrefillView, DecodeView
-from bullet.state_buffer import WorkerState
+from bullet.core.request import Request
+from bullet.core.worker_state import WorkerState
+from bullet.schedulers.views import DecodeView, InflightPrefill, PrefillView
 from engines.sampling_params import SamplingParams
 
 TOTAL = 8
@@ -22,9 +22,11 @@ class FakePredictor:
         layers = LAYERS if num_layers is None else num_layers
         return sum(seq_lens) * 1e-3 / units * layers / LAYERS
 
-    def decode_time(self, context_lens, units, co_prefill_tokens=0):
-        batch = context_lens[0] if isinstance(context_lens, tuple) else len(context_lens)
+    def decode_time(self, batch, context, units, co_prefill_tokens=0):
         return (0.020 + 0.001 * batch) / min(units, 2)
+
+    def decode_time_for(self, context_lens, units, co_prefill_tokens=0):
+        return self.decode_time(len(context_lens), sum(context_lens), units, co_prefill_tokens)
 
     def observe_prefill(self, *args, **kw):
         self.observed.append(("prefill", args, kw))

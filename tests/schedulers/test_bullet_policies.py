@@ -7,8 +7,8 @@ import pytest
 
 from bullet.schedulers.bullet_decode import BulletDecodePolicy
 from bullet.schedulers.bullet_prefill import TPOT_MARGIN, BulletPrefillPolicy
-from bullet.slo import SLO
-from bullet.state_buffer import WorkerState
+from bullet.core.slo import SLO
+from bullet.shm.state_buffer import WorkerState
 from tests.schedulers.fakes import (LAYERS, TOTAL, FakePredictor, decode_state, decode_view, inflight,
                                     prefill_view, req)
 
@@ -138,7 +138,7 @@ def test_both_slos_broken_gives_a_balanced_split():
     assert "balanced" in d.reason
 
     def worst(units):
-        return max(est.prefill_time([800], units) / 0.08, est.decode_time((10, 5000), TOTAL - units) / 0.010)
+        return max(est.prefill_time([800], units) / 0.08, est.decode_time(10, 5000, TOTAL - units) / 0.010)
 
     assert worst(d.units) == min(worst(u) for u in range(1, TOTAL))
     assert 1 < d.units < TOTAL
@@ -184,7 +184,7 @@ def test_decision_publishes_predictions_and_feedback_reaches_the_estimator():
     p = policy(est=est)
     view = prefill_view(1.0, [req("a", 500, 0.5)])
     d = p.decide(view)
-    assert d.published["ttft_pred_p90_ms"] == pytest.approx((1.0 + 0.5 / TOTAL - 0.5) * 1e3)
+    assert d.predictions.ttft_pred_p90_ms == pytest.approx((1.0 + 0.5 / TOTAL - 0.5) * 1e3)
     assert d.predicted_s == pytest.approx(500e-3 / TOTAL * K / LAYERS)
     p.observe(d, 0.02, view)
     kind, args, kw = est.observed[-1]
@@ -211,14 +211,14 @@ def test_decode_follows_prefills_share_and_pauses_when_it_takes_everything():
     d = dpolicy().decide(decode_view(1.0, running, WorkerState(remaining_layers=8, compute_units=6)))
     assert d.run and d.units == 2
     d = dpolicy().decide(decode_view(1.0, running, WorkerState(remaining_layers=8, compute_units=TOTAL)))
-    assert not d.run and d.published["pause_budget_ms"] > 0
+    assert not d.run and d.predictions.pause_budget_ms > 0
 
 
 def test_decode_runs_anyway_once_the_pause_budget_is_spent():
     running = [req("a", 10, 0.0, outputs=5, first_token_time=0.0)]  # 5 tokens in 1 s: already late
     d = dpolicy().decide(decode_view(1.0, running, WorkerState(remaining_layers=8, compute_units=TOTAL)))
     assert d.run and d.units == 1 and "budget spent" in d.reason
-    assert d.published["pause_budget_ms"] < 0
+    assert d.predictions.pause_budget_ms < 0
 
 
 def test_decode_publishes_tpot_p90_of_its_requests():
@@ -226,5 +226,5 @@ def test_decode_publishes_tpot_p90_of_its_requests():
     running.append(req("slow", 10, 0.0, outputs=2, first_token_time=0.0))
     d = dpolicy().decide(decode_view(1.0, running, WorkerState()))
     step = (0.020 + 0.010) / 2
-    assert d.published["tpot_pred_p90_ms"] == pytest.approx((1.0 + step) / 10 * 1e3)
-    assert d.published["tpot_pred_p90_ms"] < (1.0 + step) / 2 * 1e3  # P90 ignores the one outlier
+    assert d.predictions.tpot_pred_p90_ms == pytest.approx((1.0 + step) / 10 * 1e3)
+    assert d.predictions.tpot_pred_p90_ms < (1.0 + step) / 2 * 1e3  # P90 ignores the one outlier

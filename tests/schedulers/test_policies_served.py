@@ -20,11 +20,11 @@ def cpu_profile(tmp_path_factory):
     """A small estimator profile: this CPU's measured rates, no model calibration (enough for the
     policy to make decisions; accuracy is the profiler's business)."""
     from engines.model_config import ModelConfig
-    from estimator import Estimator
-    from estimator.cpu_probe import probe_cpu
+    from estimator import Estimator, save_estimator
+    from estimator.profiler.cpu_probe import probe_cpu
 
     path = tmp_path_factory.mktemp("profile") / "cpu.json"
-    Estimator(ModelConfig.builtin("smollm2-135m"), probe_cpu(progress=False), dtype="bf16").save(path)
+    save_estimator(Estimator(ModelConfig.builtin("smollm2-135m"), probe_cpu(progress=False), dtype="bf16"), path)
     return str(path)
 
 

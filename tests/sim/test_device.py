@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bullet.sim.config import SimConfig, load_estimator
+from bullet.sim.config import SimConfig, device_estimator
 from bullet.sim.device import DecodeWork, PrefillWork, SimulatedDevice
 from bullet.sim.events import EventLoop, VirtualClock
 from bullet.sim.partition import SimulatedPartition, overlap
@@ -14,7 +14,7 @@ from estimator.analytic_contention import AnalyticContention
 
 @pytest.fixture(scope="module")
 def est():
-    return load_estimator(SimConfig())
+    return device_estimator(SimConfig())
 
 
 def device(est, contention=True, overlap_share="demand"):
@@ -49,7 +49,7 @@ def test_co_running_is_slower_than_alone_and_disjoint_shares_stay_whole(est):
     dev, _ = device(est)
     dev.start("decode", DecodeWork(128, 128 * 1500), 20, lambda e: None)
     alone = dev.latencies()["decode"]
-    assert alone == pytest.approx(est.decode_time((128, 128 * 1500), 20))
+    assert alone == pytest.approx(est.decode_time(128, 128 * 1500, 20))
     dev.start("prefill", PrefillWork((4096,), 4, False), 88, lambda e: None)
     corun = dev.latencies()
     assert dev.effective_units() == {"prefill": 88.0, "decode": 20.0}
@@ -95,7 +95,7 @@ def test_noise_stays_within_its_bounds_and_is_seeded(est):
         loop.run()
         return out
 
-    base = est.decode_time((8, 8000), 108)
+    base = est.decode_time(8, 8000, 108)
     a, b, c = elapsed(1), elapsed(1), elapsed(2)
     assert a == b and a != c
     assert all(0.95 * base <= x <= 1.05 * base for x in a)

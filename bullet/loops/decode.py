@@ -1,0 +1,122 @@
+"""The decode loop core: continuous batching over requests handed over by prefill (they join the
+running batch at the next step), one token per request per step, a KV slot reserved for each new
+token (a new page when a sequence crosses a page boundary), pages freed when a request finishes or
+is aborted."""
+
+from __future__ import annotations
+
+from bullet.core.finish import Abort
+from bullet.core.request import Request
+from bullet.core.worker_state import WorkerFlags
+from bullet.loops.base import LoopCore, LoopEnv, Wake
+from bullet.schedulers.views import DecodeDecision, DecodePolicy, DecodeView
+from bullet.shm.page_allocator import OutOfPages
+
+PAUSED_POLL_S = 1e-3  # a paused decode re-decides this often (prefill's share may change any time)
+TOMBSTONE_TTL_S = 300.0  # how long an abort waits for a handoff it overtook
+
+
+class DecodeCore(LoopCore):
+    def __init__(self, env: LoopEnv, policy: DecodePolicy):
+        super().__init__(env)
+        self.policy = policy
+        self.running: list[Request] = []
+        # aborts that overtook their handoff (prefill sent it before the abort reached prefill), by uid
+        self.tombstones: dict[int, float] = {}
+        self.paused = False
+        self.pauses = 0
+
+    @property
+    def idle(self) -> bool:
+        return not self.running
+
+    # -- messages -----------------------------------------------------------------------------------
+    def add(self, req: Request) -> None:
+        if self.tombstones.pop(req.uid, None) is not None:
+            self._retire(req, Abort(message="aborted by the client"))
+        else:
+            self.running.append(req)
+
+    def abort(self, uid: int, message: str) -> None:
+        now = self.now()
+        for req in self.running:
+            if req.uid == uid:
+                self.running.remove(req)
+                self._retire(req, Abort(message=message))
+                break
+        else:
+            self.tombstones[uid] = now
+        for key, t in list(self.tombstones.items()):
+            if now - t > TOMBSTONE_TTL_S:
+                del self.tombstones[key]
+
+    # -- one pass of the loop -----------------------------------------------------------------------
+    def iterate(self) -> Wake:
+        env = self.env
+        view = DecodeView(now=self.now(), running=self.running, peer=self.read_peer(),
+                          total_units=env.partition.total_units, current_units=env.partition.current_units)
+        decision = self.decide_timed(self.policy.decide, view)
+        self.predictions = decision.predictions
+        was_paused, self.paused = self.paused, bool(self.running) and not decision.run
+        if self.paused and not was_paused:
+            self.pauses += 1
+            self.record(view.now, 0, run=False, batch=len(self.running), reason=decision.reason)
+        if self.paused:
+            return Wake.until(view.now + PAUSED_POLL_S)
+        if not self.running:
+            return Wake.EVENT
+        self.apply_units(decision.units)
+        batch = [r for r in self.running if self._reserve_next_slot(r)]
+        if not batch:  # every request is waiting for a page: free one request's pages so the rest can go
+            self._retire(self.running.pop(), Abort(message="the KV cache is full; request dropped"))
+            return Wake.NOW
+        return self.launch(batch, lambda done: env.executor.run_decode(batch, done),
+                           lambda seconds: self._step_done(view, decision, batch, seconds))
+
+    def _reserve_next_slot(self, req: Request) -> bool:
+        allocator = self.env.allocator
+        need = allocator.pages_for(req.seq_len) - len(req.page_table)
+        if need <= 0:
+            return True
+        try:
+            req.page_table.extend(allocator.alloc(need, req.uid))
+            return True
+        except OutOfPages:
+            return False  # skip this step; pages come back as other requests finish
+
+    def _step_done(self, view: DecodeView, decision: DecodeDecision, batch: list[Request], seconds: float) -> None:
+        for r in batch:
+            r.num_cached += 1
+        self.last_step_ms = seconds * 1e3
+        self.policy.observe(decision, seconds, view)
+        self.steps += 1
+        self.record(view.now, self.env.partition.current_units, run=True, batch=len(batch),
+                    context=sum(r.seq_len for r in batch), prefill_units=view.peer.compute_units,
+                    pred_ms=decision.predicted_s * 1e3, obs_ms=seconds * 1e3, reason=decision.reason)
+        done = [r for r in batch if r.finished]
+        if done:
+            finished = set(done)
+            self.running = [r for r in self.running if r not in finished]
+            for r in done:
+                self.free_pages(r)
+        self.env.outbox.tokens(batch)
+        self.publish()
+
+    def _retire(self, req: Request, reason) -> None:
+        req.finish(reason, self.now())
+        self.free_pages(req)
+        self.env.outbox.finished(req)
+
+    def forget(self, req: Request) -> None:
+        if req in self.running:
+            self.running.remove(req)
+
+    # -- state ------------------------------------------------------------------------------------
+    def counters(self) -> dict:
+        return {"decode_pauses": self.pauses}
+
+    def publish(self) -> None:
+        self.flags = self.flags | WorkerFlags.PAUSED if self.paused else self.flags & ~WorkerFlags.PAUSED
+        self.publish_state(idle=not self.running, batch_size=len(self.running),
+                           tokens_in_flight=sum(r.seq_len for r in self.running), tpot_obs_ms=self.last_step_ms,
+                           step_obs_ms=self.last_step_ms)

@@ -1,0 +1,27 @@
+"""A loop core for a role, with the policy `--policy` asks for: what a worker process and the
+simulator both build, so the two cannot drift apart."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from bullet.config import ServerArgs
+from bullet.core.roles import Role
+from bullet.loops.base import LoopCore, LoopEnv
+from bullet.loops.decode import DecodeCore
+from bullet.loops.prefill import PrefillCore
+from bullet.loops.unified import UnifiedCore
+from bullet.schedulers.factory import make_decode_policy, make_prefill_policy
+from bullet.schedulers.hybrid import HybridScheduler
+from bullet.schedulers.predict import Predictor
+
+
+def build_core(env: LoopEnv, args: ServerArgs, num_layers: int, predictor: Predictor | None = None,
+               batch_token_limit: Callable[[int], int] | None = None) -> LoopCore:
+    feasible = env.partition.feasible_units()
+    if env.role is Role.PREFILL:
+        policy = make_prefill_policy(args, feasible, num_layers, predictor, batch_token_limit)
+        return PrefillCore(env, policy, num_layers)
+    if env.role is Role.DECODE:
+        return DecodeCore(env, make_decode_policy(args, feasible, predictor))
+    return UnifiedCore(env, HybridScheduler(env.allocator, args.policy_arg, args.max_running_requests))

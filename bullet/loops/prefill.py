@@ -1,0 +1,157 @@
+"""The prefill loop core: queue prompts, let the policy pick a batch and a compute share, run the
+batch a few layers per step (returning to the scheduler between steps, Bullet §3.3), sample each
+request's first token after the last layer, and hand the request to decode — only metadata
+travels, its K/V pages are already in the shared pool."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from bullet.core.finish import Abort, Length
+from bullet.core.request import Request, Status
+from bullet.loops.base import LoopCore, LoopEnv, Wake
+from bullet.schedulers.views import InflightPrefill, PrefillDecision, PrefillPolicy, PrefillView
+from bullet.shm.page_allocator import OutOfPages, PageAllocator
+
+
+def take_admitted(queue: list[Request], admit: Sequence[Request], allocator: PageAllocator) -> list[Request]:
+    """Give each admitted request its prompt's pages, in order, until memory runs out (the rest
+    stay queued: decode frees pages as requests finish); move the started ones out of the queue."""
+    started = []
+    for req in admit:
+        try:
+            req.page_table = allocator.alloc(allocator.pages_for(len(req.prompt_ids)), req.uid)
+        except OutOfPages:
+            break
+        started.append(req)
+    for req in started:
+        queue.remove(req)
+        req.status = Status.RUNNING
+    return started
+
+
+class PrefillCore(LoopCore):
+    def __init__(self, env: LoopEnv, policy: PrefillPolicy, num_layers: int):
+        super().__init__(env)
+        self.policy, self.num_layers = policy, num_layers
+        self.queue: list[Request] = []
+        self.inflight: InflightPrefill | None = None
+        self.aborted: set[Request] = set()  # in-flight requests aborted mid-batch
+        self.last_ttft_ms = 0.0
+        self.yield_until = 0.0  # the policy yielded every unit to decode until then (clock time)
+
+    @property
+    def idle(self) -> bool:
+        return not self.queue and self.inflight is None
+
+    # -- messages -----------------------------------------------------------------------------------
+    def add(self, req: Request) -> None:
+        self.queue.append(req)
+
+    def abort(self, uid: int, message: str) -> None:
+        for req in self.queue:
+            if req.uid == uid:
+                self.queue.remove(req)
+                self._finish(req, Abort(message=message))
+                return
+        if self.inflight is not None:
+            self.aborted.update(r for r in self.inflight.requests if r.uid == uid)
+
+    # -- one pass of the loop -----------------------------------------------------------------------
+    def view(self) -> PrefillView:
+        env = self.env
+        return PrefillView(now=self.now(), queue=self.queue, inflight=self.inflight, peer=self.read_peer(),
+                           total_units=env.partition.total_units, current_units=env.partition.current_units,
+                           free_pages=env.allocator.num_free(), page_size=env.allocator.page_size)
+
+    def iterate(self) -> Wake:
+        """Decide, and start a layer group when the decision runs one."""
+        if self.yield_until:
+            if self.now() < self.yield_until:
+                return Wake.until(self.yield_until)
+            self.yield_until = 0.0
+        view = self.view()
+        decision = self.decide_timed(self.policy.decide, view)
+        self.predictions = decision.predictions
+        if decision.yield_s > 0:
+            self.yield_until = view.now + decision.yield_s
+            self.record(view.now, 0, run=False, queue=len(self.queue), decode_batch=view.peer.batch_size,
+                        reason=decision.reason)
+            return Wake.until(self.yield_until)
+        if decision.num_layers <= 0:
+            return Wake.EVENT
+        self.apply_units(decision.units)
+        if self.inflight is None and not self._start(decision.admit):
+            return Wake.EVENT  # no pages for the batch yet: decode frees them as requests finish
+        self.publish()  # before the step: decode sees a new share (a burst, a hand-back) at once
+        inflight = self.inflight
+        layers = min(decision.num_layers, inflight.remaining_layers)
+        finishing = None
+        if layers == inflight.remaining_layers:  # the last group: sample who still wants a token
+            finishing = [r for r in inflight.requests if r not in self.aborted and r.params.max_new_tokens > 0]
+        return self.launch(inflight.requests, lambda done: self.env.executor.run_prefill(inflight, layers, finishing, done),
+                           lambda seconds: self._step_done(view, decision, layers, seconds))
+
+    def _start(self, admit: list[Request]) -> bool:
+        started = take_admitted(self.queue, admit, self.env.allocator)
+        if not started:
+            return False
+        self.inflight = InflightPrefill(started, 0, self.num_layers, self.now())
+        return True
+
+    def _step_done(self, view: PrefillView, decision: PrefillDecision, layers: int, seconds: float) -> None:
+        inflight = self.inflight
+        self.last_step_ms = seconds * 1e3
+        inflight.layers_done += layers
+        self.policy.observe(decision, seconds, view)
+        self.steps += 1
+        self.record(view.now, self.env.partition.current_units, run=True, layers=decision.num_layers,
+                    batch=len(inflight.requests), tokens=inflight.num_tokens, queue=len(self.queue),
+                    decode_batch=view.peer.batch_size, pred_ms=decision.predicted_s * 1e3, obs_ms=seconds * 1e3,
+                    reason=decision.reason)
+        if inflight.remaining_layers == 0:
+            self._complete(inflight.requests)
+        self.publish()
+
+    def _complete(self, reqs: list[Request]) -> None:
+        self.inflight = None
+        for req in reqs:
+            req.num_cached = len(req.prompt_ids)
+            if req in self.aborted:
+                self.aborted.discard(req)
+                self._finish(req, Abort(message="aborted by the client"))
+            elif req.params.max_new_tokens == 0:
+                self._finish(req, Length(length=0))
+            elif req.finished:  # its first token already ended it
+                self._finish(req, req.finish_reason)
+            else:
+                self.env.outbox.handed_off(req)
+        if reqs and reqs[0].first_token_time is not None:
+            self.last_ttft_ms = (reqs[0].first_token_time - reqs[0].arrival) * 1e3
+
+    def _finish(self, req: Request, reason) -> None:
+        if not req.finished:
+            req.finish(reason, self.now())
+        self.free_pages(req)
+        self.env.outbox.finished(req)
+
+    def forget(self, req: Request) -> None:
+        if req in self.queue:
+            self.queue.remove(req)
+        if self.inflight is not None and req in self.inflight.requests:
+            self.inflight = None  # the whole batch failed with it (its layers ran together)
+        self.aborted.discard(req)
+
+    # -- state ------------------------------------------------------------------------------------
+    def pending_first_token(self) -> list[Request]:
+        return self.queue + (self.inflight.requests if self.inflight else [])
+
+    def publish(self) -> None:
+        inflight = self.inflight
+        self.publish_state(
+            idle=inflight is None or bool(self.yield_until),
+            batch_size=len(inflight.requests) if inflight else 0,
+            queued_requests=len(self.queue), queued_tokens=sum(len(r.prompt_ids) for r in self.queue),
+            tokens_in_flight=inflight.num_tokens if inflight else 0,
+            remaining_layers=inflight.remaining_layers if inflight else 0,
+            ttft_obs_ms=self.last_ttft_ms, step_obs_ms=self.last_step_ms)

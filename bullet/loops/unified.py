@@ -1,0 +1,97 @@
+"""The unified loop core: one worker runs both phases in hybrid batches on every unit — the
+`chunked:<budget>` baseline (SGLang / Sarathi-Serve style) and the offline `bullet.LLM` engine.
+Each step the `HybridScheduler` takes the running decodes and continuing chunks, then new prompt
+chunks up to the token budget; a request whose tokens are all computed samples its next token."""
+
+from __future__ import annotations
+
+from bullet.core.finish import Abort, Length
+from bullet.core.request import Request
+from bullet.loops.base import HybridItem, LoopCore, LoopEnv, Wake
+from bullet.schedulers.hybrid import HybridScheduler, Scheduled
+
+
+def hybrid_items(batch: list[Scheduled]) -> list[HybridItem]:
+    items = []
+    for s in batch:
+        req, start = s.req, s.req.num_cached
+        completes = start + s.num_tokens == req.seq_len
+        wants_all = req.params.prompt_logprobs and start < len(req.prompt_ids)
+        logits = "all" if wants_all else ("last" if completes else "none")
+        items.append(HybridItem(req, start, s.num_tokens, completes, logits,
+                                completes and req.params.max_new_tokens > 0))
+    return items
+
+
+class UnifiedCore(LoopCore):
+    def __init__(self, env: LoopEnv, scheduler: HybridScheduler):
+        super().__init__(env)
+        self.scheduler = scheduler
+        self.requests: dict[int, Request] = {}  # by uid: every request not yet finished
+        self.apply_units(env.partition.total_units)
+
+    @property
+    def idle(self) -> bool:
+        return not self.scheduler.has_work()
+
+    # -- messages -----------------------------------------------------------------------------------
+    def add(self, req: Request) -> None:
+        self.requests[req.uid] = req
+        self.scheduler.add(req)
+
+    def abort(self, uid: int, message: str) -> None:
+        req = self.requests.pop(uid, None)
+        if req is None or req.finished:
+            return
+        self.scheduler.release(req)
+        req.finish(Abort(message=message), self.now())
+        self.env.outbox.finished(req)
+
+    # -- one pass of the loop -----------------------------------------------------------------------
+    def iterate(self) -> Wake:
+        now, queued = self.now(), len(self.scheduler.waiting)
+        batch = self.scheduler.schedule()
+        if not batch:
+            return Wake.EVENT
+        items = hybrid_items(batch)
+        return self.launch([i.req for i in items], lambda done: self.env.executor.run_hybrid(items, done),
+                           lambda seconds: self._step_done(now, items, queued, seconds))
+
+    def _step_done(self, t: float, items: list[HybridItem], queued: int, seconds: float) -> None:
+        progressed = []
+        for item in items:
+            req = item.req
+            req.num_cached += item.num_tokens
+            if not item.completes:
+                continue  # a middle chunk of its prompt: nothing to report yet
+            if req.params.max_new_tokens == 0 and not req.finished:
+                req.finish(Length(length=0), self.now())
+            progressed.append(req)
+            if req.finished:
+                self.scheduler.release(req)
+                self.requests.pop(req.uid, None)
+        self.last_step_ms = seconds * 1e3
+        self.steps += 1
+        self.record(t, self.env.partition.current_units, run=True, batch=len(self.scheduler.running), queue=queued,
+                    tokens=sum(i.num_tokens for i in items), obs_ms=seconds * 1e3,
+                    reason=f"hybrid batch, budget {self.scheduler.token_budget}")
+        self.env.outbox.tokens(progressed)
+        self.publish()
+
+    def forget(self, req: Request) -> None:
+        self.requests.pop(req.uid, None)
+        if not req.finished:
+            self.scheduler.release(req)
+
+    # -- state ------------------------------------------------------------------------------------
+    def pending_first_token(self) -> list[Request]:
+        sched = self.scheduler
+        return [r for r in list(sched.waiting) + sched.running if r.first_token_time is None]
+
+    def counters(self) -> dict:
+        return {"preemptions": self.scheduler.preemptions}
+
+    def publish(self) -> None:
+        sched = self.scheduler
+        self.publish_state(batch_size=len(sched.running), queued_requests=len(sched.waiting),
+                           queued_tokens=sum(r.num_uncomputed for r in sched.waiting), step_obs_ms=self.last_step_ms)

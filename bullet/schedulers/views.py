@@ -1,0 +1,120 @@
+"""What a scheduling policy sees and decides — the seam between policy and the world (DESIGN §4).
+
+A loop core (`bullet.loops`) builds a *view* each step from its clock, its queue/batch, the peer's
+published state and the partition backend, asks the policy for a *decision*, and carries it out —
+in a worker process or in the simulator, on wall-clock or virtual time. Policies never touch
+sockets, processes, wall-clock time or tensors, and this module imports none of torch, shared
+memory or the C extension, so policies and the simulator load in milliseconds."""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+from bullet.core.request import Request
+from bullet.core.worker_state import Predictions, WorkerState
+
+
+class Clock(Protocol):
+    def now(self) -> float: ...
+
+
+class MonotonicClock:
+    def now(self) -> float:
+        return time.monotonic()
+
+
+@dataclass
+class InflightPrefill:
+    requests: list[Request]
+    layers_done: int
+    total_layers: int
+    started: float
+
+    @property
+    def remaining_layers(self) -> int:
+        return self.total_layers - self.layers_done
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(r.prompt_ids) for r in self.requests)
+
+
+@dataclass
+class PrefillView:
+    now: float
+    queue: Sequence[Request]  # waiting, in arrival order
+    inflight: InflightPrefill | None
+    peer: WorkerState  # the decode worker's last published state
+    total_units: int
+    current_units: int
+    free_pages: int
+    page_size: int
+
+
+@dataclass
+class PrefillDecision:
+    admit: list[Request] = field(default_factory=list)  # start a batch with these (only when none in flight)
+    num_layers: int = 0  # layers to run now (0 = idle this step)
+    units: int = 1  # compute share for this step
+    predicted_s: float = 0.0  # the policy's estimate of this step, reported for the timeline
+    reason: str = ""  # which rule chose the split (timeline, debugging)
+    predictions: Predictions = field(default_factory=Predictions)  # for the state buffer
+    yield_s: float = 0.0  # > 0: run nothing, publish no units (decode takes them all) for this long
+
+
+@dataclass
+class DecodeView:
+    now: float
+    running: Sequence[Request]
+    peer: WorkerState  # the prefill worker's last published state
+    total_units: int
+    current_units: int
+
+
+@dataclass
+class DecodeDecision:
+    run: bool = True  # False: pause this step (yield the units to a prefill burst)
+    units: int = 1
+    predicted_s: float = 0.0
+    reason: str = ""
+    predictions: Predictions = field(default_factory=Predictions)  # for the state buffer
+
+
+class PrefillPolicy(ABC):
+    name = "prefill"
+
+    @abstractmethod
+    def decide(self, view: PrefillView) -> PrefillDecision: ...
+
+    def observe(self, decision: PrefillDecision, seconds: float, view: PrefillView) -> None:
+        """Feedback: how long the decided step took."""
+
+
+class DecodePolicy(ABC):
+    name = "decode"
+
+    @abstractmethod
+    def decide(self, view: DecodeView) -> DecodeDecision: ...
+
+    def observe(self, decision: DecodeDecision, seconds: float, view: DecodeView) -> None:
+        """Feedback: how long the decided step took."""
+
+
+def admit_fcfs(queue: Sequence[Request], token_budget: int, free_pages: int, page_size: int,
+               reserve_pages: int = 0) -> list[Request]:
+    """Requests from the head of the queue while their prompts fit the token budget and the free
+    pages (minus a reserve for the decode batch to grow into). Always admits the head alone if it
+    fits in memory, so a prompt larger than the budget is not starved."""
+    admitted, tokens, pages = [], 0, free_pages - reserve_pages
+    for req in queue:
+        n = len(req.prompt_ids)
+        need = -(-n // page_size)
+        if need > pages or (admitted and tokens + n > token_budget):
+            break
+        admitted.append(req)
+        tokens += n
+        pages -= need
+    return admitted

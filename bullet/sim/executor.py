@@ -1,0 +1,68 @@
+"""Runs a loop core's steps on the simulated device: the step's work is charged there (beside
+whatever the other worker runs), and when it ends each request that the step samples gets a token —
+a fixed id, with the same finish rules and virtual-time stamps a real token would get."""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from bullet.core.finish import FinishChecker
+from bullet.core.request import Request
+from bullet.core.roles import Role
+from bullet.loops.base import HybridItem
+from bullet.schedulers.views import Clock, InflightPrefill
+from bullet.sim.device import DecodeWork, HybridWork, PrefillWork, SimulatedDevice
+from bullet.sim.partition import SimulatedPartition
+
+SIM_TOKEN_ID = 0  # the token every simulated step "samples": not an EOS id of any shipped model
+
+
+class SimExecutor:
+    def __init__(self, role: Role, device: SimulatedDevice, partition: SimulatedPartition, clock: Clock,
+                 finish: FinishChecker, on_step_end: Callable[[], None] = lambda: None):
+        self.role, self.device, self.partition, self.clock, self.finish = role, device, partition, clock, finish
+        self.on_step_end = on_step_end  # the driver goes round again once the core has taken the step's end
+
+    def _run(self, work, sampled: Sequence[Request], on_done: Callable[[float], None]) -> None:
+        def ended(seconds: float) -> None:
+            for req in sampled:
+                self.emit_token(req)
+            on_done(seconds)
+            self.on_step_end()
+
+        self.device.start(self.role.value, work, self.partition.current_units, ended)
+
+    def emit_token(self, req: Request) -> None:
+        req.output_ids.append(SIM_TOKEN_ID)
+        now = self.clock.now()
+        if req.first_token_time is None:
+            req.first_token_time = now
+        reason = self.finish.check(req)
+        if reason is not None:
+            req.finish(reason, now)
+
+    def run_prefill(self, batch: InflightPrefill, layers: int, finishing: Sequence[Request] | None,
+                    on_done: Callable[[float], None]) -> None:
+        work = PrefillWork(tuple(len(r.prompt_ids) for r in batch.requests), layers, include_head=finishing is not None)
+        self._run(work, finishing or (), on_done)
+
+    def run_decode(self, batch: Sequence[Request], on_done: Callable[[float], None]) -> None:
+        self._run(DecodeWork(len(batch), sum(r.seq_len for r in batch)), batch, on_done)
+
+    def run_hybrid(self, items: Sequence[HybridItem], on_done: Callable[[float], None]) -> None:
+        self._run(hybrid_work(items), [i.req for i in items if i.sample], on_done)
+
+
+def hybrid_work(items: Sequence[HybridItem]) -> HybridWork:
+    """What the device computes for a hybrid batch: an item whose one new token follows a fully
+    cached sequence past its prompt is a decode (its context includes that token); anything else is
+    a prompt chunk (or the recomputation of a preempted request) after `start` cached tokens."""
+    chunks, decodes, context = [], 0, 0
+    for item in items:
+        req = item.req
+        if item.num_tokens == 1 and item.completes and item.start >= len(req.prompt_ids):
+            decodes += 1
+            context += item.start + 1
+        else:
+            chunks.append((item.num_tokens, item.start))
+    return HybridWork(tuple(chunks), decodes, context)

@@ -1,0 +1,73 @@
+"""Process entry point of a worker: wire the shared model, shared memory, sockets, partition backend
+and loop core together, run the loop, and clean up however it ends.
+
+Signals: SIGINT is ignored (Ctrl-C reaches the whole process group; the launcher coordinates the
+shutdown), SIGTERM asks the loop to stop after its current step, and the kernel sends SIGTERM when
+the launcher dies (PR_SET_PDEATHSIG). An orphaned worker — its launcher is gone, whether it notices
+at startup or later — removes the instance's segments and socket directory on its way out."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+import traceback
+
+import setproctitle
+
+from bullet.runtime.endpoints import remove_runtime_dir
+from bullet.shm.segments import cleanup_instance
+from bullet.workers.spec import WorkerSpec
+from bullet.workers.wiring import Worker, build_worker
+
+log = logging.getLogger("bullet.worker")
+PR_SET_PDEATHSIG = 1
+
+
+class StopFlag:
+    def __init__(self):
+        self.stop = False
+
+    def __call__(self, signum=None, frame=None) -> bool:
+        if signum is not None:
+            self.stop = True
+        return self.stop
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass  # not Linux: the loop's parent-pid check still ends the worker
+
+
+def worker_main(spec: WorkerSpec) -> None:
+    setproctitle.setproctitle(spec.title)
+    logging.basicConfig(level=spec.args.log_level.upper(),
+                        format=f"[%(asctime)s {spec.role.value}] %(levelname)s %(message)s")
+    stop = StopFlag()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, stop)
+    _die_with_parent()
+    worker: Worker | None = None
+    code = 0
+    try:
+        if os.getppid() == spec.launcher_pid:  # else the launcher died before the death signal was armed
+            worker = build_worker(spec, lambda: stop.stop)
+            worker.run()
+        else:
+            code = 1
+    except Exception:
+        log.error("worker failed:\n%s", traceback.format_exc())
+        code = 1
+        if worker is not None:
+            worker.mark_failed()
+    finally:
+        if worker is not None:
+            worker.close()
+        if os.getppid() != spec.launcher_pid:  # orphaned: nobody else will remove the instance's files
+            cleanup_instance(spec.instance_id)
+            remove_runtime_dir(spec.runtime_dir)
+    sys.exit(code)

@@ -1,0 +1,78 @@
+"""A worker process's loop: deliver the messages waiting on its socket to the loop core, run one
+pass of the core, publish, and block on the socket for as long as the core said it can wait.
+
+The core runs its steps on the model synchronously (`ModelExecutor`), so a pass that starts a
+step returns once it has ended. A step that raises fails the requests in it, not the worker: every
+other request goes on (a malformed message never gets this far: the socket layer drops it)."""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from typing import Callable, Protocol
+
+from bullet.core.messages import AbortRequest, GenerateRequest, Handoff
+from bullet.core.roles import Role
+from bullet.core.worker_state import WorkerFlags
+from bullet.loops.base import LoopCore, Wake
+from bullet.workers.outbox import request_from_generate, request_from_handoff
+
+log = logging.getLogger("bullet.worker")
+IDLE_POLL_S = 0.05  # an idle worker still publishes (its heartbeat) this often
+PEER_POLL_S = 0.002  # work waits on the peer (pages, a share): look again this soon
+
+
+class Inbox(Protocol):
+    def receive(self, timeout_s: float) -> list: ...
+
+
+class WorkerDriver:
+    def __init__(self, core: LoopCore, io: Inbox, should_stop: Callable[[], bool],
+                 on_idle: Callable[[], None] = lambda: None):
+        self.core, self.io, self.should_stop, self.on_idle = core, io, should_stop, on_idle
+        self.failed_steps = 0
+
+    def run(self) -> None:
+        core = self.core
+        core.flags |= WorkerFlags.READY
+        core.publish()
+        wake = Wake.NOW
+        while not self.should_stop():
+            for msg in self.io.receive(self.timeout_s(wake)):
+                self.deliver(msg)
+            was_busy = not core.idle
+            wake = self.iterate()
+            core.publish()
+            if was_busy and core.idle:
+                self.on_idle()
+        core.flags = (core.flags & ~WorkerFlags.READY) | WorkerFlags.STOPPED
+        core.publish()
+
+    def iterate(self) -> Wake:
+        try:
+            return self.core.iterate()
+        except Exception as exc:
+            self.failed_steps += 1
+            failed = self.core.fail_current(f"internal error while running this request: {type(exc).__name__}: {exc}")
+            log.error("a step of %d request(s) failed; they were ended with an error:\n%s", len(failed),
+                      traceback.format_exc())
+            return Wake.NOW
+
+    def timeout_s(self, wake: Wake) -> float:
+        """How long to block on the socket before the next pass."""
+        if wake.kind in ("now", "busy"):
+            return 0.0
+        if wake.kind == "at":
+            return max(0.0, wake.at - self.core.now())
+        return IDLE_POLL_S if self.core.idle else PEER_POLL_S
+
+    def deliver(self, msg) -> None:
+        role = self.core.role
+        if isinstance(msg, AbortRequest):
+            self.core.abort(msg.uid, msg.message)
+        elif isinstance(msg, GenerateRequest) and role is not Role.DECODE:
+            self.core.add(request_from_generate(msg))
+        elif isinstance(msg, Handoff) and role is Role.DECODE:
+            self.core.add(request_from_handoff(msg))
+        else:
+            log.warning("dropped a %s message: the %s worker does not take it", type(msg).__name__, role)

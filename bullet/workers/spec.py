@@ -1,0 +1,31 @@
+"""What the launcher hands a worker process when it starts it (pickled by multiprocessing's spawn,
+between our own processes: the shared tensors travel by handle)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bullet.config import ServerArgs
+from bullet.core.roles import Role
+from bullet.runtime.endpoints import Endpoints
+from bullet.runtime.shared_model import SharedModel
+
+
+@dataclass
+class WorkerSpec:
+    role: Role
+    instance_id: str
+    incarnation: int
+    args: ServerArgs
+    model: SharedModel
+    endpoints: Endpoints
+    runtime_dir: str  # the instance's private socket directory (removed by the last one out)
+    cores: list[int]
+    launcher_pid: int
+    initial_units: int = 1
+    estimator_profile: str | None = None  # the bullet policy's profile
+
+    @property
+    def title(self) -> str:
+        """The process title `ps` shows, as SGLang names its processes."""
+        return f"bullet::{self.role.value} port={self.args.port} instance={self.instance_id}"

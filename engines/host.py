@@ -1,0 +1,61 @@
+"""The host process's own resources, as the data plane uses them: which cores its threads run on,
+how many intra-op threads torch uses, and giving freed heap memory back to the OS.
+
+Pinning touches **every thread of the process**: `sched_setaffinity(0, …)` only moves the calling
+thread, and by the time a share is applied torch's OpenMP pool threads already exist. New threads
+inherit the affinity of the thread that creates them, so pinning every existing thread also covers
+threads created later. The control plane's `cpu` partition backend and the profiler both use this."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Sequence
+
+import torch
+
+
+def thread_ids() -> set[int]:
+    return {int(tid) for tid in os.listdir("/proc/self/task")}
+
+
+def pin_all_threads(cores: set[int]) -> int:
+    """Restrict every thread of this process to `cores`; returns how many threads were pinned.
+
+    Re-lists the threads until no new one shows up: a thread not yet pinned may have created another
+    (inheriting the old mask) while the first pass ran."""
+    pinned: set[int] = set()
+    for _ in range(8):
+        fresh = thread_ids() - pinned
+        if not fresh:
+            break
+        for tid in fresh:
+            try:
+                os.sched_setaffinity(tid, cores)
+            except ProcessLookupError:
+                pass  # the thread exited between listing and pinning
+        pinned |= fresh
+    return len(pinned)
+
+
+def share_of(cores: Sequence[int], units: int, from_high: bool) -> list[int]:
+    """`units` of `cores` (sorted): the lowest ones, or the highest with `from_high`."""
+    ordered = sorted(cores)
+    units = max(0, min(units, len(ordered)))
+    return ordered[len(ordered) - units:] if from_high else ordered[:units]
+
+
+def use_cores(cores: Sequence[int]) -> None:
+    """Run this process on exactly `cores`: every thread pinned there, one torch thread per core."""
+    pin_all_threads(set(cores))
+    if torch.get_num_threads() != len(cores):
+        torch.set_num_threads(len(cores))
+
+
+def release_free_heap() -> None:
+    """Give freed heap memory back to the OS (glibc keeps it otherwise): after loading weights the
+    launcher would hold the dequantization buffers, and an idle worker its last step's activations."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc

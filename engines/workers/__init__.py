@@ -1,1 +1,0 @@
-"""Worker processes: the prefill and decode loops and what they share (bootstrap, IO)."""

@@ -1,0 +1,146 @@
+"""Cached estimator profiles of this CPU and the served model (Bullet §3.2.4): names, the cache,
+whether a cached profile still fits, and measuring one in a child process when none does.
+
+    path = ensure_profile(None, "auto", "bfloat16", cores=[0, 1])   # cached, or measured (~1 min)
+    load_estimator(path).decode_time(16, 16 * 512, units=1, co_prefill_tokens=256)
+
+`estimator.profiler.measure.measure_profile` does the work; it pins every thread of its process
+while it measures, so `ensure_profile` runs it in a child process (`python -m estimator.profiler`,
+the same command as `bullet profile`) and leaves its caller's threads alone."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import platform
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from engines.device import resolve_dtype
+from engines.weights import DEFAULT_MODEL
+from engines.weights.resolve import dummy_config, resolve_model_path
+from estimator.profile import EstimatorProfile
+from estimator.version import package_version
+
+ESTIMATOR_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+# ---- names and cache ---------------------------------------------------------------------------
+
+def cpu_model_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown-cpu"
+
+
+def estimator_dtype(dtype) -> str:
+    """"bf16" | "fp32" | "fp16" from a torch dtype or any name `engines.device` accepts ("auto" too)."""
+    if not isinstance(dtype, torch.dtype):
+        dtype = resolve_dtype(None if dtype in (None, "auto") else str(dtype).removeprefix("torch."),
+                              torch.device("cpu"))
+    return ESTIMATOR_DTYPES[str(dtype).removeprefix("torch.")]
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._]+", "-", text).strip("-") or "x"
+
+
+def model_cache_name(model_path: str | None, load_format: str = "auto") -> str:
+    """The model's name plus a digest of what identifies its weights (file path, size, mtime; or
+    the config for dummy weights), so two different files of the same name never share a profile."""
+    path, fmt = resolve_model_path(model_path, load_format)
+    if fmt == "dummy":
+        config = dummy_config(model_path)
+        return f"{_slug(config.name)}-dummy-{hashlib.sha1(config.model_dump_json().encode()).hexdigest()[:8]}"
+    stat = path.stat()
+    identity = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    name = DEFAULT_MODEL if model_path in (None, "", "default", DEFAULT_MODEL) else path.name.removesuffix(".gguf")
+    return f"{_slug(name)}-{hashlib.sha1(identity.encode()).hexdigest()[:8]}"
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("BULLET_CACHE_DIR")
+    return Path(root) / "profiles" if root else Path.home() / ".cache" / "bullet" / "profiles"
+
+
+def default_profile_path(model_name: str, dtype: str, cores: int | Sequence[int]) -> Path:
+    """Where the profile of `model_name` in `dtype` on this many cores of this CPU, measured by
+    this version of bullet, is cached: under $BULLET_CACHE_DIR/profiles or ~/.cache/bullet/profiles."""
+    count = cores if isinstance(cores, int) else len(list(cores))
+    name = f"{_slug(model_name)}-{_slug(dtype)}-{count}c-{_slug(cpu_model_name())}-bullet{package_version()}.json"
+    return cache_dir() / name
+
+
+def resolve_cores(cores: int | Sequence[int] | None) -> list[int]:
+    allowed = sorted(os.sched_getaffinity(0))
+    if cores is None:
+        return allowed
+    if isinstance(cores, int):
+        if not 0 < cores <= len(allowed):
+            raise ValueError(f"cannot profile on {cores} cores: {len(allowed)} allowed ({allowed})")
+        return allowed[:cores]
+    return sorted(set(cores))
+
+
+def reusable(path: Path, model: str, dtype: str, cores: Sequence[int], quick: bool) -> bool:
+    """A cached profile fits if it was measured for this model, dtype, core count, CPU and bullet
+    version (a full profile also serves a quick request, not the other way round)."""
+    try:
+        profile = EstimatorProfile.read(path)
+    except (OSError, ValueError):
+        return False
+    p = profile.provenance
+    return (p is not None and p.model == model and p.dtype == dtype and len(p.cores) == len(cores)
+            and p.cpu == cpu_model_name() and p.bullet_version == package_version() and (quick or p.plan == "full"))
+
+
+def ensure_profile(model_path: str | None, load_format: str = "auto", dtype="auto",
+                   cores: int | Sequence[int] | None = None, quick: bool = True, progress: bool = True,
+                   output: str | Path | None = None) -> Path:
+    """The path of a profile of this model on these cores: the cached one when it still fits,
+    else measured now in a child process (`python -m estimator.profiler`; about a minute with `quick`), with a
+    progress bar (`progress`) or log lines only, on stderr."""
+    core_ids = resolve_cores(cores)
+    est_dtype = estimator_dtype(dtype)
+    name = model_cache_name(model_path, load_format)
+    path = Path(output) if output else default_profile_path(name, est_dtype, core_ids)
+    if path.exists() and reusable(path, name, est_dtype, core_ids, quick):
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        # Two servers starting together measure once: the second waits, then finds the profile.
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.exists() and reusable(path, name, est_dtype, core_ids, quick):
+            return path
+        return _measure_in_child(model_path, load_format, est_dtype, core_ids, quick, progress, path)
+
+
+def _measure_in_child(model_path, load_format: str, dtype: str, core_ids: list[int], quick: bool, progress: bool,
+                      path: Path) -> Path:
+    command = [sys.executable, "-m", "estimator.profiler", "--load-format", load_format, "--dtype", dtype,
+               "--cores", ",".join(map(str, core_ids)), "--output", str(path)]
+    if model_path:
+        command += ["--model-path", str(model_path)]
+    if quick:
+        command.append("--quick")
+    if not progress:
+        command.append("--no-progress")
+    try:  # the child's output goes to our stderr: a server's stdout stays its own
+        out = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        out = None  # stderr replaced by an object without a file (captured): inherit instead
+    result = subprocess.run(command, stdout=out, stderr=out)
+    if result.returncode != 0 or not path.exists():
+        raise RuntimeError(f"bullet profile failed (exit code {result.returncode}): {' '.join(command)}")
+    return path

@@ -1,0 +1,101 @@
+"""What `bullet profile` measures: a sparse set of execution states (Bullet §3.2.4), quick or full.
+
+At every core count:
+* kernel sweeps (`sweeps`): every kernel class of the model timed inside a real forward pass, for a
+  few prefill lengths and decode batches — the op samples of the SRM calibration;
+* end-to-end steps (`steps`): whole prefills (single prompts and packed batches), K-layer prefill
+  steps as the layer-wise scheduler runs them, and decode steps — the phase samples of Eq. 2.
+With the other phase running on the complementary cores (`corun_*`): decode steps beside prefills
+of a few lengths sl (-> D_{p,sl}), and prefill steps beside decode batches (-> prefill slowdown).
+
+The benchmark (`artifact/benchmarks/bench_estimator_cpu.py`) validates on states that are none of
+these (`calibration_keys` lets it check)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from estimator.profiler.workload import DecodeCase, PrefillCase, uniform_decode
+
+# A bigger model than the one the plan was sized for would make the largest steps take minutes:
+# past this many seconds for one step, the larger steps of that kind are skipped.
+MAX_STEP_SECONDS = {"quick": 1.5, "full": 5.0}
+
+
+@dataclass(frozen=True)
+class ProfilePlan:
+    name: Literal["quick", "full"]
+    sweeps: tuple[PrefillCase | DecodeCase, ...]
+    steps: tuple[PrefillCase | DecodeCase, ...]
+    corun_prefill_lengths: tuple[int, ...]  # sl of the prefill looping beside timed decode steps
+    corun_decode_cases: tuple[DecodeCase, ...]
+    corun_decode_batches: tuple[int, ...]  # decode batch looping beside timed prefill steps
+    corun_decode_context: int
+    corun_prefill_cases: tuple[PrefillCase, ...]
+    repeats: int  # usable runs wanted per end-to-end step
+    sweep_repeats: int  # kernel sweeps per state (median per kernel)
+    budget_s: float  # time allowed for one step's runs on a busy machine
+    quiet_wait_s: float  # longest pause before a measurement for other jobs to calm down
+
+    @property
+    def max_step_seconds(self) -> float:
+        return MAX_STEP_SECONDS[self.name]
+
+    @classmethod
+    def quick(cls) -> "ProfilePlan":
+        """About a minute on 2 cores with SmolLM2-135M (model load and CPU probe included)."""
+        return cls(
+            name="quick",
+            sweeps=(PrefillCase((32,)), PrefillCase((256,)), uniform_decode(1, 128), uniform_decode(16, 512),
+                    uniform_decode(48, 64)),
+            steps=(PrefillCase((32,)), PrefillCase((256,)), PrefillCase((64, 64)), PrefillCase((256,), 4),
+                   uniform_decode(1, 128), uniform_decode(16, 512), uniform_decode(48, 64)),
+            corun_prefill_lengths=(64, 512),
+            corun_decode_cases=(uniform_decode(4, 256), uniform_decode(16, 512)),
+            corun_decode_batches=(4, 32),
+            corun_decode_context=256,
+            corun_prefill_cases=(PrefillCase((128,)), PrefillCase((256,), 4)),
+            repeats=3, sweep_repeats=2, budget_s=4.0, quiet_wait_s=1.0,
+        )
+
+    @classmethod
+    def full(cls) -> "ProfilePlan":
+        """A few minutes: more lengths, batches and contexts, more repeats."""
+        return cls(
+            name="full",
+            sweeps=(PrefillCase((16,)), PrefillCase((64,)), PrefillCase((256,)), PrefillCase((1024,)),
+                    uniform_decode(1, 64), uniform_decode(1, 1024), uniform_decode(8, 256), uniform_decode(32, 128),
+                    uniform_decode(32, 512), uniform_decode(64, 256)),
+            steps=(PrefillCase((16,)), PrefillCase((64,)), PrefillCase((256,)), PrefillCase((1024,)),
+                   PrefillCase((64,) * 4), PrefillCase((200, 50)), PrefillCase((64,), 4), PrefillCase((1024,), 4),
+                   PrefillCase((256,), 1), uniform_decode(1, 64), uniform_decode(1, 1024), uniform_decode(8, 256),
+                   uniform_decode(32, 128), uniform_decode(32, 512), uniform_decode(64, 256)),
+            corun_prefill_lengths=(32, 256, 1024),
+            corun_decode_cases=(uniform_decode(1, 256), uniform_decode(8, 512), uniform_decode(32, 128)),
+            corun_decode_batches=(1, 8, 32, 64),
+            corun_decode_context=256,
+            corun_prefill_cases=(PrefillCase((128,)), PrefillCase((512,)), PrefillCase((256,), 4)),
+            repeats=5, sweep_repeats=3, budget_s=12.0, quiet_wait_s=3.0,
+        )
+
+    @classmethod
+    def named(cls, quick: bool) -> "ProfilePlan":
+        return cls.quick() if quick else cls.full()
+
+    def all_cases(self) -> list[PrefillCase | DecodeCase]:
+        corun_prefills = [PrefillCase((sl,)) for sl in self.corun_prefill_lengths]
+        corun_decodes = [uniform_decode(b, self.corun_decode_context) for b in self.corun_decode_batches]
+        return [*self.sweeps, *self.steps, *self.corun_decode_cases, *self.corun_prefill_cases, *corun_prefills,
+                *corun_decodes]
+
+
+def case_key(case: PrefillCase | DecodeCase) -> tuple:
+    if isinstance(case, PrefillCase):
+        return ("prefill", case.seq_lens, case.num_layers)
+    return ("decode", tuple(sorted(case.context_lens)))
+
+
+def calibration_keys(plan: ProfilePlan) -> set[tuple]:
+    """Every state the plan measures (solo or co-running), as `case_key`s."""
+    return {case_key(c) for c in plan.all_cases()}

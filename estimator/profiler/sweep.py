@@ -1,0 +1,174 @@
+"""Runs a `ProfilePlan`: the CPU probe, then at every profiled core count the kernel sweeps and
+end-to-end steps, then each phase beside the other. Returns the hardware description and every
+sample; `local_fit` turns them into an estimator."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Callable, Sequence
+
+import torch
+
+from engines.model_config import ModelConfig
+from estimator.calibration import Sample
+from estimator.hardware import HardwareSpec
+from estimator.profiler.cache import cpu_model_name
+from estimator.profiler.cpu_probe import ProbeSizes, probe_cpu
+from estimator.profiler.fit import scale_sweep_to_step
+from estimator.profiler.plan import ProfilePlan
+from estimator.profiler.session import Measurement, ProfileSession
+from estimator.profiler.workload import DecodeCase, PrefillCase, uniform_decode
+
+PROBE_SIZES = {"quick": ProbeSizes(gemm_n=512, matrix_mb=128, min_seconds=0.08), "full": ProbeSizes()}
+
+
+def profiled_unit_counts(total: int) -> list[int]:
+    """Every core count on small CPUs; powers of two and the total on bigger ones (alpha is
+    blended linearly between profiled counts)."""
+    if total <= 4:
+        return list(range(1, total + 1))
+    counts, k = [], 1
+    while k < total:
+        counts.append(k)
+        k *= 2
+    return counts + [total]
+
+
+def corun_splits(total: int) -> list[int]:
+    """Decode core counts at which co-running is measured (prefill gets the rest). On 2 cores the
+    only split is 1 + 1, the one the server uses."""
+    return sorted({1, total // 2} - {0, total}) if total > 1 else []
+
+
+def _kind_and_size(case: PrefillCase | DecodeCase) -> tuple[tuple, int]:
+    """Steps of one kind (phase, layers run) ordered by how long they take: tokens for a prefill,
+    context plus batch for a decode step."""
+    if isinstance(case, PrefillCase):
+        return ("prefill", case.num_layers), case.tokens
+    return ("decode", None), case.total_context + case.batch
+
+
+@contextmanager
+def _progress_bar(enabled: bool, total: int):
+    """(advance(description), log(line)) on a rich progress bar, or plain no-ops / prints."""
+    if not enabled:
+        yield (lambda _desc: None), (lambda _line: None)
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("[bold]profile"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.description}"), transient=False) as bar:
+        task = bar.add_task("", total=total)
+        yield (lambda desc: bar.update(task, advance=1, description=desc)), bar.console.print
+
+
+def _jobs(session: ProfileSession, plan: ProfilePlan, cores: list[int]):
+    """(group, case, units the case runs on, description, measure) of every measurement, in order:
+    solo at every profiled core count, then co-running at every split."""
+    jobs = []
+    for units in profiled_unit_counts(len(cores)):
+        # a state's kernel sweep right before its end-to-end step: both then see the machine in the
+        # same mood, and the sweep is scaled to the step (`local_fit.scale_sweep_to_step`)
+        swept = [c for c in plan.sweeps if c in plan.steps]
+        for case in [*swept, *(c for c in plan.sweeps if c not in swept), *(c for c in plan.steps if c not in swept)]:
+            if case in plan.sweeps:
+                jobs.append((f"sweep {units}", case, units, f"{units} core(s): kernels of {case.label()}",
+                             lambda c=case, u=units: session.sweep(c, u, plan.sweep_repeats)))
+            if case in plan.steps:
+                jobs.append((f"step {units}", case, units, f"{units} core(s): {case.label()}",
+                             lambda c=case, u=units: session.step(c, u, plan.repeats)))
+    for decode_units in corun_splits(len(cores)):
+        prefill_units = len(cores) - decode_units
+        for sl in plan.corun_prefill_lengths:
+            for case in plan.corun_decode_cases:
+                jobs.append(("decode beside prefill", PrefillCase((sl,)), prefill_units,
+                             f"{case.label()} beside prefill[{sl}]",
+                             lambda c=case, s=sl, u=decode_units: session.beside_prefill(c, u, s, plan.repeats)))
+        for batch in plan.corun_decode_batches:
+            decode = uniform_decode(batch, plan.corun_decode_context)
+            for case in plan.corun_prefill_cases:
+                jobs.append(("prefill beside decode", case, prefill_units, f"{case.label()} beside {decode.label()}",
+                             lambda c=case, d=decode, u=prefill_units: session.beside_decode(c, u, d, plan.repeats)))
+    return jobs
+
+
+def run_plan(config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype, cores: Sequence[int],
+             plan: ProfilePlan, progress: bool = True,
+             log: Callable[[str], None] | None = None) -> tuple[HardwareSpec, list[Sample], list[str]]:
+    """The hardware description, every sample, and notes on what could not be measured cleanly.
+
+    A measurement whose runs were all disturbed by other jobs is tried again at the end (a busy
+    spell may have passed). If it is still disturbed it is dropped, unless no measurement of its
+    kind (kernel sweeps, steps, each co-running kind) is clean at any core count."""
+    cores = list(cores)
+    too_slow: dict[tuple, int] = {}  # (units, kind) -> size of a step that took too long
+    kept: dict[str, list[tuple[object, int, Measurement]]] = {}  # group -> (case, units, measurement)
+    disturbed: list[tuple[str, object, int, Callable[[], Measurement]]] = []
+
+    def skipped(case, units) -> bool:
+        kind, size = _kind_and_size(case)
+        limit = too_slow.get((units, kind))
+        return limit is not None and size >= limit
+
+    with ProfileSession(config, state, dtype, cores, plan.all_cases(), plan.budget_s, plan.quiet_wait_s) as session:
+        jobs = _jobs(session, plan, cores)
+        with _progress_bar(progress, len(jobs) + 1) as (advance, bar_log):
+            session.log = say = log or bar_log
+            hardware = probe_cpu(cores, PROBE_SIZES[plan.name], progress=False,
+                                 name=f"{cpu_model_name()} ({len(cores)} cores)")
+            # what the measured engine does (engines/model/attention.py): SDPA per sequence of a
+            # packed prefill; decode gathers every request's KV up to the longest context
+            hardware = hardware.model_copy(update={"prefill_attention_per_sequence": True,
+                                                   "decode_attention_padded": True})
+            advance("cpu probe")
+            say(" ".join(f"{k + 1} core(s): {hardware.measured_flops[_flops_key(dtype)][k] / 1e9:.0f} GFLOP/s, "
+                         f"{hardware.measured_bandwidth[k] / 1e9:.1f} GB/s;" for k in range(hardware.units)))
+            for group, case, units, description, measure in jobs:
+                advance(description)
+                if skipped(case, units):
+                    say(f"skipped {description}: a smaller step already took over {plan.max_step_seconds:.1f} s")
+                    continue
+                measured = measure()
+                if measured.usable == 0:
+                    disturbed.append((group, case, units, measure))
+                    continue
+                kept.setdefault(group, []).append((case, units, measured))
+                if measured.seconds > plan.max_step_seconds and group.startswith("step"):
+                    kind, size = _kind_and_size(case)
+                    too_slow[(units, kind)] = min(too_slow.get((units, kind), size), size)
+            notes = []
+            still_disturbed = []
+            for group, case, units, measure in disturbed:
+                advance("retrying a disturbed measurement")
+                measured = measure()
+                if measured.usable:
+                    kept.setdefault(group, []).append((case, units, measured))
+                else:
+                    still_disturbed.append((group, case, units, measured))
+    for group, case, units, measured in still_disturbed:
+        # A disturbed step says more about the other jobs than about this machine: without it the
+        # calibration interpolates, or borrows the nearest core count's. Only a kind of
+        # measurement with no clean sample at any core count keeps its least-disturbed estimate.
+        family = group.split(" ")[0]
+        if any(g.split(" ")[0] == family and ms for g, ms in kept.items()):
+            notes.append(f"{measured.label}: every run disturbed by other processes; dropped")
+        else:
+            kept.setdefault(group, []).append((case, units, measured))
+            notes.append(f"{measured.label}: every run disturbed by other processes; kept (nothing cleaner)")
+    for units in profiled_unit_counts(len(cores)):
+        if not any(group.endswith(f" {units}") and ms for group, ms in kept.items()):
+            notes.append(f"no clean measurement on {units} core(s): predictions there borrow the calibration "
+                         "of the nearest measured core count")
+    for note in notes:
+        say(note)
+    steps = {(case, units): m.seconds for group, ms in kept.items() if group.startswith("step") for case, units, m in ms}
+    samples = []
+    for group, ms in kept.items():
+        for case, units, m in ms:
+            step = steps.get((case, units)) if group.startswith("sweep") else None
+            samples += scale_sweep_to_step(m.samples, step, config.num_hidden_layers) if step else m.samples
+    return hardware, samples, notes
+
+
+def _flops_key(dtype: torch.dtype) -> str:
+    return "bf16" if dtype in (torch.bfloat16, torch.float16) else "fp32"
