@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engines.decode_groups import DecodePlan
+
 
 @dataclass
 class ForwardContext:
@@ -25,6 +27,11 @@ class ForwardContext:
     # Decode fast path: all sequences have q_len == 1, attention is one batched call.
     all_decode: bool = False
     q_starts: list[int] = field(default_factory=list)
+    # Built by the runner for eager CPU steps (None when a caller builds its own context, e.g. the
+    # CUDA-graph tables, which then take the padded path above):
+    rope_cos: torch.Tensor | None = None  # [T, 1, D] RoPE tables of `positions`, gathered once per step
+    rope_sin: torch.Tensor | None = None
+    decode_plan: DecodePlan | None = None  # every q_len == 1 sequence, in groups of one context width
 
     def __post_init__(self):
         if not self.q_starts:

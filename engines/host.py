@@ -52,6 +52,23 @@ def use_cores(cores: Sequence[int]) -> None:
         torch.set_num_threads(len(cores))
 
 
+# OpenMP threads that wait at a barrier sleep instead of spinning. Two workers share the cores (by
+# design, during a hand-over or a pause that ran out, and always under `naive`), and other programs
+# may run there too: a spinning thread then burns the timeslice its teammate needs to reach the
+# barrier, and every parallel region (dozens per layer) can cost a whole scheduler quantum — measured
+# on 2 cores, decode fell from ~5 to ~0.4 steps/s and no request finished under load. Read by the
+# OpenMP runtime when it starts, so it must be in a process's environment before torch loads.
+THREAD_WAIT_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def prefer_passive_waits() -> dict[str, str]:
+    """Put THREAD_WAIT_ENV into this process's environment (for the processes it starts next),
+    keeping any value the user set; returns what child processes will see."""
+    for key, value in THREAD_WAIT_ENV.items():
+        os.environ.setdefault(key, value)
+    return {key: os.environ[key] for key in THREAD_WAIT_ENV}
+
+
 def release_free_heap() -> None:
     """Give freed heap memory back to the OS (glibc keeps it otherwise): after loading weights the
     launcher would hold the dequantization buffers, and an idle worker its last step's activations."""

@@ -1,6 +1,7 @@
-"""The paged KV pool: one tensor [num_layers, 2 (K, V), num_pages * page_size, KV heads, head_dim].
+"""The paged KV pool: one tensor [num_layers, 2 (K, V), KV heads, num_pages * page_size, head_dim].
 
-A token's K/V live at slot `page * page_size + offset`. The tensor is allocated once; in the
+A token's K/V live at slot `page * page_size + offset` of every head. Head-major, so gathering a
+context's slots gives [KV heads, n, head_dim]: what a batched matmul per head reads, no transpose. The tensor is allocated once; in the
 two-process runtime the launcher allocates it in shared memory (CPU) or shares it by IPC handle
 (CUDA) and both workers address the same storage. Page bookkeeping is the allocator's concern."""
 
@@ -17,7 +18,7 @@ class KVPool:
         if num_pages <= 0 or page_size <= 0:
             raise ValueError("the KV pool needs at least one page of at least one token")
         self.num_pages, self.page_size = num_pages, page_size
-        shape = (config.num_hidden_layers, 2, num_pages * page_size, config.num_key_value_heads, config.head_dim)
+        shape = (config.num_hidden_layers, 2, config.num_key_value_heads, num_pages * page_size, config.head_dim)
         if tensor is None:
             tensor = torch.zeros(shape, dtype=dtype, device=device)
         elif tuple(tensor.shape) != shape:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from engines.decode_groups import plan_decode
 from engines.forward_context import ForwardContext
 from engines.kv_pool import KVPool
 from engines.model.llama import LlamaModel
@@ -73,11 +74,21 @@ class ModelRunner:
             slot_mapping=torch.from_numpy(np.concatenate(slots)).to(dev),
             q_lens=q_lens, ctx_lens=ctx_lens, all_decode=all(n == 1 for n in q_lens),
         )
+        ctx.rope_cos, ctx.rope_sin = self.model.rope.tables(ctx.positions)
         if ctx.all_decode or any(c.start > 0 for c in chunks):
-            ctx.kv_slots, ctx.kv_valid = self._context_slots(chunks, ctx_lens)
+            table, valid = self._context_slots(chunks, ctx_lens)
+            ctx.kv_slots = torch.from_numpy(table).to(dev)
+            ctx.kv_valid = torch.from_numpy(valid).to(dev).view(len(chunks), 1, 1, table.shape[1])
+            decode = np.flatnonzero(np.asarray(q_lens) == 1)
+            if len(decode):
+                lens = np.asarray(ctx_lens, dtype=np.int64)
+                rows = np.asarray(ctx.q_starts, dtype=np.int64)[decode]
+                ctx.decode_plan = plan_decode(rows, lens[decode], table[decode], self.kv.tensor.shape[2],
+                                              self.kv.num_slots, self.kv.tensor.dtype, dev)
         return torch.tensor(ids, dtype=torch.long, device=dev), ctx
 
-    def _context_slots(self, chunks: list[SeqChunk], ctx_lens: list[int]):
+    def _context_slots(self, chunks: list[SeqChunk], ctx_lens: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """[sequences, longest context] slot table (padded with slot 0) and its validity."""
         ps, max_ctx = self.page_size, max(ctx_lens)
         max_pages = -(-max_ctx // ps)
         table = np.zeros((len(chunks), max_pages), dtype=np.int64)
@@ -87,8 +98,7 @@ class ModelRunner:
         pos = np.arange(max_ctx, dtype=np.int64)
         slots = table[:, pos // ps] * ps + pos % ps
         valid = pos[None, :] < np.asarray(ctx_lens, dtype=np.int64)[:, None]
-        return (torch.from_numpy(slots).to(self.device),
-                torch.from_numpy(valid).to(self.device).view(len(chunks), 1, 1, max_ctx))
+        return slots, valid
 
     # -- execution ---------------------------------------------------------------------------
     @torch.inference_mode()

@@ -3,17 +3,37 @@ that runs any layer range [start, end) of a packed batch against a paged KV pool
 
 Q/K/V and gate/up projections are fused into one matrix each (fewer, larger GEMMs); the loaders
 produce weights in that layout. Parameter names: embed_tokens, layers.{i}.{input_norm, qkv_proj,
-o_proj, post_attn_norm, gate_up_proj, down_proj}, norm, lm_head (absent when tied)."""
+o_proj, post_attn_norm, gate_up_proj, down_proj}, norm, lm_head (absent when tied).
+
+`int8_block` >= 0 builds the int8 (W8A8) model of `engines.quant` instead: the projections, the head
+and the embedding hold int8 buffers (`qweight`, `scale`), the head is untied, and down_proj rotates
+its input in blocks of `int8_block` columns (0: no rotation)."""
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 from torch import nn
 
 from engines.forward_context import ForwardContext
 from engines.model.attention import paged_attention, write_kv
-from engines.model.rope import RotaryEmbedding
+from engines.model.rope import RotaryEmbedding, rotate_heads
 from engines.model_config import ModelConfig
+from engines.quant.int8 import Int8Embedding, Int8Linear
+
+
+def _linear(in_features: int, out_features: int, int8_block: int | None, block: int = 0,
+            norm_eps: float | None = None) -> nn.Module:
+    """A float projection, or an int8 one (which takes over the RMSNorm before it, if `norm_eps`)."""
+    if int8_block is None:
+        return nn.Linear(in_features, out_features, bias=False)
+    return Int8Linear(in_features, out_features, block, norm_eps)
+
+
+def _norm(dim: int, eps: float, int8_block: int | None) -> nn.Module:
+    # int8 models: the projection after the norm applies it (Int8Linear.norm_eps), the weight is folded
+    return RMSNorm(dim, eps) if int8_block is None else nn.Identity()
 
 
 class RMSNorm(nn.Module):
@@ -23,6 +43,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # torch's op: bit-identical to the lines below in fp32, fewer dispatches
+            return nn.functional.rms_norm(x, self.weight.shape, self.weight, self.eps)
         # fp32 statistics whatever the storage dtype, as the reference implementation does
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -30,7 +52,7 @@ class RMSNorm(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer_id: int):
+    def __init__(self, config: ModelConfig, layer_id: int, int8_block: int | None = None):
         super().__init__()
         self.layer_id = layer_id
         self.num_heads, self.num_kv_heads, self.head_dim = (
@@ -38,38 +60,59 @@ class DecoderLayer(nn.Module):
         self.q_size, self.kv_size = config.q_size, config.kv_size
         self.scale = self.head_dim ** -0.5
         h, i = config.hidden_size, config.intermediate_size
-        self.input_norm = RMSNorm(h, config.rms_norm_eps)
-        self.qkv_proj = nn.Linear(h, self.q_size + 2 * self.kv_size, bias=False)
-        self.o_proj = nn.Linear(self.q_size, h, bias=False)
-        self.post_attn_norm = RMSNorm(h, config.rms_norm_eps)
-        self.gate_up_proj = nn.Linear(h, 2 * i, bias=False)
-        self.down_proj = nn.Linear(i, h, bias=False)
+        eps = config.rms_norm_eps
+        self.input_norm = _norm(h, eps, int8_block)
+        self.qkv_proj = _linear(h, self.q_size + 2 * self.kv_size, int8_block, norm_eps=eps)
+        self.o_proj = _linear(self.q_size, h, int8_block)
+        self.post_attn_norm = _norm(h, eps, int8_block)
+        self.gate_up_proj = _linear(h, 2 * i, int8_block, norm_eps=eps)
+        self.down_proj = _linear(i, h, int8_block, int8_block or 0)
 
-    def forward(self, x: torch.Tensor, ctx: ForwardContext, rope: RotaryEmbedding,
+    # The layer's stages, as methods: `forward` chains them, and the estimator's kernel sweep
+    # (estimator/profiler/kernel_timing.py) times the same calls one by one.
+    def forward(self, x: torch.Tensor, ctx: ForwardContext, rope: Callable,
                 k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-        t = x.shape[0]
         qkv = self.qkv_proj(self.input_norm(x))
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(t, self.num_heads, self.head_dim)
-        k = k.view(t, self.num_kv_heads, self.head_dim)
-        v = v.view(t, self.num_kv_heads, self.head_dim)
-        q, k = rope(ctx.positions, q, k)
+        q, k, v = self.rotate(qkv, ctx, rope)
+        x = x + self.o_proj(self.attend(q, k, v, ctx, k_cache, v_cache))
+        return x + self.down_proj(self.act(self.gate_up_proj(self.post_attn_norm(x))))
+
+    def rotate(self, qkv: torch.Tensor, ctx: ForwardContext, rope: Callable):
+        """Split the fused QKV output into q [T, H, D], k, v [T, KVH, D] and apply RoPE to q and k:
+        with the step's tables (ctx.rope_cos/sin) in one call over both, else through `rope`
+        (a RotaryEmbedding, or its `rotate` for callers that reserved the positions)."""
+        t, h, kvh, d = qkv.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        v = qkv[:, self.q_size + self.kv_size:].view(t, kvh, d)
+        if ctx.rope_cos is not None:
+            qk = rotate_heads(qkv[:, : self.q_size + self.kv_size].view(t, h + kvh, d), ctx.rope_cos, ctx.rope_sin)
+            return qk[:, :h], qk[:, h:], v
+        q, k = rope(ctx.positions, qkv[:, : self.q_size].view(t, h, d),
+                    qkv[:, self.q_size : self.q_size + self.kv_size].view(t, kvh, d))
+        return q, k, v
+
+    def attend(self, q, k, v, ctx: ForwardContext, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """Write the new K/V to the pool, attend; returns [T, H * D]."""
         write_kv(k_cache, v_cache, k, v, ctx.slot_mapping)
-        attn = paged_attention(q, k, v, k_cache, v_cache, ctx, self.scale)
-        x = x + self.o_proj(attn.reshape(t, self.q_size))
-        gate, up = self.gate_up_proj(self.post_attn_norm(x)).chunk(2, dim=-1)
-        return x + self.down_proj(nn.functional.silu(gate) * up)
+        return paged_attention(q, k, v, k_cache, v_cache, ctx, self.scale).reshape(q.shape[0], self.q_size)
+
+    @staticmethod
+    def act(gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return nn.functional.silu(gate) * up
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, int8_block: int | None = None, tied_head: bool | None = None):
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        if not config.tie_word_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        h, v = config.hidden_size, config.vocab_size
+        self.embed_tokens = nn.Embedding(v, h) if int8_block is None else Int8Embedding(v, h)
+        self.layers = nn.ModuleList(DecoderLayer(config, i, int8_block) for i in range(config.num_hidden_layers))
+        self.norm = _norm(h, config.rms_norm_eps, int8_block)
+        # a rotated model unties the head from the embedding (the head carries the final norm)
+        self.tied_head = config.tie_word_embeddings and int8_block is None if tied_head is None else tied_head
+        if not self.tied_head:
+            self.lm_head = _linear(h, v, int8_block, norm_eps=config.rms_norm_eps)
         self.rope = RotaryEmbedding(config)
 
     @property
@@ -87,5 +130,6 @@ class LlamaModel(nn.Module):
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        head = self.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
-        return nn.functional.linear(self.norm(hidden), head).float()
+        if self.tied_head:
+            return nn.functional.linear(self.norm(hidden), self.embed_tokens.weight).float()
+        return self.lm_head(self.norm(hidden)).float()

@@ -50,18 +50,40 @@ class RotaryEmbedding(torch.nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """q: [T, H, D], k: [T, KVH, D]; returns rotated copies in the input dtype."""
-        need = int(positions.max()) + 1 if positions.numel() else 0
+        self.reserve(int(positions.max()) + 1 if positions.numel() else 0)
+        return self.rotate(positions, q, k)
+
+    # -- for CUDA graphs (engines/cuda_graphs.py): `forward` reads the largest position back to the
+    # host, which a graph capture forbids; a captured step reserves its positions once, then rotates.
+    def reserve(self, need: int) -> None:
+        """Make the tables cover positions 0 .. need - 1."""
         if need > self._cos.shape[0]:
             if need > self.max_positions:
                 raise ValueError(f"position {need - 1} exceeds the model's context ({self.max_positions})")
             self._grow(min(self.max_positions, max(need, 2 * self._cos.shape[0])))
+
+    def rotate(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        """`forward` without the table check: positions must already be reserved."""
         cos = self._cos[positions].unsqueeze(1)
         sin = self._sin[positions].unsqueeze(1)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [T, 1, D] of a step's positions: gathered once per step (the runner puts them in
+        the ForwardContext) instead of once per layer."""
+        self.reserve(int(positions.max()) + 1 if positions.numel() else 0)
+        return self._cos[positions].unsqueeze(1), self._sin[positions].unsqueeze(1)
+
+
+def rotate_heads(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on [T, heads, D] with per-step tables: Q and K heads rotated in one call (the layer passes
+    both as one view of its QKV output), the same arithmetic as `RotaryEmbedding.rotate`."""
+    return _rotate(x, cos, sin)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     xf = x.float()
     half = xf.shape[-1] // 2
     rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
-    return (xf * cos + rotated * sin).to(x.dtype)
+    out = xf * cos + rotated * sin
+    return out if out.dtype == x.dtype else out.to(x.dtype)

@@ -62,6 +62,16 @@ def config_from_gguf(reader, name: str) -> ModelConfig:
     return ModelConfig.from_hf_dict(cfg, name=name)
 
 
+def gguf_projections_quantized(path: Path) -> bool:
+    """True when the attention/MLP matrices are stored quantized (anything but F32/F16/BF16)."""
+    import gguf
+
+    floats = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16}
+    reader = open_gguf(path)
+    kinds = {t.tensor_type for t in reader.tensors if t.name.endswith(("attn_q.weight", "ffn_down.weight"))}
+    return bool(kinds) and not kinds <= floats
+
+
 def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
     # llama.cpp stores each head's rows as interleaved (even, odd) pairs; HF keeps the two halves apart.
     rows = w.shape[0]

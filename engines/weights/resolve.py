@@ -23,6 +23,7 @@ class LoadedWeights:
     state: dict[str, torch.Tensor]
     source: Path | None  # the file or directory read (None for dummy weights)
     load_format: str
+    quantization: str = "none"  # how `state` serves the weights: none (floats) | w8a8_int8
 
 
 def default_gguf_path() -> Path:
@@ -77,20 +78,40 @@ def dummy_config(model_path: str | None) -> ModelConfig:
     raise ModelLoadError(f"dummy weights need a config: a built-in name ({known}), a config.json, or a directory with one")
 
 
+def source_is_quantized(path: Path | None, fmt: str) -> bool:
+    """A GGUF whose projection matrices are stored in a quantized type (Q4_1, Q8_0, K-quants, …)."""
+    if fmt != "gguf" or path is None:
+        return False
+    from engines.weights.gguf_loader import gguf_projections_quantized  # deferred: the gguf library
+
+    return gguf_projections_quantized(path)
+
+
 def load_weights(model_path: str | None = None, load_format: str = "auto", dtype: torch.dtype = torch.float32,
-                 seed: int = 0) -> LoadedWeights:
+                 seed: int = 0, quantization: str = "none", device: torch.device | str = "cpu") -> LoadedWeights:
+    """`quantization`: none | w8a8_int8 | auto for the model served on `device` (see
+    `engines.quant.resolve_quantization`; the int8 model computes in float32 whatever `dtype` says)."""
     path, fmt = resolve_model_path(model_path, load_format)
+    if quantization != "none":
+        from engines.quant import resolve_quantization  # deferred: only a quantized load needs it
+
+        quantization = resolve_quantization(quantization, torch.device(device), source_is_quantized(path, fmt))
+    float_dtype = torch.float32 if quantization != "none" else dtype
     if fmt == "dummy":
         from engines.weights.dummy import dummy_weights  # deferred: only the format being loaded imports its loader
 
         config = dummy_config(model_path)
-        return LoadedWeights(config, dummy_weights(config, dtype, seed), path, fmt)
-    if fmt == "gguf":
+        state = dummy_weights(config, float_dtype, seed)
+    elif fmt == "gguf":
         from engines.weights.gguf_loader import load_gguf  # deferred: as above (the gguf library)
 
-        config, state = load_gguf(path, dtype)
+        config, state = load_gguf(path, float_dtype)
     else:
         from engines.weights.hf_loader import load_hf_dir  # deferred: as above (safetensors)
 
-        config, state = load_hf_dir(path, dtype)
-    return LoadedWeights(config, state, path, fmt)
+        config, state = load_hf_dir(path, float_dtype)
+    if quantization == "w8a8_int8":
+        from engines.quant import quantize_state  # deferred: as above
+
+        state = quantize_state(config, state)
+    return LoadedWeights(config, state, path, fmt, quantization)

@@ -20,7 +20,6 @@ from typing import Callable
 import torch
 from torch import nn
 
-from engines.model.attention import paged_attention, write_kv
 from estimator.profiler.workload import DecodeCase, ModelBench, PrefillCase
 
 
@@ -32,25 +31,19 @@ def _timed_layer(layer, x: torch.Tensor, ctx, rope, k_cache, v_cache, attn_class
     t1 = clock()
     qkv = layer.qkv_proj(h)
     t2 = clock()
-    t = x.shape[0]
-    q, k, v = qkv.split([layer.q_size, layer.kv_size, layer.kv_size], dim=-1)
-    q = q.view(t, layer.num_heads, layer.head_dim)
-    k = k.view(t, layer.num_kv_heads, layer.head_dim)
-    v = v.view(t, layer.num_kv_heads, layer.head_dim)
-    q, k = rope(ctx.positions, q, k)
+    q, k, v = layer.rotate(qkv, ctx, rope)
     t3 = clock()
-    write_kv(k_cache, v_cache, k, v, ctx.slot_mapping)
-    attn = paged_attention(q, k, v, k_cache, v_cache, ctx, layer.scale)
+    attn = layer.attend(q, k, v, ctx, k_cache, v_cache)
     t4 = clock()
-    o = layer.o_proj(attn.reshape(t, layer.q_size))
+    o = layer.o_proj(attn)
     t5 = clock()
     x = x + o
     t6 = clock()
     h = layer.post_attn_norm(x)
     t7 = clock()
-    gate, up = layer.gate_up_proj(h).chunk(2, dim=-1)
+    gate_up = layer.gate_up_proj(h)
     t8 = clock()
-    a = nn.functional.silu(gate) * up
+    a = layer.act(gate_up)
     t9 = clock()
     d = layer.down_proj(a)
     t10 = clock()

@@ -81,17 +81,17 @@ class ModelBench:
     """The model and a private KV pool, ready to run prefill and decode steps of given shapes."""
 
     def __init__(self, config: ModelConfig, state: dict[str, torch.Tensor], kv_tokens: int,
-                 dtype: torch.dtype):
+                 dtype: torch.dtype, device: torch.device | str = "cpu"):
         self.config = config
-        self.model = build_model(config, state)
+        self.model = build_model(config, state, device)
         pages = -(-kv_tokens // PAGE_SIZE)
-        kv = KVPool(config, pages, PAGE_SIZE, dtype)
+        kv = KVPool(config, pages, PAGE_SIZE, dtype, device)
         # torch.zeros maps untouched memory to the kernel's shared zero page: decode attention
         # gathering from never-written slots then reads one cached 4 KB page instead of memory
         # (measured here: a 16 x 512 decode step 2.3x faster). In serving every slot read was
         # written by a prefill, so write them all once.
         kv.tensor.fill_(0.01)
-        self.runner = ModelRunner(self.model, kv)
+        self.runner = ModelRunner(self.model, kv, device)
         self.num_pages = pages
 
     def _chunks(self, lens: Sequence[int], decode: bool) -> list[SeqChunk]:
