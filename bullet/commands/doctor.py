@@ -17,7 +17,10 @@ really restricts every thread of a child process (read back from /proc).
 NVIDIA GPU: CUDA device, MPS daemon (two processes only run kernels concurrently under MPS), driver
 version against libsmctrl's known-working range (CUDA <= 12.8), libsmctrl masks and green-context
 pool streams checked with an %smid probe kernel (built with nvcc) — directly and inside CUDA graph
-replays — and CUDA IPC zero-copy sharing with a spawned child.
+replays; the verdicts are recorded and decide whether decode runs as CUDA graphs under each backend —,
+a worker's steps running on its partitioned stream across a repartition, decode graph replays
+matching the eager step, the profiler's CUDA-event timing seeing a share's SMs, and CUDA IPC
+zero-copy sharing with a spawned child.
 
 The GPU checks are written against official APIs (torch.cuda, the CUDA driver API, the MPS control
 daemon) but have not been run by this project on hardware: on a machine without a GPU they report

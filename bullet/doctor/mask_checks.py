@@ -16,6 +16,7 @@ from bullet.doctor.gpu_checks import skip_gpu
 from bullet.doctor.report import CheckResult, failed, passed, skipped
 from bullet.doctor.smid_probe import ProbeUnavailable, load_probe_for_current_device
 from bullet.partition import PartitionUnavailable, format_id_list
+from bullet.partition.graph_policy import ReplayVerdict, current_device_identity, record_replay_verdict
 from bullet.partition.green_ctx import GreenContextBackend
 from bullet.partition.libsmctrl import LIBRARY_ENV, LibSmCtrlBackend
 
@@ -58,7 +59,7 @@ def check_libsmctrl_masks(no_gpu: str | None, library: str | None, allow_unteste
     quarter, half = (backends["prefill"].round_units(max(1, total * f // 4)) for f in (1, 2))
     findings, problems = [], []
 
-    def verify(label, backend, seen):
+    def verify(label, backend, seen) -> bool:
         outside = seen - backend.unit_set()
         findings.append({"case": label, "granted": format_id_list(backend.unit_set()),
                          "seen": format_id_list(seen), "outside": format_id_list(outside)})
@@ -66,11 +67,13 @@ def check_libsmctrl_masks(no_gpu: str | None, library: str | None, allow_unteste
             problems.append(f"{label}: probe saw no SM")
         elif outside:
             problems.append(f"{label}: ran on SMs {format_id_list(outside)} outside the mask")
+        return bool(seen) and not outside
 
+    direct = True
     for role, units in (("prefill", quarter), ("decode", half), ("prefill", total)):
         b = backends[role]
         b.apply(units)
-        verify(f"{role} {units} SMs, direct launch", b, probe.run(streams[role].cuda_stream, total))
+        direct &= verify(f"{role} {units} SMs, direct launch", b, probe.run(streams[role].cuda_stream, total))
 
     prefill, stream = backends["prefill"], streams["prefill"]
     prefill.apply(half)
@@ -78,11 +81,14 @@ def check_libsmctrl_masks(no_gpu: str | None, library: str | None, allow_unteste
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
         probe.launch(stream.cuda_stream, buffer)
-    verify(f"graph captured and replayed under {half} SMs", prefill, _replay(graph, stream, buffer, probe))
+    same = verify(f"graph captured and replayed under {half} SMs", prefill, _replay(graph, stream, buffer, probe))
     prefill.apply(quarter)
-    verify(f"same graph replayed after narrowing to {quarter} SMs", prefill,
-           _replay(graph, stream, buffer, probe))
-    details = {"findings": findings, "apply_cost": prefill.apply_costs().as_dict()}
+    after = verify(f"same graph replayed after narrowing to {quarter} SMs", prefill,
+                   _replay(graph, stream, buffer, probe))
+    # what decode's CUDA graphs may do under libsmctrl on this GPU and driver (graph_policy)
+    verdict = ReplayVerdict(direct, same, after, "; ".join(problems))
+    record = record_replay_verdict("libsmctrl", *current_device_identity(), verdict)
+    details = {"findings": findings, "apply_cost": prefill.apply_costs().as_dict(), "verdict_record": str(record)}
     if problems:
         return failed(name, "; ".join(problems), **details)
     return passed(name, f"{len(findings)} cases on {total} SMs stayed inside their masks, graph replays "
@@ -105,6 +111,7 @@ def check_green_ctx_pools(no_gpu: str | None) -> CheckResult:
     except PartitionUnavailable as e:
         return skipped(name, str(e))
     seen, problems, replayed = {}, [], set()
+    direct = replay_ok = False
     try:
         for role, backend in pools.items():
             for sms, handle in backend.pool_streams().items():
@@ -112,6 +119,7 @@ def check_green_ctx_pools(no_gpu: str | None) -> CheckResult:
                 seen[(role, sms)] = ids
                 if not ids or len(ids) > sms:
                     problems.append(f"{role} pool stream of {sms} SMs ran on {len(ids)} SMs")
+        direct = not problems
         for (role_a, a), ids_a in seen.items():
             for (role_b, b), ids_b in seen.items():
                 if role_a == "prefill" and role_b == "decode" and a + b <= total and ids_a & ids_b:
@@ -123,13 +131,17 @@ def check_green_ctx_pools(no_gpu: str | None) -> CheckResult:
         with torch.cuda.graph(graph, stream=stream):
             probe.launch(handle, buffer)
         replayed = _replay(graph, stream, buffer, probe)
+        replay_ok = 0 < len(replayed) <= sms  # the probe sees SM ids, not which green context owns them
         if len(replayed) > sms:
             problems.append(f"graph captured on the {sms}-SM stream replayed on {len(replayed)} SMs")
     finally:
         for backend in pools.values():
             backend.close()
+    # a green context's stream never changes share: replays are checked on their capture stream
+    record = record_replay_verdict("green-ctx", *current_device_identity(),
+                                   ReplayVerdict(direct, replay_ok, None, "; ".join(problems)))
     details = {"observed": {f"{r} {s}": format_id_list(ids) for (r, s), ids in sorted(seen.items())},
-               "graph_replay": format_id_list(replayed)}
+               "graph_replay": format_id_list(replayed), "verdict_record": str(record)}
     if problems:
         return failed(name, "; ".join(problems), **details)
     return passed(name, f"{len(seen)} pool streams stayed within their SM counts, prefill/decode pools "

@@ -6,7 +6,7 @@ import platform
 from dataclasses import dataclass
 
 from bullet import __version__
-from bullet.doctor import cpu_check, gpu_checks, host_checks, mask_checks
+from bullet.doctor import cpu_check, gpu_checks, host_checks, mask_checks, stream_checks
 from bullet.doctor.report import CheckResult, failed
 
 
@@ -38,6 +38,12 @@ def run_checks(opts: DoctorOptions) -> tuple[list[CheckResult], dict]:
         ("libsmctrl masks", mask_checks.check_libsmctrl_masks, no_gpu, opts.libsmctrl,
          opts.allow_untested_driver),
         ("green-context pools", mask_checks.check_green_ctx_pools, no_gpu),
+        # after the mask checks: they record whether graph replays stay partitioned
+        ("worker steps run on the partitioned stream", stream_checks.check_worker_stream, no_gpu, opts.libsmctrl,
+         opts.allow_untested_driver),
+        ("decode CUDA graphs", stream_checks.check_decode_graphs, no_gpu),
+        ("profiler timing follows the partition", stream_checks.check_profiler_timing, no_gpu, opts.libsmctrl,
+         opts.allow_untested_driver),
         ("CUDA IPC zero-copy", gpu_checks.check_cuda_ipc, no_gpu),
     ]
     results = [_guarded(name, fn, *args) for name, fn, *args in plan]

@@ -109,16 +109,19 @@ class LibSmCtrlBackend(PartitionBackend):
     def __init__(self, role: str, stream: StreamArg | None = None, library: str | None = None,
                  device: int = 0, num_tpcs: int | None = None, sms_per_tpc: int = 2,
                  scope: str = "stream", allow_untested_driver: bool = False):
-        """`stream`: the CUDA stream handle to mask, or a callable returning it at each apply
-        (e.g. `lambda: torch.cuda.current_stream().cuda_stream`). `scope="global"` masks every
+        """`stream`: the CUDA stream handle to mask, or a callable returning it at each apply — a
+        stream the worker created for the purpose and launches every step on
+        (`launch_stream.open_worker_partition` does both; a fresh worker's *current* stream is the
+        default stream, which cannot carry a mask). `scope="global"` masks every
         stream of the process instead (64-bit call: devices with <= 64 TPCs only). `num_tpcs`
         overrides libsmctrl's own count."""
         if scope not in ("stream", "global"):
             raise ValueError(f"scope must be 'stream' or 'global', got {scope!r}")
         if scope == "stream" and not stream:
             raise PartitionUnavailable(
-                "libsmctrl: a stream handle is required (e.g. torch.cuda.current_stream().cuda_stream);"
-                " the legacy default stream (0) cannot carry a mask")
+                "libsmctrl: a stream handle is required: a stream the worker created and runs its steps on"
+                " (bullet.partition.launch_stream.open_worker_partition); the legacy default stream (0)"
+                " cannot carry a mask")
         self._check_driver(allow_untested_driver)
         self._lib = LibSmCtrl(_library_path(library))
         self._num_tpcs = num_tpcs if num_tpcs is not None else self._lib.num_tpcs(device)

@@ -14,7 +14,9 @@ from bullet.doctor.gpu_checks import gpu_unavailable_reason
 NO_GPU = gpu_unavailable_reason() is not None
 GPU_CHECKS = {"CUDA device", "MPS daemon", "driver within libsmctrl's range",
               "libsmctrl masks confine kernels (incl. graph replay)",
-              "green-context pools confine kernels (incl. graph replay)", "CUDA IPC zero-copy"}
+              "green-context pools confine kernels (incl. graph replay)", "CUDA IPC zero-copy",
+              "worker steps run on the partitioned stream", "decode CUDA graphs",
+              "profiler timing follows the partition"}
 
 
 def run_doctor(capsys, *argv) -> tuple[int, str]:

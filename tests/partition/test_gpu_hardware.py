@@ -24,3 +24,11 @@ def test_green_context_pools_confine_kernels():
 def test_libsmctrl_masks_confine_kernels_when_a_library_is_given():
     result = mask_checks.check_libsmctrl_masks(None, None, allow_untested=False)
     assert result.status != "FAIL", (result.summary, result.details)
+
+
+def test_worker_stream_graphs_and_profiler_timing():
+    from bullet.doctor import stream_checks
+
+    for result in (stream_checks.check_worker_stream(None), stream_checks.check_decode_graphs(None),
+                   stream_checks.check_profiler_timing(None)):
+        assert result.status != "FAIL", (result.name, result.summary, result.details)

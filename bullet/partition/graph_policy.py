@@ -1,0 +1,150 @@
+"""Whether decode may run as CUDA graphs under a partition backend — decided from what `bullet
+doctor` measured on this GPU and driver, never assumed.
+
+A graph replay launches kernels the stream did not see at capture time, and whether a partition
+reaches them depends on the mechanism: MuxWise's authors report that libsmctrl masks did not change
+the SMs of graph replays, while a green context's graph is documented to run in the partition of
+the stream it was captured on. The doctor launches an %smid probe as a graph and records, per
+backend, on which SMs the replays ran (`record_replay_verdict`). A worker reads that record and
+picks one of three modes:
+
+| mode        | when                                                               | graphs            |
+|-------------|--------------------------------------------------------------------|-------------------|
+| `shared`    | replays follow the partition in force at replay (or none is set)   | one per bucket    |
+| `per-share` | replays keep the partition of their capture stream                 | per bucket, share |
+| `eager`     | replays escape the partition, nothing measured for libsmctrl, a CPU | none              |
+
+`BULLET_DECODE_GRAPHS=off` forces eager; `=on` uses graphs where nothing was measured (never
+where the doctor saw replays escape). The record is keyed by GPU name and driver version: a driver
+update invalidates it."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from bullet.partition.cuda_driver import cuda_driver_version
+from bullet.partition.gpu_helper import cache_dir
+
+OVERRIDE_ENV = "BULLET_DECODE_GRAPHS"
+RECORD_NAME = "graph-replay-verdicts.json"
+EAGER, SHARED, PER_SHARE = "eager", "shared", "per-share"
+# backends that leave a worker's stream unrestricted: a replay cannot escape a partition
+_UNRESTRICTED = {"none", "cpu"}
+
+
+@dataclass(frozen=True)
+class ReplayVerdict:
+    """What the doctor saw for one backend: kernels launched directly stayed inside the share;
+    a graph replayed under the partition it was captured under stayed inside it; a graph replayed
+    after the partition changed followed the new one (None: the backend cannot repartition a stream)."""
+
+    direct: bool
+    replay_same_partition: bool
+    replay_after_repartition: bool | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class GraphDecision:
+    mode: str
+    reason: str
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != EAGER
+
+
+def record_path() -> Path:
+    return cache_dir() / RECORD_NAME
+
+
+def _device_key(device_name: str, driver: int | None) -> str:
+    return f"{device_name}|driver {driver}"
+
+
+def record_replay_verdict(backend: str, device_name: str, driver: int | None, verdict: ReplayVerdict,
+                          path: Path | None = None) -> Path:
+    """Store the doctor's verdict for `backend` on this GPU and driver (other entries are kept)."""
+    path = Path(path) if path is not None else record_path()
+    try:
+        records = json.loads(path.read_text())
+    except (OSError, ValueError):
+        records = {}
+    entry = records.setdefault(_device_key(device_name, driver), {})
+    entry[backend] = {**asdict(verdict), "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(records, indent=2) + "\n")
+    os.replace(tmp, path)  # a worker reading concurrently sees the old record or the new, never half
+    return path
+
+
+def read_replay_verdict(backend: str, device_name: str, driver: int | None,
+                        path: Path | None = None) -> ReplayVerdict | None:
+    """The doctor's verdict for `backend` on this GPU and driver, or None if it never measured it."""
+    path = Path(path) if path is not None else record_path()
+    try:
+        entry = json.loads(path.read_text()).get(_device_key(device_name, driver), {}).get(backend)
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(entry, dict):
+        return None
+    try:
+        return ReplayVerdict(bool(entry["direct"]), bool(entry["replay_same_partition"]),
+                             entry.get("replay_after_repartition"), str(entry.get("detail", "")))
+    except KeyError:
+        return None
+
+
+def decide_decode_graphs(backend: str, device_type: str, verdict: ReplayVerdict | None,
+                         override: str | None = None) -> GraphDecision:
+    """How decode runs for a worker of `backend` on `device_type` given the doctor's `verdict`.
+    `override`: "auto" (default), "on" or "off" (see the module doc)."""
+    override = (override or "auto").lower()
+    if override not in ("auto", "on", "off"):
+        raise ValueError(f"{OVERRIDE_ENV} must be auto, on or off, got {override!r}")
+    if device_type != "cuda":
+        return GraphDecision(EAGER, "CUDA graphs need a CUDA device")
+    if override == "off":
+        return GraphDecision(EAGER, f"{OVERRIDE_ENV}=off")
+    if backend in _UNRESTRICTED:
+        return GraphDecision(SHARED, f"the {backend} backend restricts no stream: replays cannot escape a partition")
+    if verdict is not None:
+        if not verdict.direct:
+            return GraphDecision(EAGER, f"bullet doctor: {backend} does not confine even direct launches")
+        if verdict.replay_after_repartition:
+            return GraphDecision(SHARED, f"bullet doctor: {backend} replays follow the partition in force")
+        if verdict.replay_same_partition:
+            return GraphDecision(PER_SHARE, f"bullet doctor: {backend} replays keep the partition they were "
+                                            "captured under: one graph per share")
+        return GraphDecision(EAGER, f"bullet doctor: {backend} partitions do not reach graph replays")
+    if backend == "green-ctx":
+        return GraphDecision(PER_SHARE, "green contexts: a graph runs in the partition of its capture stream "
+                                        "(documented; not yet checked by bullet doctor on this GPU)")
+    if override == "on":
+        return GraphDecision(PER_SHARE, f"{OVERRIDE_ENV}=on without a doctor verdict for {backend}: "
+                                        "one graph per share (the safer of the two graph modes)")
+    return GraphDecision(EAGER, f"no bullet doctor verdict for {backend} on this GPU and driver: decode runs "
+                                "eagerly (run `bullet doctor` to measure whether graph replays stay partitioned)")
+
+
+def decide_for_worker(backend: str, device) -> GraphDecision:
+    """`decide_decode_graphs` with this machine's record and the environment override."""
+    device_type = getattr(device, "type", str(device))
+    verdict = None
+    if device_type == "cuda" and backend not in _UNRESTRICTED:
+        name, driver = current_device_identity(device)
+        verdict = read_replay_verdict(backend, name, driver)
+    return decide_decode_graphs(backend, device_type, verdict, os.environ.get(OVERRIDE_ENV))
+
+
+def current_device_identity(device=None) -> tuple[str, int | None]:
+    """(GPU name, driver version): what a verdict is keyed by."""
+    import torch
+
+    index = getattr(device, "index", None) or 0
+    return torch.cuda.get_device_name(index), cuda_driver_version()
