@@ -1,5 +1,5 @@
 """The HTTP application: the serving runtime's lifetime is the app's lifespan (the port opens only
-once both workers are ready), an API-key check, routes, errors, metrics."""
+once both workers are ready), an API-key check, a body-size limit, routes, errors, metrics."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from bullet import __version__
 from bullet.config import ServerArgs
 from bullet.http import native, openai_api
+from bullet.http.body_limit import BodyLimit
 from bullet.http.errors import APIError, api_error_handler
 from bullet.http.metrics import Metrics
 from bullet.http.middleware import AuthAndCount
@@ -56,6 +57,8 @@ def create_app(args: ServerArgs, runtime: ServingRuntime | None = None) -> FastA
         return await api_error_handler(request, APIError(f"internal error: {type(exc).__name__}: {exc}", status=500,
                                                          type_="server_error"))
 
+    # added last = outermost: the key is checked before a byte of the body is read, then its size
+    app.add_middleware(BodyLimit, max_bytes=args.max_request_body_bytes)
     app.add_middleware(AuthAndCount, api_key=args.api_key, metrics_of=lambda: getattr(app.state, "metrics", None))
 
     app.include_router(native.router)

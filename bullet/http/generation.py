@@ -53,12 +53,12 @@ def check_fits(runtime: ServingRuntime, input_ids: list[int], params: SamplingPa
 
 
 async def submit(runtime: ServingRuntime, input_ids: list[int], params: SamplingParams,
-                 rid: str | None = None) -> RequestState:
+                 rid: str | None = None, group: str | None = None) -> RequestState:
     if not runtime.healthy:
         raise APIError(f"the server is {runtime.status}; try again shortly", status=503, type_="server_error",
                        headers={"Retry-After": "5"})
     try:
-        return await runtime.client.submit(input_ids, params, rid)
+        return await runtime.client.submit(input_ids, params, rid, group)
     except RequestError as exc:
         raise APIError(str(exc)) from exc
 

@@ -1,5 +1,5 @@
-"""SGLang's native endpoints: /generate (single and batch, stream and not, logprobs,
-max_new_tokens 0), /model_info, /server_info (and their get_ spellings), /health,
+"""SGLang's native endpoints: /generate (single and batch, n samples, stream and not, logprobs,
+max_new_tokens 0), /abort_request, /model_info, /server_info (and their get_ spellings), /health,
 /health_generate, /flush_cache."""
 
 from __future__ import annotations
@@ -13,98 +13,68 @@ from fastapi.responses import JSONResponse
 
 from bullet import __version__
 from bullet.http.errors import APIError, stream_error_event
-from bullet.http.generation import ClientGone, Update, check_fits, follow, latency, run_all, run_to_completion, submit
-from bullet.http.protocol import GenerateBody, parse_body
-from bullet.http.sampling import build_sampling_params
+from bullet.http.generate_items import Item, prepare
+from bullet.http.generation import ClientGone, Update, follow, latency, run_all, run_to_completion, submit
+from bullet.http.offload import sized
+from bullet.http.protocol import AbortBody, GenerateBody, read_body
 from bullet.http.streaming import DONE, EventStream, merged_updates, sse
 from engines.sampling_params import SamplingParams
 
 router = APIRouter()
-MAX_TOP_LOGPROBS = 20
-
-
-def _item(body: GenerateBody, name: str, i: int, default=None):
-    """Field `name` for batch item i: a per-item list, or one value for every item."""
-    value = getattr(body, name)
-    if isinstance(value, list):
-        if i >= len(value):
-            raise APIError(f"{name} is a list of {len(value)} entries, but the batch has more prompts; "
-                           "give one entry per prompt", param=name)
-        return value[i]
-    return value if value is not None else default
-
-
-def _prepare(rt, body: GenerateBody) -> tuple[list[dict], bool]:
-    """The list of request items and whether the input was a batch."""
-    if (body.text is None) == (body.input_ids is None):
-        raise APIError("give exactly one of 'text' or 'input_ids' (the prompt)", param="text")
-    field = "text" if body.text is not None else "input_ids"
-    if body.text is not None:
-        batch = isinstance(body.text, list)
-        texts = body.text if batch else [body.text]
-        if any(not t for t in texts):
-            raise APIError("text is empty", param="text")
-        prompts = [rt.tokenizer.encode(t) for t in texts]
-    else:
-        batch = bool(body.input_ids) and isinstance(body.input_ids[0], list)
-        prompts = body.input_ids if batch else [body.input_ids]
-    if not prompts:
-        raise APIError(f"{field} is an empty list: the batch has no prompt", param=field)
-    items = []
-    for i, ids in enumerate(prompts):
-        want_lp = bool(_item(body, "return_logprob", i, False))
-        start = int(_item(body, "logprob_start_len", i, -1))
-        top = int(_item(body, "top_logprobs_num", i, 0) or 0)
-        if want_lp and not 0 <= top <= MAX_TOP_LOGPROBS:
-            raise APIError(f"top_logprobs_num must lie in 0..{MAX_TOP_LOGPROBS}", param="top_logprobs_num")
-        params = build_sampling_params(
-            _item(body, "sampling_params", i, {}), logprobs=want_lp, top_logprobs_num=top if want_lp else 0,
-            prompt_logprobs=want_lp and start >= 0)
-        check_fits(rt, ids, params, prompt_field=field)
-        items.append({"ids": ids, "params": params, "rid": _item(body, "rid", i), "logprob": want_lp,
-                      "start": start, "top": top})
-    return items, batch
+CANCELLED = "aborted by /abort_request"
 
 
 def _entries(tok, lps, ids, with_text: bool) -> list:
     return [[lp, t, tok.id_to_text(t) if with_text else None] for lp, t in zip(lps, ids)]
 
 
-def _response(rt, u: Update, item: dict, with_text: bool) -> dict:
+def _tops(tok, tops, with_text: bool) -> list:
+    """Top log-probabilities per position, SGLang's shape: [[logprob, token id, text|None], ...] or None."""
+    return [None if top is None else [[lp, t, tok.id_to_text(t) if with_text else None] for t, lp in top]
+            for top in tops]
+
+
+def _response(rt, u: Update, item: Item, with_text: bool) -> dict:
     st = u.state
     meta = {"id": st.rid, "finish_reason": st.finish_json, "prompt_tokens": len(st.prompt_ids),
             "completion_tokens": len(st.output_ids), "cached_tokens": 0}
     if st.done:
         meta["e2e_latency"] = latency(st)
-    if item["logprob"]:
+    if item.logprob:
         tok = rt.tokenizer
-        start = min(max(item["start"], 0), len(st.prompt_ids))
-        prompt_lps = st.prompt_logprobs or []
-        meta["input_token_logprobs"] = (_entries(tok, prompt_lps[start:], st.prompt_ids[start:], with_text)
-                                        if item["start"] >= 0 else [])
+        start = min(max(item.start, 0), len(st.prompt_ids))
+        with_prompt = item.start >= 0
+        meta["input_token_logprobs"] = (_entries(tok, (st.prompt_logprobs or [])[start:], st.prompt_ids[start:],
+                                                 with_text) if with_prompt else [])
         meta["output_token_logprobs"] = _entries(tok, st.output_logprobs, st.output_ids, with_text)
-        if item["top"]:
-            meta["input_top_logprobs"] = [None] * len(meta["input_token_logprobs"])
-            meta["output_top_logprobs"] = [
-                [[lp, t, tok.id_to_text(t) if with_text else None] for t, lp in (top or [])]
-                for top in st.output_top_logprobs]
+        if item.top:
+            meta["input_top_logprobs"] = (_tops(tok, (st.prompt_top_logprobs or [])[start:], with_text)
+                                          if with_prompt else [])
+            meta["output_top_logprobs"] = _tops(tok, st.output_top_logprobs, with_text)
     return {"text": u.text, "output_ids": list(st.output_ids), "meta_info": meta}
 
 
+async def _render(rt, u: Update, item: Item, with_text: bool) -> dict:
+    # a long prompt's log-probabilities, as text, take a while to render: not on the event loop
+    size = len(u.state.prompt_ids) if item.logprob and item.start >= 0 else 0
+    return await sized(size, _response, rt, u, item, with_text)
+
+
 def _server_failure(u: Update) -> str | None:
+    """Why the server failed this request, if it did (a request the client aborted did not fail)."""
     reason = u.state.finish_json or {}
-    return reason.get("message") if reason.get("type") == "abort" else None
+    return reason.get("message") if reason.get("type") == "abort" and not u.state.cancelled else None
 
 
 @router.post("/generate")
 async def generate(request: Request):
     rt = request.app.state.runtime
-    body = parse_body(await request.body(), GenerateBody)
-    items, batch = _prepare(rt, body)
+    body = await read_body(request, GenerateBody)
+    items, batch = await prepare(rt, body)
     states = []
     try:
         for item in items:
-            states.append(await submit(rt, item["ids"], item["params"], item["rid"]))
+            states.append(await submit(rt, item.ids, item.params, item.rid, item.group))
     except APIError:
         for st in states:
             await rt.client.abort(st, "another item of the batch was rejected")
@@ -119,7 +89,7 @@ async def generate(request: Request):
     failed = [m for m in map(_server_failure, finals) if m]
     if failed:
         raise APIError(failed[0], status=503, type_="server_error")
-    out = [_response(rt, u, item, with_text) for u, item in zip(finals, items)]
+    out = [await _render(rt, u, item, with_text) for u, item in zip(finals, items)]
     return JSONResponse(out if batch else out[0])
 
 
@@ -130,11 +100,25 @@ async def _events(rt, items, states, batch: bool, with_text: bool):
             if failure:
                 yield sse(stream_error_event(failure, 503))
                 continue
-            event = _response(rt, u, items[i], with_text)
+            event = await _render(rt, u, items[i], with_text)
             if batch:
                 event["index"] = i
             yield sse(event)
     yield DONE
+
+
+@router.post("/abort_request")
+async def abort_request(request: Request):
+    """SGLang's endpoint: abort the request a rid names (with n > 1, each of its samples), or every
+    request with abort_all. Each ends with finish_reason {"type": "abort"} in its own response. An
+    unknown or finished rid is not an error (the request may have just finished), as in SGLang."""
+    rt = request.app.state.runtime
+    body = await read_body(request, AbortBody)
+    if not body.abort_all and not body.rid:
+        raise APIError("give the rid of the request to abort, or abort_all: true", param="rid")
+    states = list(rt.client.inflight.values()) if body.abort_all else rt.client.find(body.rid)
+    await rt.client.cancel(states, CANCELLED)
+    return JSONResponse({"aborted": [st.rid for st in states]})
 
 
 def model_info(rt) -> dict:

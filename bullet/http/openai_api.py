@@ -11,8 +11,9 @@ from fastapi.responses import JSONResponse
 
 from bullet.http.errors import APIError, stream_error_event
 from bullet.http.generation import ClientGone, Update, check_fits, run_all, submit
-from bullet.http.protocol import ChatBody, CompletionBody, OpenAISampling, parse_body
-from bullet.http.sampling import MAX_N, build_sampling_params
+from bullet.http.offload import sized
+from bullet.http.protocol import ChatBody, CompletionBody, OpenAISampling, read_body
+from bullet.http.sampling import MAX_N, build_sampling_params, per_sample
 from bullet.http.streaming import DONE, EventStream, merged_updates, sse
 
 router = APIRouter(prefix="/v1")
@@ -59,11 +60,16 @@ def _usage(states) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-async def _submit_all(rt, jobs) -> list:
+async def _submit_all(rt, jobs, rid: str | None) -> list:
+    """Submit every (prompt ids, params) job; with a client rid and several jobs, job k is
+    `<rid>-<k>` and /abort_request with the rid aborts them all."""
     states = []
     try:
-        for ids, params in jobs:
-            states.append(await submit(rt, ids, params))
+        for k, (ids, params) in enumerate(jobs):
+            if rid is None or len(jobs) == 1:
+                states.append(await submit(rt, ids, params, rid))
+            else:
+                states.append(await submit(rt, ids, params, f"{rid}-{k}", rid))
     except APIError:
         for st in states:
             await rt.client.abort(st, "another prompt of the request was rejected")
@@ -78,7 +84,7 @@ async def _finals(request: Request, rt, states) -> list[Update]:
         raise APIError("client disconnected", status=499)
     for u in finals:
         reason = u.state.finish_json or {}
-        if reason.get("type") == "abort":
+        if reason.get("type") == "abort" and not u.state.cancelled:
             raise APIError(reason.get("message", "request failed"), status=503, type_="server_error")
     return finals
 
@@ -98,7 +104,7 @@ def _completion_logprobs(tok, st, n_top: int, offset0: int) -> dict:
 @router.post("/completions")
 async def completions(request: Request):
     rt = request.app.state.runtime
-    body: CompletionBody = parse_body(await request.body(), CompletionBody)
+    body: CompletionBody = await read_body(request, CompletionBody)
     model = _check_model(rt, body)
     p = body.prompt
     if isinstance(p, str):
@@ -113,14 +119,17 @@ async def completions(request: Request):
         raise APIError("max_tokens must be at least 1 (0 is allowed only with echo)", param="max_tokens")
     want_lp = body.logprobs is not None
     params = _params(body, body.max_tokens, 16, logprobs=want_lp, top_logprobs_num=body.logprobs or 0)
-    encoded = [rt.tokenizer.encode(x) if isinstance(x, str) else list(x) for x in prompts]
+    # a multi-megabyte prompt takes seconds to tokenize (and to echo back): not on the event loop
+    size = sum(len(x) for x in prompts)
+    encoded = await sized(size, lambda: [rt.tokenizer.encode(x) if isinstance(x, str) else list(x) for x in prompts])
     for ids in encoded:
-        check_fits(rt, ids, params, prompt_field="prompt", max_field="max_tokens")
-    jobs = [(ids, params) for ids in encoded for _ in range(body.n)]
-    states = await _submit_all(rt, jobs)
+        await sized(len(ids), check_fits, rt, ids, params, prompt_field="prompt", max_field="max_tokens")
+    jobs = [(ids, sample) for ids in encoded for sample in per_sample(params, body.n)]
+    states = await _submit_all(rt, jobs, body.rid)
     cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-    echo_text = [(prompts[k // body.n] if isinstance(prompts[k // body.n], str)
-                  else rt.tokenizer.decode(encoded[k // body.n])) if body.echo else "" for k in range(len(jobs))]
+    echoed = (await sized(size, lambda: [x if isinstance(x, str) else rt.tokenizer.decode(ids)
+                                         for x, ids in zip(prompts, encoded)]) if body.echo else [""] * len(prompts))
+    echo_text = [echoed[k // body.n] for k in range(len(jobs))]
 
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -130,7 +139,7 @@ async def completions(request: Request):
             async with aclosing(merged_updates(rt, states)) as updates:
                 async for i, u in updates:
                     reason = u.state.finish_json or {}
-                    if reason.get("type") == "abort":
+                    if reason.get("type") == "abort" and not u.state.cancelled:
                         yield sse(stream_error_event(reason.get("message", "request failed"), 503))
                         continue
                     text = u.delta
@@ -190,16 +199,17 @@ def _chat_logprobs(tok, st, n_top: int) -> dict:
 @router.post("/chat/completions")
 async def chat_completions(request: Request):
     rt = request.app.state.runtime
-    body: ChatBody = parse_body(await request.body(), ChatBody)
+    body: ChatBody = await read_body(request, ChatBody)
     model = _check_model(rt, body)
     if not body.messages:
         raise APIError("messages must not be empty", param="messages")
     messages = [{"role": m.role, "content": _message_text(m.content)} for m in body.messages]
-    try:
-        prompt = rt.tokenizer.apply_chat_template(messages)
+    size = sum(len(m["content"]) for m in messages)
+    try:  # a multi-megabyte conversation takes seconds to render and tokenize: not on the event loop
+        prompt = await sized(size, rt.tokenizer.apply_chat_template, messages)
     except Exception as exc:
         raise APIError(f"cannot apply the chat template: {exc}", param="messages") from exc
-    ids = rt.tokenizer.encode(prompt, add_special_tokens=False)
+    ids = await sized(size, rt.tokenizer.encode, prompt, add_special_tokens=False)
     max_field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = getattr(body, max_field)
     if max_tokens is not None and max_tokens < 1:
@@ -209,8 +219,8 @@ async def chat_completions(request: Request):
     # for the context is then reported as such by check_fits)
     room = max(rt.model.config.max_position_embeddings - len(ids), 1)
     params = _params(body, max_tokens, room, logprobs=body.logprobs, top_logprobs_num=n_top if body.logprobs else 0)
-    check_fits(rt, ids, params, prompt_field="messages", max_field=max_field)
-    states = await _submit_all(rt, [(ids, params)] * body.n)
+    await sized(len(ids), check_fits, rt, ids, params, prompt_field="messages", max_field=max_field)
+    states = await _submit_all(rt, [(ids, sample) for sample in per_sample(params, body.n)], body.rid)
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
     if body.stream:
@@ -226,7 +236,7 @@ async def chat_completions(request: Request):
             async with aclosing(merged_updates(rt, states)) as updates:
                 async for i, u in updates:
                     reason = u.state.finish_json or {}
-                    if reason.get("type") == "abort":
+                    if reason.get("type") == "abort" and not u.state.cancelled:
                         yield sse(stream_error_event(reason.get("message", "request failed"), 503))
                     elif u.delta or u.done:
                         yield chunk(i, {"content": u.delta} if u.delta else {}, _finish_reason(u.state.finish_json))

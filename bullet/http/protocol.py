@@ -4,12 +4,19 @@ ones: lora_path, return_hidden_states, session_id, …); the fields we use are t
 
 from __future__ import annotations
 
-import json
-from typing import Any, Union
+from typing import Annotated, Any, Union
 
+import pydantic_core
+from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bullet.http.errors import APIError
+from bullet.http.offload import sized
+from engines.sampling_params import MAX_COUNT
+
+# Every integer a client sends is bounded here, at the edge, whatever the field means: 2**63 is a
+# 400 naming the field, never a number that reaches a worker (the specific checks come after).
+Int = Annotated[int, Field(ge=-MAX_COUNT, le=MAX_COUNT)]
 
 
 class Body(BaseModel):
@@ -22,10 +29,18 @@ class GenerateBody(Body):
     sampling_params: Union[dict[str, Any], list[dict[str, Any]], None] = None
     stream: bool = False
     return_logprob: Union[bool, list[bool]] = False
-    logprob_start_len: Union[int, list[int]] = -1
-    top_logprobs_num: Union[int, list[int]] = 0
+    logprob_start_len: Union[Int, list[Int]] = -1
+    top_logprobs_num: Union[Int, list[Int]] = 0
     return_text_in_logprobs: bool = False
     rid: Union[str, list[str], None] = None
+    priority: Int | None = None  # accepted as SGLang does; not used for ordering yet
+
+
+class AbortBody(Body):
+    """SGLang's /abort_request: one rid (its samples too, for n > 1), or every request."""
+
+    rid: str = ""
+    abort_all: bool = False
 
 
 class StreamOptions(Body):
@@ -34,12 +49,12 @@ class StreamOptions(Body):
 
 class OpenAISampling(Body):
     model: str | None = None
-    max_tokens: int | None = None
+    max_tokens: Int | None = None
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
+    top_k: Int | None = None
     min_p: float | None = None
-    n: int = 1
+    n: Int = 1
     stop: Union[str, list[str], None] = None
     stop_token_ids: list[int] | None = None
     stream: bool = False
@@ -49,14 +64,16 @@ class OpenAISampling(Body):
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     ignore_eos: bool | None = None
-    min_tokens: int | None = None
+    min_tokens: Int | None = None
     skip_special_tokens: bool | None = None
     response_format: dict | None = None
+    rid: str | None = None  # SGLang's extension: the id /abort_request takes (choices share it)
+    priority: Int | None = None  # accepted as SGLang does; not used for ordering yet
 
 
 class CompletionBody(OpenAISampling):
     prompt: Union[str, list[str], list[int], list[list[int]]]
-    logprobs: int | None = Field(None, ge=0, le=20)
+    logprobs: Int | None = Field(None, ge=0, le=20)
     echo: bool = False
 
 
@@ -67,16 +84,36 @@ class ChatMessage(Body):
 
 class ChatBody(OpenAISampling):
     messages: list[ChatMessage]
-    max_completion_tokens: int | None = None
+    max_completion_tokens: Int | None = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: Int | None = Field(None, ge=0, le=20)
+
+
+def parse_json(raw: bytes):
+    """JSON → Python, with every way bytes can be bad ending in a 400 that says which: the parser
+    (pydantic-core's, native) bounds nesting depth — so no RecursionError — and refuses invalid UTF-8
+    and lone UTF-16 surrogate escapes (`"\\ud800"`), which Python's json module lets through as
+    strings that no tokenizer or encoder can handle. NaN and Infinity are read as floats, so that the
+    field that may not hold them is the one named in the error."""
+    try:
+        return pydantic_core.from_json(raw, allow_inf_nan=True)
+    except ValueError as exc:
+        reason = str(exc)
+        if "recursion limit" in reason:
+            raise APIError(f"the request body is nested too deeply to be a request ({reason})") from None
+        if "surrogate" in reason or "hex escape" in reason:
+            reason += "; a \\uD800-\\uDFFF escape must be one half of a surrogate pair"
+        raise APIError(f"the request body is not valid JSON ({reason})") from None
+
+
+async def read_body(request: Request, model: type[Body]) -> Body:
+    """The request's body, parsed and validated (in a thread when it is large)."""
+    raw = await request.body()
+    return await sized(len(raw), parse_body, raw, model)
 
 
 def parse_body(raw: bytes, model: type[Body]) -> Body:
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise APIError(f"the request body is not valid JSON ({exc})") from exc
+    data = parse_json(raw)
     if not isinstance(data, dict):
         raise APIError("the request body must be a JSON object")
     try:
@@ -84,7 +121,7 @@ def parse_body(raw: bytes, model: type[Body]) -> Body:
     except ValidationError as exc:
         parts = []
         for err in exc.errors()[:5]:
-            loc = ".".join(str(x) for x in err["loc"] if not str(x).startswith(("function-", "union")))
+            loc = ".".join(str(x) for x in err["loc"] if not str(x).startswith(("function-", "union", "constrained-")))
             parts.append(f"{loc or 'body'}: {err['msg']}")
         first = exc.errors()[0]["loc"] if exc.errors() else ()
         raise APIError("invalid request: " + "; ".join(parts), param=str(first[0]) if first else None) from exc

@@ -28,9 +28,7 @@ def build_sampling_params(fields: dict[str, Any] | None, *, where: str = "sampli
     for key in CONSTRAINED:
         if fields.pop(key, None) not in (None, "", {}):
             raise APIError(f"{where}.{key}: constrained decoding is not supported by this server", param=key)
-    n = fields.pop("n", 1)
-    if n not in (None, 1):
-        raise APIError(f"{where}.n: only n=1 is supported here (send one request per sample)", param="n")
+    fields.pop("n", None)  # the number of samples is the caller's (sample_count), not the sampler's
     if fields.get("stop_token_ids") is None:
         fields.pop("stop_token_ids", None)
     try:
@@ -42,3 +40,21 @@ def build_sampling_params(fields: dict[str, Any] | None, *, where: str = "sampli
         raise APIError(f"invalid {where}: {validation_message(exc)}") from exc
     except TypeError as exc:
         raise APIError(f"invalid {where}: {exc}") from exc
+
+
+def sample_count(n: Any, where: str = "sampling_params.n") -> int:
+    """The number of samples a request asks for (SGLang's and OpenAI's `n`), 1..MAX_N."""
+    if n is None:
+        return 1
+    if type(n) is not int or not 1 <= n <= MAX_N:  # noqa: E721 (bool is not a count)
+        raise APIError(f"{where} must be an integer in 1..{MAX_N}, got {n!r}"[:200], param="n")
+    return n
+
+
+def per_sample(params: SamplingParams, n: int) -> list[SamplingParams]:
+    """The params of each of n samples of one prompt. They run as n requests (the prompt is
+    prefilled once per sample: there is no prefix cache to share it yet). A seeded request's samples
+    get seeds seed, seed+1, ...: reproducible, and n different samples rather than n copies of one."""
+    if n == 1 or params.seed is None:
+        return [params] * n
+    return [params.model_copy(update={"seed": (params.seed + j) % 2**63}) for j in range(n)]

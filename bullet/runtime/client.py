@@ -45,6 +45,9 @@ class RequestState:
     output_logprobs: list[float | None] = field(default_factory=list)
     output_top_logprobs: list = field(default_factory=list)
     prompt_logprobs: list[float | None] | None = None
+    prompt_top_logprobs: list | None = None  # per prompt position: [(token id, logprob), ...] or None
+    group: str | None = None  # the client's rid that several samples (n > 1) share
+    cancelled: bool = False  # aborted at the client's request (/abort_request): not a server failure
     finish_reason: FinishReason | None = None
     first_token_time: float | None = None
     finish_time: float | None = None
@@ -108,13 +111,14 @@ class RuntimeClient:
         self.ctx.term()
 
     # -- requests ------------------------------------------------------------------------------
-    async def submit(self, input_ids: list[int], params: SamplingParams, rid: str | None = None) -> RequestState:
+    async def submit(self, input_ids: list[int], params: SamplingParams, rid: str | None = None,
+                     group: str | None = None) -> RequestState:
         validate_prompt(input_ids, params, self.vocab_size, self.max_context, self.pool_tokens)
         rid = rid or f"r{next(self._rids)}-{int(time.time() * 1000) % 10**8}"
         if rid in self.inflight:
             raise RequestError(f"request id {rid!r} is already in flight")
         state = RequestState(rid=rid, uid=next(self._uids), prompt_ids=list(input_ids), params=params,
-                             arrival=time.monotonic())
+                             arrival=time.monotonic(), group=group)
         self.inflight[rid] = state
         self.by_uid[state.uid] = state
         await self._to_prefill.send(encode(GenerateRequest(rid=rid, uid=state.uid, input_ids=state.prompt_ids,
@@ -147,6 +151,17 @@ class RuntimeClient:
             await self._to_decode.send(msg)
         self._finish(state, Abort(message=message))
 
+    def find(self, rid: str) -> list[RequestState]:
+        """The requests in flight that a client's rid names: its own, or its samples' (n > 1)."""
+        return [s for s in self.inflight.values() if s.rid == rid or s.group == rid]
+
+    async def cancel(self, states: list[RequestState], message: str) -> None:
+        """Abort at the client's request: the requests end normally, with an abort finish reason."""
+        for state in states:
+            if not state.done:
+                state.cancelled = True
+                await self.abort(state, message)
+
     def fail_all(self, message: str) -> list[int]:
         """Finish every in-flight request with an error; returns their page-owner ids."""
         uids = [s.uid for s in self.inflight.values()]
@@ -173,6 +188,8 @@ class RuntimeClient:
     def _merge(self, state: RequestState, out: RequestOutput) -> None:
         if out.prompt_logprobs is not None:
             state.prompt_logprobs = out.prompt_logprobs
+        if out.prompt_top_logprobs is not None:
+            state.prompt_top_logprobs = out.prompt_top_logprobs
         if out.finish_reason is not None:
             state._final = (out.start + len(out.token_ids), out.finish_reason)
         if out.token_ids:

@@ -14,10 +14,13 @@ from tests.server_utils import ServerProcess
 # Flags of the servers the HTTP tests start: a small KV pool keeps memory down (the context length
 # stays the model's 8192).
 SERVER_ARGS = ("--max-total-tokens", "8192")
-# The second server: an API key, and a KV pool of 512 tokens that two ~350-token requests overflow.
+# The second server: an API key, a KV pool of 512 tokens that two ~350-token requests overflow, and
+# a 1 MiB request-body limit (the default is 16 MiB).
 API_KEY = "sk-test-0123456789"
 SMALL_POOL_TOKENS = 512
-SECURED_ARGS = ("--max-total-tokens", str(SMALL_POOL_TOKENS), "--api-key", API_KEY)
+BODY_LIMIT = 1 << 20
+SECURED_ARGS = ("--max-total-tokens", str(SMALL_POOL_TOKENS), "--api-key", API_KEY,
+                "--max-request-body-bytes", str(BODY_LIMIT))
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 
@@ -64,10 +67,20 @@ def metric(text: str, name: str, labels: dict | None = None) -> float:
     return 0.0
 
 
+def metric_sum(text: str, name: str) -> float:
+    """Sum of every sample of one metric, whatever its labels."""
+    total = 0.0
+    for line in text.splitlines():
+        m = re.match(r"^([a-zA-Z_:][\w:]*)(?:\{.*\})?\s+(\S+)$", line)
+        if m and m.group(1) == name:
+            total += float(m.group(2))
+    return total
+
+
 def token_counters(server) -> tuple[float, float]:
     """(prompt tokens, generated tokens) of all finished requests so far, from /metrics."""
     text = server.get("/metrics")[1]
-    return metric(text, "bullet_prompt_tokens_total"), metric(text, "bullet_generation_tokens_total")
+    return metric_sum(text, "sglang:prompt_tokens_total"), metric_sum(text, "sglang:generation_tokens_total")
 
 
 def open_raw_request(server, path: str, body: dict, headers: dict | None = None) -> socket.socket:

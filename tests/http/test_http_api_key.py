@@ -47,7 +47,7 @@ def test_health_and_metrics_stay_open(secured):
     assert secured.get("/health", headers={}) == (200, {"status": "ok"})
     assert secured.get("/health_generate", headers={})[0] == 200
     status, text = secured.get("/metrics", headers={})
-    assert status == 200 and 'bullet_http_requests_total{path="unauthorized",status="401"}' in text
+    assert status == 200 and 'bullet:http_requests_total{path="unauthorized",status="401"}' in text
 
 
 def test_real_clients_send_the_key(secured):

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from tests.http.helpers import metric, token_counters
+from tests.http.helpers import metric, token_counters, wait_idle
 
 
 @pytest.mark.parametrize("path", ["/model_info", "/get_model_info"])
@@ -64,23 +64,36 @@ def test_v1_models(server):
 
 
 def test_metrics_exposes_latency_histograms_queues_and_compute_units(server):
+    """Both prefixes: SGLang's names for what both servers have (so its dashboards work), ours for
+    the compute shares and the policy's decisions and repartitions."""
     server.post("/generate", {"text": "Hello", "sampling_params": {"max_new_tokens": 3, "ignore_eos": True}})
+    wait_idle(server)  # the gauges read below must agree with /server_info's snapshot
     status, text = server.get("/metrics")
     assert status == 200 and isinstance(text, str)
-    for hist in ("bullet_time_to_first_token_seconds", "bullet_time_per_output_token_seconds",
-                 "bullet_inter_token_latency_seconds", "bullet_e2e_request_latency_seconds"):
+    model = {"model_name": server.get("/model_info")[1]["served_model_name"]}
+    for hist, labels in (("sglang:time_to_first_token_seconds", model), ("sglang:inter_token_latency_seconds", model),
+                         ("sglang:e2e_request_latency_seconds", model), ("bullet:time_per_output_token_seconds", {})):
         assert f"# TYPE {hist} histogram" in text
-        assert metric(text, f"{hist}_count") >= 1
-        assert metric(text, f"{hist}_bucket", {"le": "+Inf"}) == metric(text, f"{hist}_count")
+        assert metric(text, f"{hist}_count", labels) >= 1
+        assert metric(text, f"{hist}_bucket", {**labels, "le": "+Inf"}) == metric(text, f"{hist}_count", labels)
+    for counter in ("sglang:num_requests_total", "sglang:prompt_tokens_total", "sglang:generation_tokens_total"):
+        assert f"# TYPE {counter} counter" in text and metric(text, counter, model) >= 1
+    assert metric(text, "sglang:cache_hit_rate", model) == 0
     state = server.state()
+    used = state["kv_pages_total"] - state["kv_pages_free"]
+    assert metric(text, "sglang:token_usage", model) == pytest.approx(used / state["kv_pages_total"])
     for role in ("prefill", "decode"):
-        assert f'bullet_compute_units{{worker="{role}"}}' in text
-        assert metric(text, "bullet_compute_units", {"worker": role}) == state[role]["compute_units"]
-        assert f'bullet_queued_requests{{worker="{role}"}}' in text
-        assert f'bullet_running_requests{{worker="{role}"}}' in text
-    assert metric(text, "bullet_kv_pages_total") == state["kv_pages_total"]
-    assert metric(text, "bullet_up") == 1
-    assert metric(text, "bullet_http_requests_total", {"path": "/generate", "status": "200"}) >= 1
+        worker = {**model, "engine_type": role}
+        assert f'sglang:num_running_reqs{{engine_type="{role}",model_name="{model["model_name"]}"}}' in text
+        assert metric(text, "sglang:num_queue_reqs", worker) == state[role]["queued_requests"]
+        assert metric(text, "bullet:compute_units", {"worker": role}) == state[role]["compute_units"]
+        # every step follows a decision (the counts themselves: tests/loops/test_published_counters.py)
+        assert metric(text, "bullet:decisions_total", {"worker": role}) >= metric(text, "bullet:steps_total",
+                                                                                  {"worker": role}) >= 1
+        assert f'bullet:repartitions_total{{worker="{role}"}}' in text
+    assert metric(text, "bullet:kv_pages_total") == state["kv_pages_total"]
+    assert metric(text, "bullet:up") == 1
+    assert metric(text, "bullet:http_requests_total", {"path": "/generate", "status": "200"}) >= 1
 
 
 @pytest.mark.parametrize("path,shape", [("/no/such/path", "native"), ("/v1/no/such/path", "openai")])
