@@ -88,6 +88,9 @@ class Outbox(Protocol):
     def finished(self, req: Request) -> None:
         """`req` ended without new tokens since last reported (aborted, dropped, scored only)."""
 
+    def recompute(self, req: Request) -> None:
+        """Decode gave up `req`'s pages (the pool ran out): prefill recomputes it and hands it back."""
+
 
 @dataclass(frozen=True)
 class Wake:
@@ -131,6 +134,8 @@ class LoopCore:
         self.predictions = Predictions()
         self.last_step_ms = 0.0
         self.decide_us = 0.0  # wall time the last decision took (scheduler overhead)
+        self.decisions = 0  # policy decisions so far, and how many changed the compute share (published
+        self.repartitions = 0  # for /metrics)
 
     @property
     def role(self) -> Role:
@@ -183,12 +188,14 @@ class LoopCore:
     def apply_units(self, units: int) -> None:
         if units != self.env.partition.current_units:
             self.env.partition.apply(units)
+            self.repartitions += 1
 
     def decide_timed(self, decide, view):
         """policy.decide(view), timing the scheduler's own overhead in wall time."""
         t0 = time.perf_counter()
         decision = decide(view)
         self.decide_us = (time.perf_counter() - t0) * 1e6
+        self.decisions += 1
         return decision
 
     def launch(self, reqs: Sequence[Request], run: Callable[[Callable[[float], None]], None],
@@ -207,7 +214,8 @@ class LoopCore:
     def publish_state(self, idle: bool = False, **fields) -> None:
         """Publish this worker's state; an idle worker reports no units (it uses none)."""
         partition = self.env.partition
-        state = WorkerState(pid=self.env.pid, step=self.steps, flags=int(self.flags), **fields)
+        state = WorkerState(pid=self.env.pid, step=self.steps, flags=int(self.flags), decisions=self.decisions,
+                            repartitions=self.repartitions, **fields)
         self.predictions.write_to(state)
         if not idle:
             state.set_unit_mask(partition.unit_mask())  # the layout's mask holds ids 0-127

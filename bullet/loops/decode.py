@@ -5,6 +5,8 @@ is aborted."""
 
 from __future__ import annotations
 
+import logging
+
 from bullet.core.finish import Abort
 from bullet.core.request import Request
 from bullet.core.worker_state import WorkerFlags
@@ -12,6 +14,7 @@ from bullet.loops.base import LoopCore, LoopEnv, Wake
 from bullet.schedulers.views import DecodeDecision, DecodePolicy, DecodeView
 from bullet.shm.page_allocator import OutOfPages
 
+log = logging.getLogger("bullet.decode")
 PAUSED_POLL_S = 1e-3  # a paused decode re-decides this often (prefill's share may change any time)
 TOMBSTONE_TTL_S = 300.0  # how long an abort waits for a handoff it overtook
 
@@ -25,6 +28,7 @@ class DecodeCore(LoopCore):
         self.tombstones: dict[int, float] = {}
         self.paused = False
         self.pauses = 0
+        self.handed_back = 0  # requests given back to prefill when the pool ran out
 
     @property
     def idle(self) -> bool:
@@ -67,8 +71,8 @@ class DecodeCore(LoopCore):
             return Wake.EVENT
         self.apply_units(decision.units)
         batch = [r for r in self.running if self._reserve_next_slot(r)]
-        if not batch:  # every request is waiting for a page: free one request's pages so the rest can go
-            self._retire(self.running.pop(), Abort(message="the KV cache is full; request dropped"))
+        if not batch:  # every request waits for a page: hand the newest back to be recomputed later
+            self._hand_back(self.running.pop())
             return Wake.NOW
         return self.launch(batch, lambda done: env.executor.run_decode(batch, done),
                            lambda seconds: self._step_done(view, decision, batch, seconds))
@@ -102,6 +106,16 @@ class DecodeCore(LoopCore):
         self.env.outbox.tokens(batch)
         self.publish()
 
+    def _hand_back(self, req: Request) -> None:
+        """Free `req`'s pages so the rest of the batch can grow; prefill recomputes it (prompt and
+        outputs so far) when memory allows and it rejoins the batch — no admitted request is lost."""
+        log.info("the KV pool is full: request %s (%d tokens) goes back to prefill to be recomputed",
+                 req.rid, req.seq_len)
+        self.free_pages(req)
+        req.reset_for_recompute()
+        self.handed_back += 1
+        self.env.outbox.recompute(req)
+
     def _retire(self, req: Request, reason) -> None:
         req.finish(reason, self.now())
         self.free_pages(req)
@@ -113,7 +127,7 @@ class DecodeCore(LoopCore):
 
     # -- state ------------------------------------------------------------------------------------
     def counters(self) -> dict:
-        return {"decode_pauses": self.pauses}
+        return {"decode_pauses": self.pauses, "recomputed": self.handed_back}
 
     def publish(self) -> None:
         self.flags = self.flags | WorkerFlags.PAUSED if self.paused else self.flags & ~WorkerFlags.PAUSED

@@ -24,4 +24,6 @@ def build_core(env: LoopEnv, args: ServerArgs, num_layers: int, predictor: Predi
         return PrefillCore(env, policy, num_layers)
     if env.role is Role.DECODE:
         return DecodeCore(env, make_decode_policy(args, feasible, predictor))
-    return UnifiedCore(env, HybridScheduler(env.allocator, args.policy_arg, args.max_running_requests))
+    scheduler = HybridScheduler(env.allocator, args.policy_arg, args.max_running_requests,
+                                mixed=args.policy_name == "chunked")
+    return UnifiedCore(env, scheduler)

@@ -20,7 +20,7 @@ def take_admitted(queue: list[Request], admit: Sequence[Request], allocator: Pag
     started = []
     for req in admit:
         try:
-            req.page_table = allocator.alloc(allocator.pages_for(len(req.prompt_ids)), req.uid)
+            req.page_table = allocator.alloc(allocator.pages_for(req.num_uncomputed), req.uid)
         except OutOfPages:
             break
         started.append(req)
@@ -36,13 +36,15 @@ class PrefillCore(LoopCore):
         self.policy, self.num_layers = policy, num_layers
         self.queue: list[Request] = []
         self.inflight: InflightPrefill | None = None
+        self.suspended: InflightPrefill | None = None  # preempted at a layer boundary; resumes after `inflight`
         self.aborted: set[Request] = set()  # in-flight requests aborted mid-batch
+        self.preemptions = 0
         self.last_ttft_ms = 0.0
         self.yield_until = 0.0  # the policy yielded every unit to decode until then (clock time)
 
     @property
     def idle(self) -> bool:
-        return not self.queue and self.inflight is None
+        return not self.queue and self.inflight is None and self.suspended is None
 
     # -- messages -----------------------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -54,15 +56,17 @@ class PrefillCore(LoopCore):
                 self.queue.remove(req)
                 self._finish(req, Abort(message=message))
                 return
-        if self.inflight is not None:
-            self.aborted.update(r for r in self.inflight.requests if r.uid == uid)
+        for batch in (self.inflight, self.suspended):
+            if batch is not None:
+                self.aborted.update(r for r in batch.requests if r.uid == uid)
 
     # -- one pass of the loop -----------------------------------------------------------------------
     def view(self) -> PrefillView:
         env = self.env
         return PrefillView(now=self.now(), queue=self.queue, inflight=self.inflight, peer=self.read_peer(),
                            total_units=env.partition.total_units, current_units=env.partition.current_units,
-                           free_pages=env.allocator.num_free(), page_size=env.allocator.page_size)
+                           free_pages=env.allocator.num_free(), page_size=env.allocator.page_size,
+                           suspended=self.suspended)
 
     def iterate(self) -> Wake:
         """Decide, and start a layer group when the decision runs one."""
@@ -81,6 +85,12 @@ class PrefillCore(LoopCore):
         if decision.num_layers <= 0:
             return Wake.EVENT
         self.apply_units(decision.units)
+        if decision.preempt and self.inflight is not None and self.suspended is None:
+            self.suspended, self.inflight = self.inflight, None
+            if not self._start(decision.admit):  # decode took the pages meanwhile: go on with the batch
+                self.inflight, self.suspended = self.suspended, None
+                return Wake.NOW
+            self.preemptions += 1
         if self.inflight is None and not self._start(decision.admit):
             return Wake.EVENT  # no pages for the batch yet: decode frees them as requests finish
         self.publish()  # before the step: decode sees a new share (a burst, a hand-back) at once
@@ -110,13 +120,13 @@ class PrefillCore(LoopCore):
                     decode_batch=view.peer.batch_size, pred_ms=decision.predicted_s * 1e3, obs_ms=seconds * 1e3,
                     reason=decision.reason)
         if inflight.remaining_layers == 0:
-            self._complete(inflight.requests)
+            self._complete(inflight)
         self.publish()
 
-    def _complete(self, reqs: list[Request]) -> None:
-        self.inflight = None
-        for req in reqs:
-            req.num_cached = len(req.prompt_ids)
+    def _complete(self, batch: InflightPrefill) -> None:
+        self.inflight, self.suspended, reqs = self.suspended, None, batch.requests  # a preempted batch resumes
+        for req, computed in zip(reqs, batch.lengths):
+            req.num_cached = computed
             if req in self.aborted:
                 self.aborted.discard(req)
                 self._finish(req, Abort(message="aborted by the client"))
@@ -139,19 +149,25 @@ class PrefillCore(LoopCore):
         if req in self.queue:
             self.queue.remove(req)
         if self.inflight is not None and req in self.inflight.requests:
-            self.inflight = None  # the whole batch failed with it (its layers ran together)
+            # the whole batch failed with it (its layers ran together); a preempted one resumes
+            self.inflight, self.suspended = self.suspended, None
         self.aborted.discard(req)
 
     # -- state ------------------------------------------------------------------------------------
     def pending_first_token(self) -> list[Request]:
-        return self.queue + (self.inflight.requests if self.inflight else [])
+        held = [b.requests for b in (self.inflight, self.suspended) if b is not None]
+        return self.queue + [r for reqs in held for r in reqs if r.first_token_time is None]
+
+    def counters(self) -> dict:
+        return {"prefill_preemptions": self.preemptions}
 
     def publish(self) -> None:
         inflight = self.inflight
         self.publish_state(
             idle=inflight is None or bool(self.yield_until),
             batch_size=len(inflight.requests) if inflight else 0,
-            queued_requests=len(self.queue), queued_tokens=sum(len(r.prompt_ids) for r in self.queue),
+            queued_requests=len(self.queue) + (len(self.suspended.requests) if self.suspended else 0),
+            queued_tokens=sum(r.num_uncomputed for r in self.queue) + (self.suspended.num_tokens if self.suspended else 0),
             tokens_in_flight=inflight.num_tokens if inflight else 0,
             remaining_layers=inflight.remaining_layers if inflight else 0,
             ttft_obs_ms=self.last_ttft_ms, step_obs_ms=self.last_step_ms)

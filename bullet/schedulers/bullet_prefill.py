@@ -28,16 +28,27 @@ from bullet.core.request import Request
 from bullet.core.slo import SLO
 from bullet.core.worker_state import Predictions
 from bullet.schedulers.predict import LearningPredictor, Predictor, p90, predict_ttfts, prefill_costs
+from bullet.schedulers.preemption import choose_preemptors
 from bullet.schedulers.views import PrefillDecision, PrefillPolicy, PrefillView
 
 TPOT_MARGIN = 0.9  # aim decode steps at 90% of the TPOT target: predictions are not exact
+HAND_BACK_RULES = ("off", "decode-step", "bounded")
+BOUNDED_STRETCH = 0.1  # "bounded": the last layer group may take at most 10 % longer on a smaller share
 
 
 class BulletPrefillPolicy(PrefillPolicy):
     name = "bullet"
 
     def __init__(self, est: Predictor, slo: SLO, feasible_units: list[int], layers_per_step: int, num_layers: int,
-                 max_prefill_tokens: int, batch_token_limit: Callable[[int], int], max_wait_s: float = 30.0):
+                 max_prefill_tokens: int, batch_token_limit: Callable[[int], int], max_wait_s: float = 30.0,
+                 preemption: bool = True, hand_back: str = "bounded", layer_group: str = "fixed",
+                 min_group_s: float = 0.01):
+        if hand_back not in HAND_BACK_RULES:
+            raise ValueError(f"hand_back must be one of {HAND_BACK_RULES}, not {hand_back!r}")
+        if layer_group not in ("fixed", "adaptive"):
+            raise ValueError(f"layer_group must be fixed or adaptive, not {layer_group!r}")
+        self.preemption, self.hand_back_rule = preemption, hand_back
+        self.layer_group_rule, self.min_group_s = layer_group, min_group_s
         self.est, self.slo, self.feasible = est, slo, sorted(feasible_units)
         self.learner: LearningPredictor | None = est if hasattr(est, "observe_prefill") else None
         self.total = self.feasible[-1]
@@ -52,38 +63,69 @@ class BulletPrefillPolicy(PrefillPolicy):
         peer = view.peer
         decode_batch = peer.batch_size
         units_now = view.current_units or self.total
-        inflight = view.inflight
-        remaining = 0.0
+        inflight, suspended = view.inflight, view.suspended
+        remaining = behind = 0.0
         if inflight is not None:
-            remaining = self.est.prefill_time([len(r.prompt_ids) for r in inflight.requests], units_now,
-                                              num_layers=inflight.remaining_layers, co_decode_batch=decode_batch)
+            remaining = behind = self.est.prefill_time(inflight.lengths, units_now, num_layers=inflight.remaining_layers,
+                                                       co_decode_batch=decode_batch)
+        if suspended is not None:  # the preempted batch resumes after the one in flight
+            behind += self.est.prefill_time(suspended.lengths, units_now, num_layers=suspended.remaining_layers,
+                                            co_decode_batch=decode_batch)
         costs = prefill_costs(view.queue, self.est, units_now, decode_batch)
-        order = self.order_queue(view, remaining, costs)
-        ttfts = predict_ttfts(view.now, inflight.requests if inflight else [], remaining, order, costs)
+        order = self.order_queue(view, behind, costs)
+        ttfts = predict_ttfts(view.now, inflight.requests if inflight else [], remaining, [], costs)
+        ttfts.update(predict_ttfts(view.now, suspended.requests if suspended else [], behind, order, costs))
         self.last_ttft_p90 = p90(list(ttfts.values()))
         # queued requests count while a batch is in flight too: a short prompt arriving behind a long
-        # batch can only be helped by speeding that batch up (found serving ShareGPT on the CPU)
-        waiting = (inflight.requests if inflight else []) + order
+        # batch can only be helped by speeding that batch up (found serving ShareGPT on the CPU);
+        # a request decode handed back for recomputation has had its first token: TTFT is not its target
+        held = (inflight.requests if inflight else []) + (suspended.requests if suspended else [])
+        waiting = [r for r in held + order if r.first_token_time is None]
         satisfy = self._p90_ok(waiting, ttfts)
+        preempt = False
         if inflight is not None:
-            admit = []
+            admit = self.preemptors(view, inflight, remaining, order, ttfts, units_now)
+            preempt = bool(admit)
         else:
             admit = self.batch(order, view)
             if not admit:
                 return PrefillDecision(units=units_now, predictions=self._predictions(0.0))
-        batch_lens = [len(r.prompt_ids) for r in (inflight.requests if inflight else admit)]
+        batch_lens = [r.num_uncomputed for r in admit] if admit else inflight.lengths
         misses = sum(1 for r in waiting if ttfts[r] > self.slo.ttft_target(len(r.prompt_ids)))
-        units, reason = self.split(view, batch_lens, satisfy, inflight, order, misses)
+        running = None if preempt else inflight
+        units, reason = self.split(view, batch_lens, satisfy, running, [r for r in order if r not in admit], misses)
+        if preempt:
+            reason = f"preempt at a layer boundary for {len(admit)} prompt(s); {reason}"
         self.last_reason = reason
         self.yielded_last = units == 0
         if units == 0:
             step = self.est.decode_time(peer.batch_size, peer.tokens_in_flight, self.total)
             return PrefillDecision(units=units_now, reason=reason, yield_s=step, predictions=self._predictions(0.0))
-        layers = min(self.k, self._remaining(inflight))
+        layers = self.layer_group(batch_lens, units, self._remaining(running), peer)
         step = self.est.prefill_time(batch_lens, units, num_layers=layers, include_head=False,
                                      co_decode_batch=decode_batch)
         return PrefillDecision(admit=admit, num_layers=layers, units=units, predicted_s=step, reason=reason,
-                               predictions=self._predictions(step))
+                               predictions=self._predictions(step), preempt=preempt, lengths=list(batch_lens))
+
+    def layer_group(self, batch_lens: list[int], units: int, remaining: int, peer) -> int:
+        """Layers the next step runs: `layers_per_step` ("fixed"), or as many as fit in about one
+        decode step ("adaptive", MuxWise's N_PL): a small batch runs in one or two steps instead of
+        paying a step's overhead per few layers, a large one still returns to the scheduler about as
+        often as decode does."""
+        if self.layer_group_rule == "fixed":
+            return min(self.k, remaining)
+        target = max(peer.step_pred_ms / 1e3 if peer.batch_size else 0.0, self.min_group_s)
+        per_layer = self.est.prefill_time(batch_lens, units, num_layers=1, include_head=False,
+                                          co_decode_batch=peer.batch_size)
+        return max(1, min(remaining, int(target / per_layer) if per_layer > 0 else remaining))
+
+    def preemptors(self, view: PrefillView, inflight, remaining: float, order: list[Request],
+                   ttfts: dict[Request, float], units: int) -> list[Request]:
+        if not self.preemption or view.suspended is not None or not order:
+            return []
+        reserve = view.peer.batch_size + view.peer.queued_requests  # as `batch`: decode's next pages
+        return choose_preemptors(view.now, inflight, remaining, order, ttfts, self.est, self.slo, units,
+                                 view.peer.batch_size, self.max_tokens, view.free_pages - reserve, view.page_size)
 
     def _predictions(self, step_s: float) -> Predictions:
         return Predictions(ttft_pred_p90_ms=self.last_ttft_p90 * 1e3, step_pred_ms=step_s * 1e3)
@@ -105,7 +147,8 @@ class BulletPrefillPolicy(PrefillPolicy):
         in_sjf = predict_ttfts(view.now, [], remaining, sjf, costs)
         in_fcfs = predict_ttfts(view.now, [], remaining, fcfs, costs)
         urgent = [r for r in fcfs
-                  if view.now - r.arrival > self.max_wait_s
+                  if r.first_token_time is not None  # handed back by decode: its output stalls until it reruns
+                  or view.now - r.arrival > self.max_wait_s
                   or (in_sjf[r] > self.slo.ttft_target(len(r.prompt_ids))
                       and in_fcfs[r] <= self.slo.ttft_target(len(r.prompt_ids)))]
         rest = [r for r in sjf if r not in urgent]
@@ -118,7 +161,7 @@ class BulletPrefillPolicy(PrefillPolicy):
         pages = view.free_pages - reserve
         batch, tokens = [], 0
         for r in order:
-            n = len(r.prompt_ids)
+            n = r.num_uncomputed
             need = -(-n // view.page_size)
             if need > pages or (batch and tokens >= limit) or (batch and tokens + n > self.max_tokens):
                 break
@@ -138,7 +181,8 @@ class BulletPrefillPolicy(PrefillPolicy):
         tpot_p90 = peer.tpot_pred_p90_ms / 1e3
         tpot_ok = tpot_p90 <= self.slo.tpot
         d_min = self.decode_units_for(b, ctx, tokens, self.slo.tpot * TPOT_MARGIN)
-        if inflight is not None and inflight.remaining_layers <= self.k and not order and d_min is not None:
+        if (self.hand_back_rule != "off" and inflight is not None and inflight.remaining_layers <= self.k
+                and not order and view.suspended is None and d_min is not None):
             p = self.hand_back(view, inflight, b, ctx, self._prefill_share(self.total - d_min))
             return p, "last layers: hand units back to decode"
         # decode must catch up, not just hold: aim its steps below target by how far it is over
@@ -176,14 +220,20 @@ class BulletPrefillPolicy(PrefillPolicy):
 
     def hand_back(self, view: PrefillView, inflight, batch: int, context: int, usual: int) -> int:
         """Prefill's share for the last layer group: the fewest units that keep its requests' TTFT
-        targets and stretch the group by at most one decode step beyond its usual share."""
-        lens = [len(r.prompt_ids) for r in inflight.requests]
+        targets and stretch the group by at most BOUNDED_STRETCH ("bounded") — or by one decode
+        step on the complement of its usual share ("decode-step", the rule before: that step is
+        slow on a small complement, so the tail dropped to a few units and every arrival during it
+        waited; found in simulation)."""
+        lens = inflight.lengths
         layers = inflight.remaining_layers
 
         def group(p: int) -> float:
             return self.est.prefill_time(lens, p, num_layers=layers, co_decode_batch=batch)
 
-        allowed = group(usual) + self.est.decode_time(batch, context, max(1, self.total - usual))
+        if self.hand_back_rule == "bounded":
+            allowed = group(usual) * (1.0 + BOUNDED_STRETCH)
+        else:
+            allowed = group(usual) + self.est.decode_time(batch, context, max(1, self.total - usual))
         for p in self.feasible:
             if p >= usual:
                 break
@@ -209,10 +259,10 @@ class BulletPrefillPolicy(PrefillPolicy):
         return best_p
 
     def observe(self, decision: PrefillDecision, seconds: float, view: PrefillView) -> None:
-        reqs = view.inflight.requests if view.inflight is not None else decision.admit
-        if self.learner is None or not reqs or decision.num_layers <= 0:
+        lengths = decision.lengths
+        if self.learner is None or not lengths or decision.num_layers <= 0:
             return
         # decision.num_layers is what ran (decided before the step: the in-flight batch object has
         # moved on by now, so its remaining layers no longer say)
-        self.learner.observe_prefill([len(r.prompt_ids) for r in reqs], decision.units, seconds, num_layers=decision.num_layers,
+        self.learner.observe_prefill(lengths, decision.units, seconds, num_layers=decision.num_layers,
                 include_head=False, co_decode_batch=view.peer.batch_size)

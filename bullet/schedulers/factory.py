@@ -11,9 +11,12 @@ from bullet.schedulers.static import StaticDecodePolicy, StaticPrefillPolicy
 from bullet.schedulers.views import DecodePolicy, PrefillPolicy
 
 
+ONE_PROCESS_POLICIES = ("chunked", "sglang")
+
+
 def roles_for(args: ServerArgs) -> tuple[Role, ...]:
     """Worker processes a policy runs: the chunked baseline is one process doing both phases."""
-    return (Role.UNIFIED,) if args.policy_name == "chunked" else (Role.PREFILL, Role.DECODE)
+    return (Role.UNIFIED,) if args.policy_name in ONE_PROCESS_POLICIES else (Role.PREFILL, Role.DECODE)
 
 
 def static_split(args: ServerArgs, total_units: int) -> tuple[int, int]:
@@ -45,7 +48,9 @@ def make_prefill_policy(args: ServerArgs, feasible_units: list[int], num_layers:
         return StaticPrefillPolicy(units, args.prefill_layers_per_step, args.max_prefill_tokens)
     if args.policy_name == "bullet":
         return BulletPrefillPolicy(estimator, slo_of(args), feasible_units, args.prefill_layers_per_step, num_layers,
-                                   args.max_prefill_tokens, batch_token_limit or (lambda units: args.max_prefill_tokens))
+                                   args.max_prefill_tokens, batch_token_limit or (lambda units: args.max_prefill_tokens),
+                                   preemption=args.prefill_preemption, hand_back=args.hand_back,
+                                   layer_group=args.layer_group)
     raise ValueError(f"policy {args.policy!r} has no prefill worker")
 
 

@@ -1,10 +1,14 @@
-"""Hybrid batches with chunked prefill (Sarathi-Serve / SGLang default): every step takes all
-running decodes first (one token each), then fills the rest of a fixed token budget with prefill
-chunks in arrival order. A prompt longer than what is left is split across steps.
+"""One process, both phases, chunked prefill — the two ways single-process engines batch:
 
-This is the `chunked:<budget>` baseline and the offline `bullet.LLM` engine's policy. Memory:
-pages are allocated per step; when a decode cannot get a page the most recently admitted request
-is preempted and later recomputed."""
+* mixed (`chunked:<budget>`, Sarathi-Serve, SGLang with `--enable-mixed-chunk`, and the offline
+  `bullet.LLM`): every step takes all running decodes first (one token each), then fills the rest of
+  a fixed token budget with prefill chunks in arrival order;
+* prefill first (`sglang:<budget>`, SGLang's default): a step runs prefill chunks only — the
+  continuation of a chunked prompt, then new prompts — up to the budget whenever there are any, and
+  a decode-only step otherwise.
+A prompt longer than what is left of the budget is split across steps. Memory: pages are allocated
+per step; when a sequence cannot get a page the most recently admitted request is preempted and
+later recomputed."""
 
 from __future__ import annotations
 
@@ -22,10 +26,10 @@ class Scheduled:
 
 
 class HybridScheduler:
-    def __init__(self, allocator: PageAllocator, token_budget: int, max_running: int):
+    def __init__(self, allocator: PageAllocator, token_budget: int, max_running: int, mixed: bool = True):
         if token_budget < 1 or max_running < 1:
             raise ValueError("token budget and max running requests must be positive")
-        self.allocator, self.token_budget, self.max_running = allocator, token_budget, max_running
+        self.allocator, self.token_budget, self.max_running, self.mixed = allocator, token_budget, max_running, mixed
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admitted: prefilling (possibly chunked) or decoding
         self.preemptions = 0
@@ -60,14 +64,26 @@ class HybridScheduler:
                 return True
         return False
 
+    @staticmethod
+    def decoding(req: Request) -> bool:
+        """Its next step computes one token after a fully cached sequence past its prompt."""
+        return req.num_uncomputed == 1 and not req.in_prompt
+
     def schedule(self) -> list[Scheduled]:
+        if self.mixed:
+            return self._schedule(lambda req: True, admit=True)
+        prefill = self._schedule(lambda req: not self.decoding(req), admit=True)
+        return prefill if prefill else self._schedule(self.decoding, admit=False)
+
+    def _schedule(self, takes, admit: bool) -> list[Scheduled]:
+        """Running requests that `takes` accepts (decodes, continuing chunks), then — with `admit` —
+        new prompts, while the token budget and memory last."""
         batch: list[Scheduled] = []
         budget = self.token_budget
         # 1. running requests: decodes (1 token) and the continuation of chunked prefills
         for req in list(self.running):
-            # preempted while making room for an earlier one (a status check: `in self.running`
-            # compares dataclasses field by field, quadratic in the batch)
-            if req.status is not Status.RUNNING:
+            # preempted while making room for an earlier one (a status check is O(1))
+            if req.status is not Status.RUNNING or not takes(req):
                 continue
             n = min(req.num_uncomputed, budget)
             if n == 0:
@@ -82,7 +98,7 @@ class HybridScheduler:
             batch.append(Scheduled(req, n))
             budget -= n
         # 2. new prompts, first come first served, while budget and memory last
-        while self.waiting and budget > 0 and len(self.running) < self.max_running:
+        while admit and self.waiting and budget > 0 and len(self.running) < self.max_running:
             req = self.waiting[0]
             n = min(req.num_uncomputed, budget)
             try:

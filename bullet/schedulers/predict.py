@@ -47,7 +47,7 @@ def p90(values: Sequence[float]) -> float:
 def prefill_costs(queue: Sequence[Request], est: Predictor, units: int, co_decode_batch: int) -> dict[Request, float]:
     """Each queued request's solo prefill time: one estimator call per request and decision, reused
     by every ordering the scheduler compares."""
-    return {r: est.prefill_time([len(r.prompt_ids)], units, co_decode_batch=co_decode_batch) for r in queue}
+    return {r: est.prefill_time([r.num_uncomputed], units, co_decode_batch=co_decode_batch) for r in queue}
 
 
 def predict_ttfts(now: float, inflight: Sequence[Request], remaining_s: float, queue: Sequence[Request],

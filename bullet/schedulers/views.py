@@ -32,6 +32,14 @@ class InflightPrefill:
     layers_done: int
     total_layers: int
     started: float
+    # tokens each request computes: its prompt, or prompt + outputs when decode handed it back to be
+    # recomputed (taken when the batch starts: sampling the first token later lengthens the request)
+    lengths: list[int] = field(default_factory=list)
+    state: object = None  # the executor's computation in flight (activations between layer groups)
+
+    def __post_init__(self):
+        if not self.lengths:
+            self.lengths = [r.num_uncomputed for r in self.requests]
 
     @property
     def remaining_layers(self) -> int:
@@ -39,7 +47,7 @@ class InflightPrefill:
 
     @property
     def num_tokens(self) -> int:
-        return sum(len(r.prompt_ids) for r in self.requests)
+        return sum(self.lengths)
 
 
 @dataclass
@@ -52,17 +60,23 @@ class PrefillView:
     current_units: int
     free_pages: int
     page_size: int
+    # a batch preempted at a layer boundary (its KV in place) that resumes once `inflight` is done;
+    # while one waits, the in-flight batch cannot be preempted in turn
+    suspended: InflightPrefill | None = None
 
 
 @dataclass
 class PrefillDecision:
-    admit: list[Request] = field(default_factory=list)  # start a batch with these (only when none in flight)
+    admit: list[Request] = field(default_factory=list)  # start a batch with these (none in flight, or `preempt`)
     num_layers: int = 0  # layers to run now (0 = idle this step)
     units: int = 1  # compute share for this step
     predicted_s: float = 0.0  # the policy's estimate of this step, reported for the timeline
+    lengths: list[int] = field(default_factory=list)  # tokens of each request in the batch the step runs
     reason: str = ""  # which rule chose the split (timeline, debugging)
     predictions: Predictions = field(default_factory=Predictions)  # for the state buffer
     yield_s: float = 0.0  # > 0: run nothing, publish no units (decode takes them all) for this long
+    # with a batch in flight: `admit` runs first, and the in-flight batch waits at its layer boundary
+    preempt: bool = False
 
 
 @dataclass
@@ -110,7 +124,7 @@ def admit_fcfs(queue: Sequence[Request], token_budget: int, free_pages: int, pag
     fits in memory, so a prompt larger than the budget is not starved."""
     admitted, tokens, pages = [], 0, free_pages - reserve_pages
     for req in queue:
-        n = len(req.prompt_ids)
+        n = req.num_uncomputed
         need = -(-n // page_size)
         if need > pages or (admitted and tokens + n > token_budget):
             break

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 
 from bullet.config import ServerArgs
 from bullet.schedulers.intensity import ridge_token_limit
+from bullet.sim.perturbed import PerturbedPredictor
 from engines.model_config import ModelConfig
 from estimator import Estimator
 from estimator.analytic_contention import DEFAULT_FLOOR, DEFAULT_PREFILL_SLOWDOWN, AnalyticContention
@@ -39,6 +40,11 @@ class SimConfig:
     prefill_slowdown: float = DEFAULT_PREFILL_SLOWDOWN
     overlap_share: str = "demand"  # how units both workers hold are divided: demand | even
     policy_contention: bool = True  # policies' estimators hold the contention table, as a profiled device's would
+    policy_error: float = 0.10  # each policy predicts with a copy wrong by this much on average (bullet.sim.perturbed)
+    step_overhead_s: float = 0.5e-3  # per step, every system: launch and scheduling outside the kernels
+    prefill_preemption: bool = True  # bullet: layer-boundary preemption of the prefill batch in flight
+    hand_back: str = "bounded"  # bullet: off | decode-step | bounded
+    layer_group: str = "fixed"  # bullet: fixed (prefill_layers_per_step) | adaptive (about one decode step)
     handoff_delay_s: float = 0.0  # prefill -> decode metadata latency (Bullet Table 5: 0.21 ms mean)
     seed: int = 0
     timeline_dir: str | None = None
@@ -75,14 +81,16 @@ def is_calibrated(estimator: Estimator) -> bool:
     return bool(estimator.calibration.samples)
 
 
-def policy_estimator(config: SimConfig, device: Estimator) -> Estimator:
+def policy_estimator(config: SimConfig, device: Estimator, role: str = "policy") -> PerturbedPredictor:
     """A policy's own estimator: the same calibration (a copy it may refine online), plus the
-    contention table a profiled device would have when `policy_contention`."""
+    contention table a profiled device would have when `policy_contention`, wrong by `policy_error`
+    (each role draws its own errors, as each worker's profile would be)."""
     contention = config.contention(device)
     table = None
     if config.policy_contention and contention is not None:
         table = contention.contention_table(device.hardware.partition_sizes())
-    return Estimator(device.model, device.hardware, device.calibration.model_copy(deep=True), table, device.dtype)
+    est = Estimator(device.model, device.hardware, device.calibration.model_copy(deep=True), table, device.dtype)
+    return PerturbedPredictor(est, config.policy_error, seed=f"{config.seed}|{role}")
 
 
 def weight_bytes(model: ModelConfig, dtype_bytes: int = 2) -> int:
@@ -117,4 +125,6 @@ def server_args(config: SimConfig, pages: int) -> ServerArgs:
                       max_prefill_tokens=config.max_prefill_tokens,
                       max_running_requests=config.max_running_requests, page_size=config.page_size,
                       max_total_tokens=pages * config.page_size, timeline_dir=config.timeline_dir,
+                      prefill_preemption=config.prefill_preemption, hand_back=config.hand_back,
+                      layer_group=config.layer_group,
                       partition_backend="none")

@@ -19,7 +19,8 @@ charged partly at each speed. Within one configuration:
 * noise: each step's latency is multiplied by a seeded factor drawn uniformly from [1-n, 1+n]
   (Bullet §3.2.3 measures 95 % of co-running latencies within ±6.8 % of their mean).
 
-No launch, synchronisation or scheduling overhead is charged: a step's end is the next step's start."""
+* overhead: `step_overhead_s` after every step's kernels, for every system alike — launching the
+  step and the scheduler's bookkeeping, time in which the worker is busy but its units are not."""
 
 from __future__ import annotations
 
@@ -103,13 +104,13 @@ class DeviceStats:
 
 class SimulatedDevice:
     def __init__(self, estimator: Estimator, loop: EventLoop, contention: AnalyticContention | None = None,
-                 noise: float = 0.0, seed: int = 0, overlap_share: str = "demand"):
+                 noise: float = 0.0, seed: int = 0, overlap_share: str = "demand", step_overhead_s: float = 0.0):
         if not 0.0 <= noise < 1.0:
             raise ValueError(f"noise must lie in [0, 1), got {noise}")
         if overlap_share not in OVERLAP_SHARES:
             raise ValueError(f"overlap_share must be one of {OVERLAP_SHARES}, got {overlap_share!r}")
         self.est, self.loop, self.contention, self.noise = estimator, loop, contention, noise
-        self.overlap_share = overlap_share
+        self.overlap_share, self.step_overhead_s = overlap_share, step_overhead_s
         self.total = estimator.hardware.units
         self.rng = random.Random(seed)
         self.running: dict[str, Step] = {}
@@ -154,7 +155,10 @@ class SimulatedDevice:
         stats = self.stats
         stats.steps[step.role] = stats.steps.get(step.role, 0) + 1
         stats.busy_s[step.role] = stats.busy_s.get(step.role, 0.0) + (now - step.started)
-        step.on_done(now - step.started)
+        if self.step_overhead_s > 0:
+            self.loop.at(now + self.step_overhead_s, step.on_done, now - step.started + self.step_overhead_s)
+        else:
+            step.on_done(now - step.started)
 
     def effective_units(self) -> dict[str, float]:
         """Units each running step effectively computes on, overlapping units shared."""

@@ -72,17 +72,25 @@ class SimDriver:
 
 
 class SimOutbox:
-    """Where a simulated worker's outputs go: prefill hands requests to the decode driver (after a
-    metadata delay, if any); finished requests are logged."""
+    """Where a simulated worker's outputs go: prefill hands requests to the decode driver, decode hands
+    requests it cannot keep back to the prefill driver (each after a metadata delay, if any); finished
+    requests are logged."""
 
     def __init__(self, log: RequestLog, loop: EventLoop, hand_off_to: SimDriver | None = None, delay_s: float = 0.0):
         self.log, self.loop, self.hand_off_to, self.delay_s = log, loop, hand_off_to, delay_s
+        self.recompute_to: SimDriver | None = None
+
+    def _send(self, driver: SimDriver, req) -> None:
+        if self.delay_s <= 0:
+            driver.deliver(req)
+        else:
+            self.loop.at(self.loop.clock.now() + self.delay_s, driver.deliver, req)
 
     def handed_off(self, req) -> None:
-        if self.delay_s <= 0:
-            self.hand_off_to.deliver(req)
-        else:
-            self.loop.at(self.loop.clock.now() + self.delay_s, self.hand_off_to.deliver, req)
+        self._send(self.hand_off_to, req)
+
+    def recompute(self, req) -> None:
+        self._send(self.recompute_to, req)
 
     def tokens(self, reqs) -> None:
         for req in reqs:

@@ -61,7 +61,7 @@ class Simulation:
         self.clock = VirtualClock()
         self.loop = EventLoop(self.clock)
         self.device = SimulatedDevice(self.device_estimator, self.loop, config.contention(self.device_estimator),
-                                      config.noise, config.seed, config.overlap_share)
+                                      config.noise, config.seed, config.overlap_share, config.step_overhead_s)
         self.log = RequestLog()
         self.board = StateBoard(self.clock)
         self.allocator = LocalPageAllocator(pages, config.page_size)
@@ -87,13 +87,15 @@ class Simulation:
                           timeline=Timeline(self.config.timeline_dir, role.value), executor=executor, outbox=outbox)
             predictor = limit = None
             if self.args.policy_name == "bullet":
-                predictor = policy_estimator(self.config, self.device_estimator)
+                predictor = policy_estimator(self.config, self.device_estimator, role.value)
                 limit = self.config.batch_token_limit(self.device_estimator)
             core = build_core(env, self.args, self.device_estimator.model.num_hidden_layers, predictor, limit)
             driver = SimDriver(core, self.loop, self.board)
             executor.on_step_end = driver.step_ended
             core.publish()
             drivers[role] = driver
+        if Role.DECODE in drivers:
+            drivers[Role.DECODE].core.env.outbox.recompute_to = drivers[Role.PREFILL]
         return [drivers[role] for role in roles]
 
     # -- arrivals ---------------------------------------------------------------------------------

@@ -15,9 +15,11 @@ from tests.schedulers.fakes import (LAYERS, TOTAL, FakePredictor, decode_state, 
 K = 4
 
 
-def policy(ttft="10s", tpot="100ms", limit=10_000, max_tokens=8192, max_wait=30.0, est=None):
+def policy(ttft="10s", tpot="100ms", limit=10_000, max_tokens=8192, max_wait=30.0, est=None, hand_back="bounded",
+           preemption=True):
     return BulletPrefillPolicy(est or FakePredictor(), SLO.parse(ttft, tpot), list(range(1, TOTAL + 1)), K, LAYERS,
-                               max_tokens, lambda units: limit, max_wait_s=max_wait)
+                               max_tokens, lambda units: limit, max_wait_s=max_wait, preemption=preemption,
+                               hand_back=hand_back)
 
 
 def order(p, view, units):
@@ -163,12 +165,34 @@ def test_tpot_beyond_any_split_makes_prefill_yield_a_decode_step_then_run():
     assert d.yield_s == 0 and d.num_layers > 0
 
 
-def test_last_layers_hand_units_back_to_decode():
+def test_last_layers_hand_units_back_to_decode_within_ten_percent():
+    est = FakePredictor()
+    r = req("a", 800, 0.0)
+    peer = decode_state(batch=10, context=5000, tpot_p90_ms=30)
+    batch = inflight([r], layers_done=LAYERS - K)  # the last group of layers
+    d = policy(est=est).decide(prefill_view(0.5, [], inflight=batch, peer=peer))
+    # usual share 7 units: the group takes 0.1 s / 7 = 14.3 ms; it may take 10 % longer (15.7 ms):
+    # 7 units is the fewest that does (6 units: 16.7 ms) — decode's complement grows only as far as
+    # that, so an arrival during the tail still finds prefill at speed
+    assert d.units == 7 and "hand units back" in d.reason
+
+    class Saturating(FakePredictor):  # a small prefill stops scaling at 4 units (memory-bound)
+        def prefill_time(self, seq_lens, units, num_layers=None, include_head=True, co_decode_batch=0):
+            return super().prefill_time(seq_lens, min(units, 4), num_layers, include_head, co_decode_batch)
+
+    d = policy(est=Saturating()).decide(prefill_view(0.5, [], inflight=batch, peer=peer))
+    assert d.units == 4 and "hand units back" in d.reason  # 4 units are as fast as 7: give 3 back
+    # off: the last group is split like any other
+    d = policy(est=est, hand_back="off").decide(prefill_view(0.5, [], inflight=batch, peer=peer))
+    assert "hand units back" not in d.reason
+
+
+def test_last_layers_hand_back_by_one_decode_step_as_before():
     est = FakePredictor()
     r = req("a", 800, 0.0)
     batch = inflight([r], layers_done=LAYERS - K)  # the last group of layers
     peer = decode_state(batch=10, context=5000, tpot_p90_ms=30)
-    d = policy(ttft="10s", est=est).decide(prefill_view(0.5, [], inflight=batch, peer=peer))
+    d = policy(ttft="10s", est=est, hand_back="decode-step").decide(prefill_view(0.5, [], inflight=batch, peer=peer))
     # usual share 7 units: the group takes 0.1 s / 7 = 14 ms; one decode step on 1 unit is 30 ms, so
     # the group may take up to 44 ms: 3 units (33 ms). Not 1 unit, which TTFT alone would allow (100
     # ms): the next arrival would wait behind a slow tail.
@@ -228,3 +252,52 @@ def test_decode_publishes_tpot_p90_of_its_requests():
     step = (0.020 + 0.010) / 2
     assert d.predictions.tpot_pred_p90_ms == pytest.approx((1.0 + step) / 10 * 1e3)
     assert d.predictions.tpot_pred_p90_ms < (1.0 + step) / 2 * 1e3  # P90 ignores the one outlier
+
+
+# -- layer-boundary preemption (MuxWise §3.3) ------------------------------------------------------
+
+def _long_in_flight(ttft="3ms/token"):
+    long = req("long", 2000, 0.0)
+    return long, inflight([long], layers_done=K)  # one group done; ~0.25 s of it left on 7 units
+
+
+def test_a_short_prompt_that_would_miss_behind_a_long_batch_preempts_it():
+    long, batch = _long_in_flight()
+    short = req("short", 50, 0.04)  # target 150 ms: behind the long batch it would wait ~0.25 s
+    d = policy(ttft="3ms/token").decide(prefill_view(0.05, [short], inflight=batch))
+    assert d.preempt and d.admit == [short] and "preempt" in d.reason
+    assert d.lengths == [50] and d.num_layers == K  # the step runs the short prompt's first group
+
+
+def test_no_preemption_while_a_preempted_batch_waits():
+    long, batch = _long_in_flight()
+    other = inflight([req("first-preemptor", 40, 0.01)], layers_done=0)
+    view = prefill_view(0.05, [req("short", 50, 0.04)], inflight=other)
+    view.suspended = batch
+    d = policy(ttft="3ms/token").decide(view)
+    assert not d.preempt and not d.admit
+
+
+def test_preemption_never_costs_the_waiting_batch_its_ttft():
+    long = req("long", 2000, 0.0)
+    batch = inflight([long], layers_done=K)
+    # on all 8 units at 0.14 ms/token the long batch finishes at 269 ms against its 280 ms target; the
+    # short prompt (200 tokens, 28 ms target) meets its target only if it runs now (25 ms) — which
+    # would push the long batch to 294 ms, past its own
+    short = req("short", 200, 0.05)
+    d = policy(ttft="0.14ms/token").decide(prefill_view(0.05, [short], inflight=batch))
+    assert not d.preempt
+    # a looser target for everyone: the delay no longer costs the long batch its TTFT, so it preempts
+    assert policy(ttft="0.16ms/token").decide(prefill_view(0.05, [req("short", 200, 0.05)], inflight=batch)).preempt
+
+
+def test_only_prompts_that_preemption_saves_preempt():
+    long, batch = _long_in_flight()
+    fine = req("fine", 50, 0.04)  # target 1 s: it can wait
+    d = policy(ttft="20ms/token").decide(prefill_view(0.05, [fine], inflight=batch))
+    assert not d.preempt
+    recomputed = req("recomputed", 50, 0.0, outputs=3, first_token_time=0.01)  # decode handed it back
+    d = policy(ttft="3ms/token").decide(prefill_view(0.05, [recomputed], inflight=batch))
+    assert not d.preempt
+    d = policy(ttft="3ms/token", preemption=False).decide(prefill_view(0.05, [req("short", 50, 0.04)], inflight=batch))
+    assert not d.preempt

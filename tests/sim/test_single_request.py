@@ -14,7 +14,7 @@ PROMPT, OUTPUT = 1000, 6
 
 
 def run(policy: str, tmp_path, requests=((0.0, PROMPT, OUTPUT),), **overrides):
-    config = SimConfig(policy=policy, timeline_dir=str(tmp_path), **{"noise": 0.0, **overrides})
+    config = SimConfig(policy=policy, timeline_dir=str(tmp_path), **{"noise": 0.0, "step_overhead_s": 0.0, **overrides})
     sim = Simulation(config, list(requests))
     return sim, sim.run()
 
@@ -72,3 +72,15 @@ def test_virtual_time_advances_only_by_charged_steps(tmp_path, policy):
     assert rec.finish_time == pytest.approx(charged, rel=1e-9)
     assert result.end_time == rec.finish_time
     assert sum(result.device.busy_s.values()) == pytest.approx(charged, rel=1e-9)
+
+
+@pytest.mark.parametrize("policy", ["bullet", "chunked:256"])
+def test_every_step_pays_the_stated_overhead(tmp_path, policy):
+    """Launch and scheduling time after each step's kernels, the same for every system: a lone
+    request's TTFT grows by one overhead per step that led to its first token."""
+    base_sim, base = run(policy, tmp_path / "without")
+    sim, with_overhead = run(policy, tmp_path / "with", step_overhead_s=1e-3)
+    role = "prefill" if policy == "bullet" else "unified"
+    steps_to_first = len(timeline(tmp_path / "without", role)) if policy == "bullet" else -(-PROMPT // 256)
+    [a], [b] = base.records, with_overhead.records
+    assert b.ttft == pytest.approx(a.ttft + steps_to_first * 1e-3, rel=1e-9)

@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import random
 import statistics
+from fnmatch import fnmatch
+from pathlib import Path
 
 import pytest
 
-from bullet.workloads.traces import build_workload, load_arxiv, load_azure, poisson_arrivals
+from bullet.workloads.traces import (FILES, PACKAGED_DATA_DIR, build_workload, default_data_dir, load_arxiv,
+                                     load_azure, poisson_arrivals, trace_path)
 
 
 def test_poisson_arrivals_have_the_rate_and_are_seeded():
@@ -30,6 +33,47 @@ def test_azure_traces_load_with_their_shapes(shared_data):
     assert statistics.fmean(lengths.output for _, lengths in conv) == pytest.approx(211, abs=3)
     arxiv = load_arxiv(shared_data)
     assert len(arxiv) == 28257 and statistics.fmean(x.prompt for x in arxiv) == pytest.approx(2588, abs=5)
+
+
+def test_traces_ship_with_the_package_and_are_read_by_default(monkeypatch):
+    monkeypatch.delenv("BULLET_DATA_DIR", raising=False)
+    assert default_data_dir() == PACKAGED_DATA_DIR
+    for name in FILES:
+        assert trace_path(name).name == FILES[name] + ".gz" and trace_path(name).parent == PACKAGED_DATA_DIR / "traces"
+    traces = PACKAGED_DATA_DIR / "traces"
+    # each licence travels with its data, and the README attributes both sources
+    assert (traces / "LICENSE-AzurePublicDataset.txt").read_text().count("Attribution 4.0 International")
+    assert "MIT License" in (traces / "LICENSE-vidur-MIT.txt").read_text()
+    readme = (traces / "README.md").read_text()
+    assert "Splitwise" in readme and "Vidur" in readme
+    assert len(load_azure("azure-code")) == 8819 and len(load_azure("azure-conv")) == 19366
+    assert len(load_arxiv()) == 28257
+
+
+def test_pyproject_installs_every_shipped_trace_file():
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    root = Path(__file__).resolve().parents[2]
+    config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    patterns = config["bullet.workloads"]
+    shipped = [p.relative_to(PACKAGED_DATA_DIR.parent).as_posix() for p in PACKAGED_DATA_DIR.rglob("*") if p.is_file()]
+    assert len(shipped) >= 6
+    assert [f for f in shipped if not any(fnmatch(f, pat) for pat in patterns)] == []
+
+
+def test_packaged_traces_equal_the_reference_data(shared_data):
+    for name in ("azure-code", "azure-conv"):
+        assert load_azure(name) == load_azure(name, shared_data)
+    assert load_arxiv() == load_arxiv(shared_data)
+
+
+def test_data_dir_environment_variable_overrides_the_packaged_traces(monkeypatch, tmp_path):
+    (tmp_path / "traces").mkdir()
+    (tmp_path / "traces" / FILES["arxiv"]).write_text("num_prefill_tokens,num_decode_tokens\n7,3\n")
+    monkeypatch.setenv("BULLET_DATA_DIR", str(tmp_path))
+    assert [tuple(x) for x in load_arxiv()] == [(7, 3)]
+    monkeypatch.setenv("BULLET_DATA_DIR", str(tmp_path / "nowhere"))
+    with pytest.raises(FileNotFoundError, match="BULLET_DATA_DIR"):
+        load_arxiv()
 
 
 @pytest.mark.parametrize("name", ["azure-code", "azure-conv", "arxiv"])

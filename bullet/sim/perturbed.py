@@ -1,0 +1,59 @@
+"""A policy's view of the device that is wrong by a realistic amount: the simulated device charges
+steps with one estimator, and each policy predicts with a copy whose every prediction is off by a
+fixed, seeded factor per region of the state space — as a calibrated estimator is off on hardware
+(held-out error about 10 %: `bullet profile` on this project's CPU, 4-9 % per operator on the A100
+reference data). Without it, policies would predict the simulated device exactly (up to its noise)
+and look better than they can be.
+
+A region is (phase, batch size or token count in powers of two, share in eighths of the device);
+its factor is exp(N(0, s)) with s chosen so that the mean absolute error is `error`. Observations
+pass through, so online refinement still learns what it can."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Sequence
+
+from estimator.predictor import Estimator
+
+MEAN_ABS_LOGNORMAL = math.sqrt(2.0 / math.pi)  # E|X| of X ~ N(0, 1)
+
+
+class PerturbedPredictor:
+    def __init__(self, est: Estimator, error: float, seed: int | str = 0):
+        if not 0.0 <= error < 1.0:
+            raise ValueError(f"error must lie in [0, 1), got {error}")
+        self.est, self.error, self.seed = est, error, seed
+        self.sigma = error / MEAN_ABS_LOGNORMAL
+        self.hardware, self.model, self.dtype = est.hardware, est.model, est.dtype
+        self._factors: dict[tuple, float] = {}
+
+    def factor(self, phase: str, size: int, units: int) -> float:
+        if not self.error:
+            return 1.0
+        key = (phase, max(0, int(size)).bit_length(), min(8, max(1, round(8 * units / self.hardware.units))))
+        f = self._factors.get(key)
+        if f is None:
+            f = self._factors[key] = math.exp(random.Random(f"{self.seed}|{key}").gauss(0.0, self.sigma))
+        return f
+
+    # -- the Predictor protocol ---------------------------------------------------------------------
+    def prefill_time(self, seq_lens: Sequence[int], units: int, num_layers: int | None = None,
+                     include_head: bool = True, co_decode_batch: int = 0) -> float:
+        t = self.est.prefill_time(seq_lens, units, num_layers, include_head, co_decode_batch)
+        return t * self.factor("prefill", sum(seq_lens), units)
+
+    def decode_time(self, batch: int, context: int, units: int, co_prefill_tokens: int = 0) -> float:
+        return self.est.decode_time(batch, context, units, co_prefill_tokens) * self.factor("decode", batch, units)
+
+    def decode_time_for(self, context_lens: Sequence[int], units: int, co_prefill_tokens: int = 0) -> float:
+        t = self.est.decode_time_for(context_lens, units, co_prefill_tokens)
+        return t * self.factor("decode", len(context_lens), units)
+
+    # -- online refinement reaches the estimator underneath -------------------------------------------
+    def observe_prefill(self, *args, **kwargs) -> None:
+        self.est.observe_prefill(*args, **kwargs)
+
+    def observe_decode(self, *args, **kwargs) -> None:
+        self.est.observe_decode(*args, **kwargs)
