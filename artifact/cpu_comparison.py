@@ -6,7 +6,9 @@
 
 For each system: start `bullet launch --policy <system>`, run bench_serving at every rate, score each
 request against SLOs derived from the profiled solo latencies (artifact/slo_rule.py), and report SLO
-attainment, goodput (highest rate with >= 90 % attainment), mean/P90 TTFT and TPOT, throughput; also
+attainment with its 95 % bootstrap interval (artifact/stats.py; over requests, and over runs with
+--repeats), goodput (highest rate with >= 90 % attainment) with its interval, "tie" against bullet
+where the intervals overlap, mean/P90 TTFT and TPOT, throughput; also
 Bullet's scheduler overhead per step from its decision timeline. Writes
 <out>/results.json, a printed table, and figures (artifact/plots.py)."""
 
@@ -21,7 +23,8 @@ from pathlib import Path
 from artifact.bench_client import run_bench_serving
 from artifact.plots import plot_comparison
 from artifact.report import comparison_markdown, print_comparison
-from artifact.scoring import goodput, summarize
+from artifact.scoring import add_intervals, goodput, outcomes, summarize
+from artifact.stats import Interval, attainment_interval, run_counts
 from artifact.server import BulletServer
 from artifact.slo_rule import derive_slo
 from bullet.loops.timeline import load_timeline
@@ -68,12 +71,19 @@ def run_system(system: str, args, tokenizer_dir: str, dataset: Path, profile: st
     with BulletServer(*launch, log_path=str(out / f"server-{system.replace(':', '-')}.log")) as server:
         for rate in args.rates:
             t0 = time.monotonic()
-            result, records = run_bench_serving(server.url, tokenizer_dir, dataset, rate, args.num_prompts,
-                                                out / f"bench-{system.replace(':', '-')}-{rate}.jsonl",
-                                                args.context_len, args.output_len, seed=args.seed)
-            summary = summarize(records, slo, result["duration"])
+            records, runs, duration = [], [], 0.0
+            for rep in range(args.repeats):  # repeat r uses seed + r, the same for every system
+                result, recs = run_bench_serving(server.url, tokenizer_dir, dataset, rate, args.num_prompts,
+                                                 out / f"bench-{system.replace(':', '-')}-{rate}-{rep}.jsonl",
+                                                 args.context_len, args.output_len, seed=args.seed + rep)
+                records += recs
+                runs.append(run_counts(outcomes(recs, slo)))
+                duration += result["duration"]
+            summary = {**summarize(records, slo, duration), "repeats": args.repeats, "runs": runs}
+            summary["attainment_ci"] = attainment_interval(runs).as_dict()
             per_rate[rate] = summary
-            print(f"[compare] {system:>13} @ {rate:>4} req/s: attainment {summary['attainment']:.0%}, "
+            ci = Interval.from_dict(summary["attainment_ci"])
+            print(f"[compare] {system:>13} @ {rate:>4} req/s: attainment {ci.percent()}, "
                   f"TTFT {summary['mean_ttft_s']:.2f}s (p90 {summary['p90_ttft_s']:.2f}), "
                   f"TPOT {summary['mean_tpot_s'] * 1e3:.0f}ms (p90 {summary['p90_tpot_s'] * 1e3:.0f}), "
                   f"{summary['output_tok_per_s']:.0f} tok/s [{time.monotonic() - t0:.0f}s]", flush=True)
@@ -85,6 +95,8 @@ def main() -> None:
     ap.add_argument("--systems", nargs="+", default=DEFAULT_SYSTEMS)
     ap.add_argument("--rates", nargs="+", type=float, default=[0.5, 1.0, 1.5, 2.0, 2.5])
     ap.add_argument("--num-prompts", type=int, default=50)
+    ap.add_argument("--repeats", type=int, default=1, help="runs per rate (seeds seed, seed+1, ...); pooled, "
+                    "and the intervals bootstrap over runs, then requests")
     ap.add_argument("--context-len", type=int, default=512, help="drop ShareGPT requests longer than this (prompt+output)")
     ap.add_argument("--output-len", type=int, default=64, help="fixed output length (0: the dataset's)")
     ap.add_argument("--max-total-tokens", type=int, default=32768)
@@ -103,8 +115,9 @@ def main() -> None:
     results = {}
     for system in args.systems:
         results[system] = run_system(system, args, tokenizer_dir, dataset, profile, derived.slo, out)
+        add_intervals(results)
         (out / "results.json").write_text(json.dumps(
-            {"slo": derived.as_dict(), "args": vars(args), "profile": profile, "systems": results}, indent=2))
+            {"slo": derived.as_dict(), "args": vars(args), "profile": profile, "systems": results}, indent=1))
 
     print_comparison(results, args.rates)
     (out / "results.md").write_text(comparison_markdown(results, args.rates, derived.rule))

@@ -1,5 +1,6 @@
 """Figures of a comparison run: SLO attainment, TTFT and TPOT against request rate (Bullet Fig. 15
-style), and the Bullet timeline of compute shares and batches (Fig. 20 style)."""
+style), and the Bullet timeline of compute shares and batches (Fig. 20 style). Attainment is drawn with its
+95 % bootstrap interval when the results carry one (artifact/stats.py)."""
 
 from __future__ import annotations
 
@@ -23,9 +24,7 @@ def plot_comparison(out_dir: str | Path) -> list[Path]:
               ("mean_tpot_s", "mean TPOT (ms)", 1e3), ("output_tok_per_s", "throughput (tok/s)", 1.0)]
     for ax, (key, label, scale) in zip(axes, panels):
         for system, res in systems.items():
-            rates = sorted(res["per_rate"], key=float)
-            ax.plot([float(r) for r in rates], [res["per_rate"][r][key] * scale for r in rates], marker="o",
-                    label=system, linewidth=2.5 if system == "bullet" else 1.2)
+            draw_series(ax, system, res["per_rate"], key, scale)
         ax.set_xlabel("request rate (req/s)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
@@ -42,6 +41,20 @@ def plot_comparison(out_dir: str | Path) -> list[Path]:
     if timeline.exists():
         paths.append(plot_timeline(timeline, out_dir / "timeline_bullet.png"))
     return paths
+
+
+def draw_series(ax, system: str, per_rate: dict, key: str, scale: float, **style) -> None:
+    """One system's line over the rates; attainment gets its 95 % bootstrap interval as error bars."""
+    rates = sorted(per_rate, key=float)
+    x = [float(r) for r in rates]
+    y = [per_rate[r][key] * scale for r in rates]
+    style = {"marker": "o", "ms": 4, "label": system, "linewidth": 2.5 if system == "bullet" else 1.2, **style}
+    cis = [per_rate[r].get("attainment_ci") for r in rates]
+    if key == "attainment" and all(cis):
+        err = [[v - ci["low"] for v, ci in zip(y, cis)], [ci["high"] - v for v, ci in zip(y, cis)]]
+        ax.errorbar(x, y, yerr=err, capsize=3, **style)
+    else:
+        ax.plot(x, y, **style)
 
 
 def plot_timeline(timeline_dir: Path, path: Path) -> Path:

@@ -1,57 +1,89 @@
-"""Tables of a comparison run."""
+"""Tables of a comparison run: goodput and attainment with their 95 % bootstrap intervals, and the
+verdict against the reference system ("tie" where the intervals overlap; artifact/stats.py)."""
 
 from __future__ import annotations
 
 from artifact.benchmarks.common import print_table
+from artifact.stats import Interval
 
 
 def _per_rate(results: dict, rates: list[float]):
     """(system, rate, summary) for every rate a system was run at (JSON keys are strings)."""
     for system, res in results.items():
         for rate in rates:
-            s = res["per_rate"].get(rate) or res["per_rate"].get(str(rate))
+            s = res["per_rate"].get(rate) or res["per_rate"].get(str(rate)) or res["per_rate"].get(f"{rate:g}")
             if s is not None:
                 yield system, rate, s
+
+
+def attainment_cell(s: dict) -> str:
+    ci = s.get("attainment_ci")
+    return Interval.from_dict(ci).percent() if ci else f"{s['attainment']:.0%}"
+
+
+def goodput_cell(res: dict) -> str:
+    ci = res.get("goodput_ci")
+    return Interval.from_dict(ci).plain() if ci else f"{res['goodput']:g}"
+
+
+def versus(res: dict, rate: float | None, reference: str) -> str:
+    """The verdict against the reference for goodput (rate None) or one rate's attainment."""
+    vs = res.get(f"vs_{reference}")
+    if not vs:
+        return "-"
+    if rate is None:
+        return vs["goodput"]
+    per = vs["attainment"]
+    return per.get(rate) or per.get(str(rate)) or per.get(f"{rate:g}") or "-"
+
+
+def _overhead(res: dict, detail: bool) -> str:
+    sched = res.get("scheduler", {})
+    if detail:
+        return ", ".join(f"{role} {v['overhead_fraction']:.2%} ({v['mean_sched_us']:.0f} us of "
+                         f"{v['mean_step_ms']:.1f} ms)" for role, v in sched.items()) or "-"
+    return ", ".join(f"{role} {v['overhead_fraction']:.2%}" for role, v in sched.items()) or "-"
+
+
+def _ratio(ref: float | None, g: float) -> str:
+    return f"{ref / g:.2f}x" if ref and g else "-"
 
 
 def print_comparison(results: dict, rates: list[float], reference: str = "bullet") -> None:
     rows = []
     for system, rate, s in _per_rate(results, rates):
-        rows.append({"system": system, "rate": rate, "attain": f"{s['attainment']:.0%}",
+        rows.append({"system": system, "rate": rate, "attain [95% CI]": attainment_cell(s),
+                     f"vs {reference}": versus(results[system], rate, reference),
                      "TTFT ok": f"{s['ttft_attained']:.0%}", "TPOT ok": f"{s['tpot_attained']:.0%}",
                      "TTFT mean s": s["mean_ttft_s"], "TTFT p90 s": s["p90_ttft_s"],
                      "TPOT mean ms": s["mean_tpot_s"] * 1e3, "TPOT p90 ms": s["p90_tpot_s"] * 1e3,
                      "tok/s": s["output_tok_per_s"]})
-    print_table(rows, ["system", "rate", "attain", "TTFT ok", "TPOT ok", "TTFT mean s", "TTFT p90 s", "TPOT mean ms", "TPOT p90 ms", "tok/s"],
-                title="per rate")
+    print_table(rows, ["system", "rate", "attain [95% CI]", f"vs {reference}", "TTFT ok", "TPOT ok", "TTFT mean s",
+                       "TTFT p90 s", "TPOT mean ms", "TPOT p90 ms", "tok/s"], title="per rate")
     ref = results.get(reference, {}).get("goodput")
-    summary = []
-    for system, res in results.items():
-        sched = res.get("scheduler", {})
-        overhead = ", ".join(f"{role} {v['overhead_fraction']:.2%}" for role, v in sched.items()) or "-"
-        ratio = f"{ref / res['goodput']:.2f}x" if ref and res["goodput"] else "-"
-        summary.append({"system": system, "goodput req/s": res["goodput"], f"{reference} / system": ratio,
-                        "scheduler overhead": overhead})
-    print_table(summary, ["system", "goodput req/s", f"{reference} / system", "scheduler overhead"],
-                title="goodput (highest rate with >= 90% SLO attainment)")
+    summary = [{"system": system, "goodput req/s [95% CI]": goodput_cell(res),
+                f"{reference} / system": _ratio(ref, res["goodput"]), f"vs {reference}": versus(res, None, reference),
+                "scheduler overhead": _overhead(res, detail=False)} for system, res in results.items()]
+    print_table(summary, ["system", "goodput req/s [95% CI]", f"{reference} / system", f"vs {reference}",
+                          "scheduler overhead"], title="goodput (highest rate with >= 90% SLO attainment)")
 
 
 def comparison_markdown(results: dict, rates: list[float], slo_rule: str, reference: str = "bullet") -> str:
     """The same tables as `print_comparison`, as Markdown for results.md."""
     lines = ["# Served comparison on this machine", "", f"SLO rule: {slo_rule}", "",
-             "| system | goodput req/s | " + reference + " / system | scheduler overhead (share of step time) |",
-             "|---|---|---|---|"]
+             "Attainment and goodput with 95 % bootstrap intervals (over requests, and over runs when "
+             f"repeated); \"tie\": the intervals of the system and {reference} overlap.", "",
+             f"| system | goodput req/s [95% CI] | {reference} / system | vs {reference} | "
+             "scheduler overhead (share of step time) |", "|---|---|---|---|---|"]
     ref = results.get(reference, {}).get("goodput")
     for system, res in results.items():
-        sched = res.get("scheduler", {})
-        overhead = ", ".join(f"{role} {v['overhead_fraction']:.2%} ({v['mean_sched_us']:.0f} us of "
-                             f"{v['mean_step_ms']:.1f} ms)" for role, v in sched.items()) or "-"
-        ratio = f"{ref / res['goodput']:.2f}x" if ref and res["goodput"] else "-"
-        lines.append(f"| {system} | {res['goodput']:g} | {ratio} | {overhead} |")
-    lines += ["", "| system | rate | attain | TTFT ok | TPOT ok | TTFT mean s | TTFT p90 s | TPOT mean ms | "
-              "TPOT p90 ms | tok/s |", "|---|---|---|---|---|---|---|---|---|---|"]
+        lines.append(f"| {system} | {goodput_cell(res)} | {_ratio(ref, res['goodput'])} | "
+                     f"{versus(res, None, reference)} | {_overhead(res, detail=True)} |")
+    lines += ["", f"| system | rate | attain [95% CI] | vs {reference} | TTFT ok | TPOT ok | TTFT mean s | "
+              "TTFT p90 s | TPOT mean ms | TPOT p90 ms | tok/s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for system, rate, s in _per_rate(results, rates):
-        lines.append(f"| {system} | {rate:g} | {s['attainment']:.0%} | {s['ttft_attained']:.0%} | "
-                     f"{s['tpot_attained']:.0%} | {s['mean_ttft_s']:.2f} | {s['p90_ttft_s']:.2f} | "
-                     f"{s['mean_tpot_s'] * 1e3:.0f} | {s['p90_tpot_s'] * 1e3:.0f} | {s['output_tok_per_s']:.0f} |")
+        lines.append(f"| {system} | {rate:g} | {attainment_cell(s)} | {versus(results[system], rate, reference)} | "
+                     f"{s['ttft_attained']:.0%} | {s['tpot_attained']:.0%} | {s['mean_ttft_s']:.2f} | "
+                     f"{s['p90_ttft_s']:.2f} | {s['mean_tpot_s'] * 1e3:.0f} | {s['p90_tpot_s'] * 1e3:.0f} | "
+                     f"{s['output_tok_per_s']:.0f} |")
     return "\n".join(lines) + "\n"

@@ -21,6 +21,8 @@ class ServerArgs(BaseModel):
     tokenizer_path: str | None = Field(None, description="HF tokenizer directory (default: the model's own)")
     load_format: Literal["auto", "gguf", "safetensors", "dummy"] = Field("auto", description="weight format")
     dtype: str = Field("auto", description="auto (bf16 where the hardware has it, else fp32) | float32 | bfloat16 | float16")
+    quantization: str = Field("auto", description="auto (int8 W8A8 for a quantized GGUF on a CPU when --dtype is "
+                              "auto, else none) | none (dequantize to --dtype) | w8a8_int8")
     device: str = Field("cpu", description="cpu | cuda | auto")
     served_model_name: str | None = Field(None, description="model name reported by the API (default: from the path)")
     seed: int = Field(0, description="seed for dummy weights")
@@ -28,19 +30,33 @@ class ServerArgs(BaseModel):
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(30000, ge=0, le=65535, description="HTTP port (0 = pick a free one)")
     api_key: str | None = Field(None, description="require 'Authorization: Bearer <key>' on every request")
+    max_request_body_bytes: int = Field(16 << 20, ge=1024, description="largest HTTP request body accepted; a larger "
+                                        "one gets 413 before it is read (16 MiB holds a 128k-token prompt many times over)")
     # memory
     page_size: int = Field(16, ge=1, le=1024, description="tokens per KV page")
     max_total_tokens: int = Field(32768, ge=64, description="KV pool capacity in tokens (shared by both workers)")
     max_running_requests: int = Field(64, ge=1, description="largest decode batch")
     max_prefill_tokens: int = Field(4096, ge=16, description="largest prefill batch, in prompt tokens")
     # scheduling
-    policy: str = Field("static", description="bullet | static[:<prefill units>] | naive | chunked:<token budget>")
+    policy: str = Field("bullet", description="bullet (measures and caches a quick estimator profile on first use) | "
+                        "static[:<prefill units>] | naive | chunked:<token budget> "
+                        "(decodes and prefill chunks fused in each step) | sglang:<token budget> (SGLang's default: "
+                        "prefill chunks first, decode otherwise)")
     prefill_layers_per_step: int = Field(4, ge=1, description="layers a prefill step runs before the scheduler runs again")
     partition_backend: Literal["cpu", "libsmctrl", "green-ctx", "none"] = Field(
         "cpu", description="how compute units are divided between the workers")
     cores: str | None = Field(None, description="CPU cores the server may use, e.g. '0-3' (default: all allowed)")
     ttft_slo: str = Field("3.0ms/token", description="TTFT target: absolute ('2s', '500ms') or per input token ('3ms/token')")
     tpot_slo: str = Field("150ms", description="TPOT target ('150ms', '0.2s')")
+    prefill_preemption: bool = Field(True, description="bullet: a queued prompt that would miss its TTFT behind the "
+                                     "prefill batch in flight runs first, at the next layer boundary, when that costs "
+                                     "the batch none of its TTFT targets")
+    hand_back: Literal["off", "decode-step", "bounded"] = Field(
+        "bounded", description="bullet: units the last layer group of a prefill batch gives back to decode when no "
+        "prompt waits: off | decode-step (stretch it by one decode step on the complement) | bounded (by <= 10%%)")
+    layer_group: Literal["fixed", "adaptive"] = Field(
+        "fixed", description="bullet: layers per prefill step: fixed (--prefill-layers-per-step) or adaptive (as many "
+        "as take about one decode step, at least 10 ms' worth)")
     estimator_profile: str | None = Field(None, description="profile written by `bullet profile` (default: measured on first use)")
     timeline_dir: str | None = Field(None, description="write every scheduling decision to <dir>/<role>.jsonl")
     # supervision
@@ -56,10 +72,11 @@ class ServerArgs(BaseModel):
     @classmethod
     def _policy(cls, v: str) -> str:
         name, _, arg = v.partition(":")
-        if name not in ("bullet", "static", "naive", "chunked"):
-            raise ValueError(f"unknown policy {v!r}; choose bullet, static[:<units>], naive or chunked:<tokens>")
-        if name == "chunked" and not arg.isdigit():
-            raise ValueError("chunked needs a token budget, e.g. chunked:256")
+        if name not in ("bullet", "static", "naive", "chunked", "sglang"):
+            raise ValueError(f"unknown policy {v!r}; choose bullet, static[:<units>], naive, chunked:<tokens> "
+                             "or sglang:<tokens>")
+        if name in ("chunked", "sglang") and not arg.isdigit():
+            raise ValueError(f"{name} needs a token budget, e.g. {name}:256")
         if arg and not arg.isdigit():
             raise ValueError(f"policy argument must be a number, got {arg!r}")
         return v

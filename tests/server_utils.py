@@ -11,6 +11,21 @@ import time
 from artifact.server import BulletServer, free_port  # noqa: F401  (free_port re-exported for tests)
 
 
+LONG = {"text": "Write a very long story about a lighthouse keeper.",
+        "sampling_params": {"max_new_tokens": 400, "ignore_eos": True, "temperature": 0}}
+
+
+def wait_for(predicate, timeout: float, what: str):
+    """The first truthy value of `predicate()`, polled every 50 ms; fails after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
 def bullet_segments(instance_id: str | None = None) -> list[str]:
     prefix = f"bullet-{instance_id}-" if instance_id else "bullet-"
     return sorted(n for n in os.listdir("/dev/shm") if n.startswith(prefix) or n.startswith("sem." + prefix))

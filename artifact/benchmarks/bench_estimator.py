@@ -135,9 +135,9 @@ def prediction_cost(calls: int, seed: int = 0) -> dict:
     clock = time.perf_counter_ns
     timer = statistics.fmean(-(clock() - clock()) for _ in range(10000))
     cases = {
-        "decode batch 64, per-request contexts (list)": lambda u, i: est.decode_time(contexts, u),
-        "decode batch 64, (batch, total context)": lambda u, i: est.decode_time(summary, u),
-        "decode batch 64 beside a 2048-token prefill": lambda u, i: est.decode_time(summary, u, co_prefill_tokens=2048),
+        "decode batch 64, per-request contexts (list)": lambda u, i: est.decode_time_for(contexts, u),
+        "decode batch 64, (batch, total context)": lambda u, i: est.decode_time(*summary, u),
+        "decode batch 64 beside a 2048-token prefill": lambda u, i: est.decode_time(*summary, u, co_prefill_tokens=2048),
         "prefill 4 requests, 4 layers": lambda u, i: est.prefill_time(prompts, u, num_layers=4, include_head=False),
         "prefill 4 requests, whole model": lambda u, i: est.prefill_time(prompts, u),
         "prefill, new length every call (cold)": lambda u, i: est.prefill_time([new_lengths[i]], u),

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from artifact.benchmarks.common import write_results  # noqa: E402
 from engines.weights import load_weights
 from estimator.profile import EstimatorProfile, load_estimator
-from estimator.profiler.cache import ensure_profile, measure_profile
+from estimator.profiler.cache import ensure_profile
 from estimator.profiler.plan import ProfilePlan, calibration_keys, case_key
 from estimator.profiler.report import group_of, percent_error, predict, summarize_errors
 from estimator.profiler.session import ProfileSession
@@ -98,7 +98,8 @@ def main() -> int:
         profile_path = Path(args.profile)
     elif args.fresh:
         profile_path = ROOT / "artifact" / "results" / "estimator_cpu_profile.json"
-        measure_profile(None, "auto", "auto", cores, not args.full_profile, profile_path)
+        profile_path.unlink(missing_ok=True)  # nothing to reuse: measured now
+        ensure_profile(None, "auto", "auto", cores, quick=not args.full_profile, output=profile_path)
     else:
         profile_path = ensure_profile(None, "auto", "auto", cores, quick=not args.full_profile)
     profile_seconds = time.monotonic() - started

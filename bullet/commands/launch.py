@@ -34,6 +34,10 @@ def _flag_type(annotation):
 def add_arguments(p: argparse.ArgumentParser) -> None:
     for name, field in ServerArgs.model_fields.items():
         flag = "--" + name.replace("_", "-")
+        if field.annotation is bool:
+            p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
+                           help=f"{field.description} (default: {field.default})")
+            continue
         kind, choices = _flag_type(field.annotation)
         p.add_argument(flag, dest=name, type=kind, choices=choices, default=argparse.SUPPRESS,
                        help=f"{field.description} (default: {field.default})")

@@ -1,7 +1,7 @@
 """Typed messages between the frontend and the workers, and their wire format.
 
     frontend --GenerateRequest/AbortRequest--> prefill --Handoff--> decode
-    frontend --AbortRequest--> decode
+    frontend --AbortRequest--> decode --Recompute--> prefill (its KV was dropped for memory)
     prefill, decode --OutputBatch--> frontend
 
 Only metadata travels (token ids, page ids, lengths, sampling params) — never tensor data: K/V stay
@@ -56,6 +56,23 @@ class Handoff(Message):
     output_top_logprobs: list[list[tuple[int, float]] | None] = []
 
 
+class Recompute(Message):
+    """A running request whose pages decode gave up when the KV pool ran out: prefill recomputes its
+    prompt and the tokens generated so far, samples the next one and hands it to decode again."""
+
+    kind: Literal["recompute"] = "recompute"
+    rid: str
+    uid: int = Field(ge=1)
+    prompt_ids: list[int]
+    output_ids: list[int]
+    params: SamplingParams
+    arrival: float
+    first_token_time: float
+    output_logprobs: list[float | None] = []
+    output_top_logprobs: list[list[tuple[int, float]] | None] = []
+    reported: int = Field(0, ge=0)  # output tokens the frontend already has
+
+
 class RequestOutput(BaseModel):
     """New output of one request. `start` is the index of token_ids[0] among its output tokens, so
     the frontend can merge updates that arrive from two workers in any order."""
@@ -68,6 +85,7 @@ class RequestOutput(BaseModel):
     logprobs: list[float | None] = []
     top_logprobs: list[list[tuple[int, float]] | None] = []
     prompt_logprobs: list[float | None] | None = None
+    prompt_top_logprobs: list[list[tuple[int, float]] | None] | None = None  # (token id, logprob) per position
     prompt_tokens: int = 0
     finish_reason: FinishReason | None = None
     worker: str = ""
@@ -78,7 +96,7 @@ class OutputBatch(Message):
     outputs: list[RequestOutput]
 
 
-AnyMessage = Annotated[Union[GenerateRequest, AbortRequest, Handoff, OutputBatch], Field(discriminator="kind")]
+AnyMessage = Annotated[Union[GenerateRequest, AbortRequest, Handoff, Recompute, OutputBatch], Field(discriminator="kind")]
 _ADAPTER: TypeAdapter = TypeAdapter(AnyMessage)
 
 
@@ -90,7 +108,7 @@ def encode(msg: Message) -> bytes:
     return msg.model_dump_json().encode()
 
 
-def decode(data: bytes) -> GenerateRequest | AbortRequest | Handoff | OutputBatch:
+def decode(data: bytes) -> GenerateRequest | AbortRequest | Handoff | Recompute | OutputBatch:
     if len(data) > MAX_MESSAGE_BYTES:
         raise MalformedMessage(f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
     try:

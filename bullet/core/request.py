@@ -41,6 +41,7 @@ class Request:
     output_logprobs: list[float | None] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[int, float]] | None] = field(default_factory=list)
     prompt_logprobs: list[float | None] = field(default_factory=list)
+    prompt_top_logprobs: list[list[tuple[int, float]] | None] = field(default_factory=list)  # per prompt position
     first_token_time: float | None = None
     finish_time: float | None = None
     reported: int = 0  # output tokens already reported to the frontend (a worker's outbox keeps it)

@@ -47,6 +47,8 @@ class WorkerState:
     step_pred_ms: float = 0.0  # f64 predicted latency of the next step
     step_obs_ms: float = 0.0  # f64 observed latency of the last step
     pause_budget_ms: float = 0.0  # f64 decode: pause it can absorb with every request still meeting TPOT
+    decisions: int = 0  # u64 scheduling decisions taken so far (for /metrics)
+    repartitions: int = 0  # u64 changes of this worker's compute share so far (for /metrics)
 
     @property
     def unit_mask(self) -> int:

@@ -10,11 +10,14 @@ import logging
 import os
 import time
 
+import torch
 import torch.multiprocessing as mp
 
 from bullet.config import ServerArgs
 from bullet.core.roles import Role
 from bullet.core.worker_state import ControlFlags, WorkerFlags
+from bullet.partition.libsmctrl import LIBRARY_ENV
+from bullet.partition.share_control import share_factory
 from bullet.runtime.endpoints import Endpoints, make_runtime_dir, remove_runtime_dir, stale_runtime_dirs
 from bullet.runtime.shared_model import load_shared_model
 from bullet.schedulers.factory import initial_units, roles_for
@@ -23,7 +26,9 @@ from bullet.shm.shared_page_allocator import SharedPageAllocator
 from bullet.shm.state_buffer import StateBuffer
 from bullet.workers.bootstrap import worker_main
 from bullet.workers.spec import WorkerSpec
+from engines.host import prefer_passive_waits
 from estimator.profiler.cache import ensure_profile
+from estimator.profiler.cuda_measure import ensure_cuda_profile
 
 log = logging.getLogger("bullet.launcher")
 
@@ -57,6 +62,7 @@ class Launcher:
         self.endpoints: Endpoints | None = None
         self.runtime_dir = None
         self.cores = args.allowed_cores()
+        self.total_units = len(self.cores)  # SMs on a GPU: known once the model's device is
         self.roles = roles_for(args)
         self.estimator_profile: str | None = args.estimator_profile
 
@@ -66,10 +72,13 @@ class Launcher:
         without waiting for them; see wait_ready)."""
         t0 = time.monotonic()
         reclaim_stale_instances()
+        log.info("worker threads: %s", prefer_passive_waits())  # before the profiler child and the workers start
         self.shared, self.tokenizer = load_shared_model(self.args)
         log.info("loaded %s (%s, %.0f MB weights, %.0f MB KV pool of %d pages) in %.1fs", self.shared.model_name,
                  self.shared.dtype, self.shared.weight_bytes() / 2**20, self.shared.kv_bytes() / 2**20,
                  self.shared.num_pages, time.monotonic() - t0)
+        if self.shared.device.startswith("cuda"):
+            self.total_units = torch.cuda.get_device_properties(torch.device(self.shared.device)).multi_processor_count
         if self.args.policy_name == "bullet" and self.estimator_profile is None:
             self.estimator_profile = str(self._profile())
         self.runtime_dir = make_runtime_dir(self.instance_id)
@@ -83,8 +92,8 @@ class Launcher:
         self.endpoints = Endpoints.in_dir(self.runtime_dir, self.incarnation)
         self.state.clear_control(ControlFlags.SHUTDOWN)
         ctx = mp.get_context("spawn")
-        prefill_units, decode_units = initial_units(self.args, len(self.cores))
-        units = {Role.PREFILL: prefill_units, Role.DECODE: decode_units, Role.UNIFIED: len(self.cores)}
+        prefill_units, decode_units = initial_units(self.args, self.total_units)
+        units = {Role.PREFILL: prefill_units, Role.DECODE: decode_units, Role.UNIFIED: self.total_units}
         for role in self.roles:
             spec = WorkerSpec(role=role, instance_id=self.instance_id, incarnation=self.incarnation, args=self.args,
                               model=self.shared, endpoints=self.endpoints, runtime_dir=str(self.runtime_dir),
@@ -157,10 +166,17 @@ class Launcher:
         self.spawn_workers()
 
     def _profile(self):
-        """The estimator profile of this model on these cores: cached, or measured now (minutes)."""
+        """The estimator profile of this model on this device: cached, or measured now (minutes)."""
+        args = self.args
+        if self.shared.device.startswith("cuda"):
+            log.info("the bullet policy needs a GPU profile of this model under %s: measuring (once; cached)",
+                     args.partition_backend)
+            factory = share_factory(args.partition_backend, os.environ.get(LIBRARY_ENV))
+            return ensure_cuda_profile(args.model_path, args.load_format, self.shared.dtype, factory,
+                                       args.partition_backend, quick=True)
         log.info("the bullet policy needs an estimator profile of this model on %d cores: measuring "
                  "(once; cached for later runs)", len(self.cores))
-        return ensure_profile(self.args.model_path, self.args.load_format, self.shared.dtype, self.cores, quick=True)
+        return ensure_profile(args.model_path, args.load_format, self.shared.dtype, self.cores, quick=True)
 
     def stop(self) -> None:
         if self.state is None:

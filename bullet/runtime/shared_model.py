@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from bullet.config import ServerArgs
-from engines.device import resolve_device, resolve_dtype
+from engines.device import quantization_for, resolve_device, resolve_dtype
 from engines.host import release_free_heap
 from engines.kv_pool import KVPool
 from engines.model_config import ModelConfig
@@ -55,7 +55,8 @@ def _share(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 def load_shared_model(args: ServerArgs) -> tuple[SharedModel, Tokenizer | None]:
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
-    weights = load_weights(args.model_path, args.load_format, dtype, seed=args.seed)
+    weights = load_weights(args.model_path, args.load_format, dtype, seed=args.seed, device=device,
+                           quantization=quantization_for(args.quantization, args.dtype))
     tokenizer = None
     if weights.load_format != "dummy" or args.tokenizer_path:
         tokenizer = load_tokenizer(weights.source, weights.load_format, args.tokenizer_path)

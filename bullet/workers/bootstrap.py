@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+import time
 import traceback
 
 import setproctitle
@@ -24,6 +25,7 @@ from bullet.workers.wiring import Worker, build_worker
 
 log = logging.getLogger("bullet.worker")
 PR_SET_PDEATHSIG = 1
+ORPHAN_GRACE_S = 5.0  # how long a worker stopped by a signal waits to learn whether its launcher is dying
 
 
 class StopFlag:
@@ -41,6 +43,22 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     except OSError:
         pass  # not Linux: the loop's parent-pid check still ends the worker
+
+
+def _orphaned(spec: WorkerSpec, launcher_asked: bool, signalled: bool) -> bool:
+    """Whether the launcher is gone. The death signal comes when the launcher's *thread* that started
+    us exits, and the kernel may first re-parent us to another of its dying threads — so right after a
+    SIGTERM nobody asked for, getppid() can still name the launcher for a moment. Wait for it to settle."""
+    if os.getppid() != spec.launcher_pid:
+        return True
+    if launcher_asked or not signalled:
+        return False
+    deadline = time.monotonic() + ORPHAN_GRACE_S
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        if os.getppid() != spec.launcher_pid:
+            return True
+    return False
 
 
 def worker_main(spec: WorkerSpec) -> None:
@@ -65,9 +83,10 @@ def worker_main(spec: WorkerSpec) -> None:
         if worker is not None:
             worker.mark_failed()
     finally:
+        asked = worker is not None and worker.shutdown_requested()
         if worker is not None:
             worker.close()
-        if os.getppid() != spec.launcher_pid:  # orphaned: nobody else will remove the instance's files
+        if _orphaned(spec, asked, stop.stop):  # nobody else will remove the instance's files
             cleanup_instance(spec.instance_id)
             remove_runtime_dir(spec.runtime_dir)
     sys.exit(code)

@@ -11,11 +11,11 @@ import logging
 import traceback
 from typing import Callable, Protocol
 
-from bullet.core.messages import AbortRequest, GenerateRequest, Handoff
+from bullet.core.messages import AbortRequest, GenerateRequest, Handoff, Recompute
 from bullet.core.roles import Role
 from bullet.core.worker_state import WorkerFlags
 from bullet.loops.base import LoopCore, Wake
-from bullet.workers.outbox import request_from_generate, request_from_handoff
+from bullet.workers.outbox import request_from_generate, request_from_handoff, request_from_recompute
 
 log = logging.getLogger("bullet.worker")
 IDLE_POLL_S = 0.05  # an idle worker still publishes (its heartbeat) this often
@@ -72,6 +72,8 @@ class WorkerDriver:
             self.core.abort(msg.uid, msg.message)
         elif isinstance(msg, GenerateRequest) and role is not Role.DECODE:
             self.core.add(request_from_generate(msg))
+        elif isinstance(msg, Recompute) and role is Role.PREFILL:
+            self.core.add(request_from_recompute(msg))
         elif isinstance(msg, Handoff) and role is Role.DECODE:
             self.core.add(request_from_handoff(msg))
         else:

@@ -1,54 +1,84 @@
 """Runs a loop core's steps on the model, synchronously: the layers of a prefill batch, a decode
 iteration, a hybrid batch — then the sampling that ends them. The core's callback runs before
-`run_*` returns, with the seconds the model's layers took (what the policy observes)."""
+`run_*` returns, with the seconds the model's layers took (what the policy observes).
+
+On a GPU every step runs inside `stream.step()`: all its kernels (layers, KV writes, sampling, the
+copies of its tables) launch on the stream the worker's partition restricts, and the step's time is
+read after that stream has finished. Decode steps go through `decode_forward` (CUDA-graph replays
+where the partition allows them, `bullet.partition.decode_graphs`)."""
 
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from typing import Callable, Sequence
 
 from bullet.core.finish import FinishChecker
 from bullet.core.request import Request
 from bullet.loops.base import HybridItem
+from bullet.partition.launch_stream import WorkerStream
 from bullet.schedulers.views import InflightPrefill
 from bullet.workers.sampling import record_prompt_logprobs, sample_next
-from engines.runner import LayerwiseState, ModelRunner, SeqChunk
+from engines.runner import LayerwiseState, ModelRunner, SeqChunk, StepOutput
 
 
 class ModelExecutor:
-    def __init__(self, runner: ModelRunner, finish: FinishChecker):
+    def __init__(self, runner: ModelRunner, finish: FinishChecker, stream: WorkerStream | None = None,
+                 decode_forward: Callable[[list[SeqChunk]], StepOutput] | None = None):
         self.runner, self.finish = runner, finish
-        self._layers: LayerwiseState | None = None  # the in-flight prefill batch between layer groups
-        self._batch: InflightPrefill | None = None
+        self.stream = stream  # None: a CPU worker, nothing to bind
+        self.decode_forward = decode_forward or runner.forward
+
+    def _on_stream(self):
+        return self.stream.step() if self.stream is not None else nullcontext()
+
+    def _wait(self) -> None:
+        if self.stream is not None:
+            self.stream.synchronize()  # kernels are launched asynchronously: the step ends when they do
 
     def run_prefill(self, batch: InflightPrefill, layers: int, finishing: Sequence[Request] | None,
                     on_done: Callable[[float], None]) -> None:
-        if batch is not self._batch or batch.layers_done == 0:
-            chunks = [SeqChunk(r.prompt_ids, 0, r.page_table, "all" if r.params.prompt_logprobs else "last")
-                      for r in batch.requests]
-            self._layers, self._batch = self.runner.start(chunks), batch
+        with self._on_stream():
+            seconds = self._prefill(batch, layers, finishing)
+        on_done(seconds)
+
+    def _prefill(self, batch: InflightPrefill, layers: int, finishing: Sequence[Request] | None) -> float:
+        if batch.state is None:  # its first layer group (a preempted batch keeps its state meanwhile)
+            chunks = [SeqChunk(r.all_ids[:n], 0, r.page_table, "all" if r.params.prompt_logprobs else "last")
+                      for r, n in zip(batch.requests, batch.lengths)]
+            batch.state = self.runner.start(chunks)
+        state: LayerwiseState = batch.state
         t0 = time.perf_counter()
-        self.runner.run_layers(self._layers, layers)
+        self.runner.run_layers(state, layers)
+        self._wait()
         seconds = time.perf_counter() - t0
         if finishing is not None:
-            out = self.runner.finish(self._layers)
+            out = self.runner.finish(state)
             rows = {id(r): i for i, r in enumerate(batch.requests)}
             for i, req in enumerate(batch.requests):
                 if i in out.all_logits:
                     record_prompt_logprobs(req, 0, out.all_logits[i])
             if finishing:
                 sample_next(out.last_logits[[rows[id(r)] for r in finishing]], list(finishing), self.finish)
-            self._layers = self._batch = None
-        on_done(seconds)
+            batch.state = None
+        return seconds
 
     def run_decode(self, batch: Sequence[Request], on_done: Callable[[float], None]) -> None:
-        chunks = [SeqChunk([r.output_ids[-1]], r.seq_len - 1, r.page_table) for r in batch]
-        t0 = time.perf_counter()
-        out = self.runner.forward(chunks)
-        sample_next(out.last_logits, list(batch), self.finish)
-        on_done(time.perf_counter() - t0)
+        with self._on_stream():
+            chunks = [SeqChunk([r.output_ids[-1]], r.seq_len - 1, r.page_table) for r in batch]
+            t0 = time.perf_counter()
+            out = self.decode_forward(chunks)
+            sample_next(out.last_logits, list(batch), self.finish)
+            self._wait()
+            seconds = time.perf_counter() - t0
+        on_done(seconds)
 
     def run_hybrid(self, items: Sequence[HybridItem], on_done: Callable[[float], None]) -> None:
+        with self._on_stream():
+            seconds = self._hybrid(items)
+        on_done(seconds)
+
+    def _hybrid(self, items: Sequence[HybridItem]) -> float:
         chunks = [SeqChunk(i.req.all_ids[i.start : i.start + i.num_tokens], i.start, i.req.page_table, i.logits)
                   for i in items]
         t0 = time.perf_counter()
@@ -63,4 +93,5 @@ class ModelExecutor:
                 rows += 1
         if to_sample:
             sample_next(out.last_logits[[row for _, row in to_sample]], [r for r, _ in to_sample], self.finish)
-        on_done(time.perf_counter() - t0)
+        self._wait()
+        return time.perf_counter() - t0

@@ -9,7 +9,8 @@ import math
 
 import zmq
 
-from bullet.core.messages import Handoff, MalformedMessage, Message, OutputBatch, RequestOutput, decode, encode
+from bullet.core.messages import (Handoff, MalformedMessage, Message, OutputBatch, Recompute, RequestOutput, decode,
+                                  encode)
 from bullet.core.roles import Role
 from bullet.runtime.endpoints import Endpoints
 
@@ -24,6 +25,7 @@ class WorkerIO:
         self.inbox.bind(endpoints.decode_in if role is Role.DECODE else endpoints.prefill_in)
         self.to_frontend = self._push(endpoints.frontend_in)
         self.to_decode = self._push(endpoints.decode_in) if role is Role.PREFILL else None
+        self.to_prefill = self._push(endpoints.prefill_in) if role is Role.DECODE else None
         self.poller = zmq.Poller()
         self.poller.register(self.inbox, zmq.POLLIN)
         self.dropped = 0
@@ -58,8 +60,11 @@ class WorkerIO:
     def send_handoff(self, handoff: Handoff) -> None:
         self.to_decode.send(encode(handoff))
 
+    def send_recompute(self, msg: Recompute) -> None:
+        self.to_prefill.send(encode(msg))
+
     def close(self) -> None:
-        for sock in (self.inbox, self.to_frontend, self.to_decode):
+        for sock in (self.inbox, self.to_frontend, self.to_decode, self.to_prefill):
             if sock is not None:
                 sock.close()
         self.ctx.term()

@@ -6,13 +6,21 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from bullet.core.messages import GenerateRequest, Handoff, RequestOutput
+from bullet.core.messages import GenerateRequest, Handoff, Recompute, RequestOutput
 from bullet.core.request import Request, Status
 from bullet.workers.io import WorkerIO
 
 
 def request_from_generate(msg: GenerateRequest) -> Request:
     return Request(rid=msg.rid, prompt_ids=msg.input_ids, params=msg.params, uid=msg.uid, arrival=msg.arrival)
+
+
+def request_from_recompute(msg: Recompute) -> Request:
+    """A request decode handed back: prefill computes its prompt and outputs again, from the start."""
+    return Request(rid=msg.rid, prompt_ids=msg.prompt_ids, params=msg.params, uid=msg.uid, arrival=msg.arrival,
+                   output_ids=list(msg.output_ids), output_logprobs=list(msg.output_logprobs),
+                   output_top_logprobs=list(msg.output_top_logprobs), first_token_time=msg.first_token_time,
+                   reported=msg.reported)
 
 
 def request_from_handoff(msg: Handoff) -> Request:
@@ -35,6 +43,8 @@ class MessageOutbox:
             uid=req.uid, start=start, token_ids=req.output_ids[start:], logprobs=req.output_logprobs[start:],
             top_logprobs=req.output_top_logprobs[start:],
             prompt_logprobs=req.prompt_logprobs if start == 0 and req.params.prompt_logprobs else None,
+            prompt_top_logprobs=(req.prompt_top_logprobs if start == 0 and req.params.prompt_logprobs
+                                 and req.params.top_logprobs_num else None),
             prompt_tokens=len(req.prompt_ids), finish_reason=req.finish_reason, worker=self.worker)
 
     def handed_off(self, req: Request) -> None:
@@ -51,3 +61,9 @@ class MessageOutbox:
 
     def finished(self, req: Request) -> None:
         self.io.send_outputs([self.output(req)])
+
+    def recompute(self, req: Request) -> None:
+        self.io.send_recompute(Recompute(
+            rid=req.rid, uid=req.uid, prompt_ids=req.prompt_ids, output_ids=req.output_ids, params=req.params,
+            arrival=req.arrival, first_token_time=req.first_token_time, output_logprobs=req.output_logprobs,
+            output_top_logprobs=req.output_top_logprobs, reported=req.reported))

@@ -15,28 +15,37 @@ from engines.sampler import SampleRow, sample
 _SEED_MIX = 0x9E3779B97F4A7C15
 
 
-def step_generator(req: Request) -> torch.Generator | None:
+def step_generator(req: Request, device: torch.device | str = "cpu") -> torch.Generator | None:
     """A seeded request draws token k from a generator derived from (seed, k): the output is the
-    same whichever worker samples it and whatever else is in the batch."""
+    same whichever worker samples it and whatever else is in the batch. The generator lives on the
+    logits' device (a CPU generator cannot drive sampling on CUDA)."""
     if req.params.seed is None:
         return None
-    return torch.Generator().manual_seed((req.params.seed * _SEED_MIX + len(req.output_ids)) % 2**63)
+    return torch.Generator(device=device).manual_seed((req.params.seed * _SEED_MIX + len(req.output_ids)) % 2**63)
 
 
 def record_prompt_logprobs(req: Request, start: int, logits: torch.Tensor) -> None:
-    """logits[j] predicts the token at position start + j + 1; only prompt positions are kept."""
+    """logits[j] predicts the token at position start + j + 1; only prompt positions are kept. With
+    top_logprobs_num, also the most likely tokens at each position (none for the first: nothing
+    predicts it)."""
+    top = req.params.top_logprobs_num
     if start == 0:
         req.prompt_logprobs = [None]
+        req.prompt_top_logprobs = [None] if top else []
     targets = req.all_ids[start + 1 : min(start + 1 + logits.shape[0], len(req.prompt_ids))]
     if targets:
         lp = torch.log_softmax(logits[: len(targets)], dim=-1)
-        req.prompt_logprobs.extend(lp.gather(1, torch.tensor(targets).unsqueeze(1)).squeeze(1).tolist())
+        index = torch.tensor(targets, device=lp.device).unsqueeze(1)
+        req.prompt_logprobs.extend(lp.gather(1, index).squeeze(1).tolist())
+        if top:
+            values, ids = lp.topk(top, dim=-1)
+            req.prompt_top_logprobs.extend(list(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist()))
 
 
 def sample_next(logits: torch.Tensor, reqs: list[Request], finish: FinishChecker) -> None:
     """logits[i] are the next-token logits of reqs[i]. Appends one token to each and finishes the
     requests the finish rules end (the loop core releases their pages)."""
-    rows = [SampleRow(r.params, step_generator(r), r.output_ids, finish.banned_ids(r)) for r in reqs]
+    rows = [SampleRow(r.params, step_generator(r, logits.device), r.output_ids, finish.banned_ids(r)) for r in reqs]
     result = sample(logits, rows)
     now = time.monotonic()
     for k, req in enumerate(reqs):

@@ -11,11 +11,15 @@ from typing import Callable
 import torch
 
 from bullet.core.finish import FinishChecker
+from bullet.core.roles import Role
 from bullet.core.worker_state import ControlFlags, WorkerFlags
 from bullet.loops.base import LoopEnv
 from bullet.loops.factory import build_core
 from bullet.loops.timeline import Timeline
-from bullet.partition import PartitionBackend, make_backend
+from bullet.partition import PartitionBackend
+from bullet.partition.decode_graphs import GraphedDecode, build_graphed_decode
+from bullet.partition.graph_policy import decide_for_worker
+from bullet.partition.launch_stream import open_worker_partition
 from bullet.schedulers.intensity import ridge_token_limit
 from bullet.schedulers.views import MonotonicClock
 from bullet.shm.shared_page_allocator import SharedPageAllocator
@@ -42,6 +46,7 @@ class Worker:
     partition: PartitionBackend
     io: WorkerIO
     timeline: Timeline
+    decode: GraphedDecode | None = None  # the decode worker's forward (CUDA graphs where allowed)
 
     def run(self) -> None:
         self.driver.run()
@@ -54,8 +59,17 @@ class Worker:
         except Exception:
             pass
 
+    def shutdown_requested(self) -> bool:
+        """Whether the launcher asked the workers to stop (it then removes the instance's files itself)."""
+        try:
+            return bool(self.state.control() & ControlFlags.SHUTDOWN)
+        except Exception:
+            return False
+
     def close(self) -> None:
-        for closer in (self.timeline.flush, self.io.close, self.partition.close, self.allocator.close, self.state.close):
+        release_graphs = self.decode.release if self.decode is not None else (lambda: None)
+        for closer in (self.timeline.flush, self.io.close, release_graphs, self.partition.close, self.allocator.close,
+                       self.state.close):
             try:
                 closer()
             except Exception:
@@ -64,7 +78,9 @@ class Worker:
 
 def build_worker(spec: WorkerSpec, stopped: Callable[[], bool]) -> Worker:
     args, shared, role = spec.args, spec.model, spec.role
-    partition = make_backend(args.partition_backend, role.partition_side, **_backend_options(spec))
+    # on a GPU: the worker's own stream, restricted by the backend; every step's kernels launch on it
+    partition, stream = open_worker_partition(args.partition_backend, role.partition_side, shared.device,
+                                              _backend_options(spec))
     partition.apply(spec.initial_units)  # before the model runs: its threads start inside the share
     torch.set_grad_enabled(False)
     model = build_model(shared.config, shared.state, shared.device)
@@ -78,10 +94,16 @@ def build_worker(spec: WorkerSpec, stopped: Callable[[], bool]) -> Worker:
         limit = ridge_token_limit(shared.config, estimator.hardware, estimator.dtype, shared.kv.element_size())
     allocator = SharedPageAllocator.attach(spec.instance_id)
     state = StateBuffer.attach(spec.instance_id)
+    decode = None
+    if stream.on_gpu and role is Role.DECODE:
+        with stream.step():  # graphs are captured on the stream they will replay on
+            decode = build_graphed_decode(runner, stream, decide_for_worker(args.partition_backend, shared.device),
+                                          allocator, max_batch=args.max_running_requests)
+    executor = ModelExecutor(runner, finish, stream if stream.on_gpu else None, decode)
     io = WorkerIO(role, spec.endpoints)
     timeline = Timeline(args.timeline_dir, role.value)
     env = LoopEnv(role=role, clock=MonotonicClock(), state=state, allocator=allocator, partition=partition,
-                  timeline=timeline, executor=ModelExecutor(runner, finish), outbox=MessageOutbox(io, role.value),
+                  timeline=timeline, executor=executor, outbox=MessageOutbox(io, role.value),
                   pid=os.getpid())
     core = build_core(env, args, model.num_layers, estimator, limit)
 
@@ -89,15 +111,13 @@ def build_worker(spec: WorkerSpec, stopped: Callable[[], bool]) -> Worker:
         return stopped() or os.getppid() != spec.launcher_pid or bool(state.control() & ControlFlags.SHUTDOWN)
 
     driver = WorkerDriver(core, io, should_stop, on_idle=release_free_heap)
-    return Worker(spec, driver, allocator, state, partition, io, timeline)
+    return Worker(spec, driver, allocator, state, partition, io, timeline, decode)
 
 
 def _backend_options(spec: WorkerSpec) -> dict:
     name = spec.args.partition_backend
     if name == "cpu":
         return {"cores": spec.cores}
-    if name == "none":
+    if name == "none" and spec.model.device.type != "cuda":  # on a GPU: its SMs (open_worker_partition)
         return {"total_units": len(spec.cores)}
-    if name == "libsmctrl":  # masks the stream this worker launches on
-        return {"stream": lambda: torch.cuda.current_stream().cuda_stream}
-    return {}
+    return {}  # libsmctrl and green-ctx get their stream (and device) from open_worker_partition

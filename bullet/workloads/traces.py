@@ -1,6 +1,7 @@
 """Request lists for the simulator and the benchmarks: (arrival time, prompt tokens, output tokens).
 
-Sources (Bullet §4.1, Fig. 14):
+Sources (Bullet §4.1, Fig. 14); the Azure and arXiv files ship gzip-compressed inside this package
+(`bullet/workloads/data/traces/`, with their licences and attribution in its README.md):
 * Azure LLM inference traces 2023, code and conversation (`AzureLLMInferenceTrace_{code,conv}.csv`:
   timestamp, context tokens, generated tokens) — replayed with their own timestamps, or re-timed;
 * arXiv summarization lengths (`arxiv_summarization_llama2_tokenizer.csv`, counted with the
@@ -17,6 +18,7 @@ timestamps instead (scaled to `rate` if one is given)."""
 from __future__ import annotations
 
 import csv
+import gzip
 import hashlib
 import json
 import os
@@ -27,7 +29,8 @@ from typing import NamedTuple
 
 from bullet.workloads.sharegpt import cache_dir, load_sharegpt_conversations, repaired_sharegpt_path
 
-WORKLOADS = ("sharegpt", "azure-code", "azure-conv", "arxiv")
+WORKLOADS = ("sharegpt", "sharegpt-uncapped", "azure-code", "azure-conv", "arxiv")
+UNCAPPED_CONTEXT = 32768
 FILES = {"azure-code": "AzureLLMInferenceTrace_code.csv", "azure-conv": "AzureLLMInferenceTrace_conv.csv",
          "arxiv": "arxiv_summarization_llama2_tokenizer.csv"}
 CHARS_PER_TOKEN = 4.0  # fallback when the Llama-3 tokenizer is not installed (English text, roughly)
@@ -44,17 +47,28 @@ class Lengths(NamedTuple):
     output: int
 
 
+PACKAGED_DATA_DIR = Path(__file__).resolve().parent / "data"
+
+
 def default_data_dir() -> Path:
-    """`BULLET_DATA_DIR`, else the shared reference data next to the repository."""
+    """`BULLET_DATA_DIR` if set, else the traces installed with this package."""
     env = os.environ.get("BULLET_DATA_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[3] / "shared" / "data"
+    return Path(env) if env else PACKAGED_DATA_DIR
 
 
 def trace_path(name: str, data_dir: str | Path | None = None) -> Path:
-    path = Path(data_dir or default_data_dir()) / "traces" / FILES[name]
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: point --data-dir (or BULLET_DATA_DIR) at the reference data")
-    return path
+    """`<data_dir>/traces/<file>`, plain or gzip-compressed (`.csv.gz`, as this package ships them)."""
+    plain = Path(data_dir or default_data_dir()) / "traces" / FILES[name]
+    for path in (plain, plain.with_name(plain.name + ".gz")):
+        if path.is_file():
+            return path
+    raise FileNotFoundError(f"{plain}[.gz] not found: point --data-dir (or BULLET_DATA_DIR) at a directory "
+                            "holding traces/, or leave both unset to use the traces installed with bullet")
+
+
+def _open_csv(path: Path):
+    """Text handle on a trace, decompressing on the fly when it is gzipped."""
+    return gzip.open(path, "rt", newline="") if path.suffix == ".gz" else open(path, newline="")
 
 
 # ---- sources ------------------------------------------------------------------------------------
@@ -62,7 +76,7 @@ def trace_path(name: str, data_dir: str | Path | None = None) -> Path:
 def load_azure(name: str, data_dir: str | Path | None = None) -> list[tuple[float, Lengths]]:
     """(seconds since the trace's first request, lengths) of every row of an Azure 2023 trace."""
     rows = []
-    with open(trace_path(name, data_dir), newline="") as f:
+    with _open_csv(trace_path(name, data_dir)) as f:
         for rec in csv.DictReader(f):
             # timestamps carry 7 fractional digits; datetime takes at most 6
             stamp = datetime.fromisoformat(rec["TIMESTAMP"][:26])
@@ -73,7 +87,7 @@ def load_azure(name: str, data_dir: str | Path | None = None) -> list[tuple[floa
 
 
 def load_arxiv(data_dir: str | Path | None = None) -> list[Lengths]:
-    with open(trace_path("arxiv", data_dir), newline="") as f:
+    with _open_csv(trace_path("arxiv", data_dir)) as f:
         return [Lengths(int(r["num_prefill_tokens"]), int(r["num_decode_tokens"])) for r in csv.DictReader(f)]
 
 
@@ -128,6 +142,8 @@ def _sharegpt_counts() -> list[tuple[int, int]]:
 def source_lengths(name: str, data_dir: str | Path | None = None) -> list[Lengths]:
     if name == "sharegpt":
         return load_sharegpt()
+    if name == "sharegpt-uncapped":  # without bench_serving's caps; up to a 32k-token serving context
+        return load_sharegpt(max_prompt=UNCAPPED_CONTEXT, max_total=UNCAPPED_CONTEXT)
     if name == "arxiv":
         return load_arxiv(data_dir)
     if name in ("azure-code", "azure-conv"):

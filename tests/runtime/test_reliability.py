@@ -20,27 +20,15 @@ from pathlib import Path
 import pytest
 import zmq
 
-from tests.server_utils import ServerProcess, bullet_segments, pid_alive
+from tests.server_utils import LONG, ServerProcess, bullet_segments, pid_alive, wait_for
 
-LONG = {"text": "Write a very long story about a lighthouse keeper.",
-        "sampling_params": {"max_new_tokens": 400, "ignore_eos": True, "temperature": 0}}
-
-
-def _wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def test_a_stopped_worker_is_detected_by_its_heartbeat_and_restarted():
     with ServerProcess("--max-total-tokens", "8192", "--heartbeat-timeout", "2") as server:
         pool = cf.ThreadPoolExecutor(4)
         futures = [pool.submit(server.post, "/generate", LONG) for _ in range(4)]
-        _wait(lambda: server.state()["decode"]["batch_size"] > 0, 60, "requests to reach decode")
+        wait_for(lambda: server.state()["decode"]["batch_size"] > 0, 60, "requests to reach decode")
         victim = server.worker_pids()["decode"]
         stopped_at = time.monotonic()
         os.kill(victim, signal.SIGSTOP)
@@ -51,11 +39,11 @@ def test_a_stopped_worker_is_detected_by_its_heartbeat_and_restarted():
             assert status == 503, body
             assert "the decode worker stopped responding" in body["error"]["message"]
         assert failed_after < 10, f"a stopped worker was noticed after {failed_after:.1f}s (timeout 2s)"
-        _wait(lambda: server.get("/health")[0] == 200, 120, "the restarted workers")
+        wait_for(lambda: server.get("/health")[0] == 200, 120, "the restarted workers")
         assert not pid_alive(victim)
         status, body = server.post("/generate", {"text": "Hello", "sampling_params": {"max_new_tokens": 4}})
         assert status == 200 and body["meta_info"]["completion_tokens"] == 4
-        _wait(lambda: server.state()["kv_pages_free"] == server.state()["kv_pages_total"], 10, "all pages free")
+        wait_for(lambda: server.state()["kv_pages_free"] == server.state()["kv_pages_total"], 10, "all pages free")
 
 
 def _stream(port: int, body: dict) -> list[str]:
@@ -73,9 +61,9 @@ def test_sigterm_drains_requests_in_flight_and_refuses_new_ones():
         pool = cf.ThreadPoolExecutor(4)
         futures = [pool.submit(server.post, "/generate", body) for _ in range(3)]
         stream = pool.submit(_stream, server.port, body)
-        _wait(lambda: server.state()["decode"]["batch_size"] > 0, 60, "requests to reach decode")
+        wait_for(lambda: server.state()["decode"]["batch_size"] > 0, 60, "requests to reach decode")
         server.proc.send_signal(signal.SIGTERM)
-        _wait(lambda: server.get("/health")[0] == 503, 10, "the server to start draining")
+        wait_for(lambda: server.get("/health")[0] == 503, 10, "the server to start draining")
         status, refused = server.post("/generate", body)
         assert status == 503 and "draining" in refused["error"]["message"]
         for f in futures:
@@ -94,7 +82,7 @@ def test_a_drain_that_runs_out_of_time_ends_streams_with_an_error_event():
         pool = cf.ThreadPoolExecutor(1)
         stream = pool.submit(_stream, server.port, {"text": "Tell a story.",
                                                     "sampling_params": {"max_new_tokens": 4000, "ignore_eos": True}})
-        _wait(lambda: server.state()["decode"]["batch_size"] > 0, 60, "the request to reach decode")
+        wait_for(lambda: server.state()["decode"]["batch_size"] > 0, 60, "the request to reach decode")
         server.proc.send_signal(signal.SIGTERM)
         events = stream.result(timeout=60)
         assert events[-1] == "data: [DONE]"
@@ -179,3 +167,11 @@ def test_leftovers_of_a_killed_instance_are_reclaimed_at_the_next_launch(tmp_pat
     assert bullet_segments(iid) and Path(runtime_dir).is_dir()
     with ServerProcess("--max-total-tokens", "4096"):
         assert not bullet_segments(iid) and not Path(runtime_dir).exists()
+
+
+def test_worker_threads_sleep_at_barriers_instead_of_spinning():
+    # spinning OpenMP threads of two workers on shared cores collapsed decode under load (see
+    # engines.host); the OpenMP runtime of each worker reports its wait policy when it starts
+    with ServerProcess("--max-total-tokens", "4096", env={"OMP_DISPLAY_ENV": "TRUE"}) as server:
+        log = server.tail(10_000)
+        assert log.count("OMP_WAIT_POLICY = 'PASSIVE'") >= 2, log[-3000:]

@@ -10,27 +10,15 @@ import time
 
 import pytest
 
-from tests.server_utils import ServerProcess, bullet_segments, pid_alive
+from tests.server_utils import LONG, ServerProcess, bullet_segments, pid_alive, wait_for
 
-LONG = {"text": "Write a very long story about a lighthouse keeper.",
-        "sampling_params": {"max_new_tokens": 400, "ignore_eos": True, "temperature": 0}}
-
-
-def _wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def _kill_during_generation(server: ServerProcess, role: str):
     """Start 6 long requests, SIGKILL `role` while they run; returns (responses, kill time, victim pid)."""
     pool = cf.ThreadPoolExecutor(6)
     futures = [pool.submit(server.post, "/generate", LONG) for _ in range(6)]
-    _wait(lambda: server.state()["decode"]["batch_size"] > 0, 60, "requests to reach decode")
+    wait_for(lambda: server.state()["decode"]["batch_size"] > 0, 60, "requests to reach decode")
     victim = server.worker_pids()[role]
     killed_at = time.time()
     os.kill(victim, signal.SIGKILL)
@@ -43,18 +31,18 @@ def _kill_during_generation(server: ServerProcess, role: str):
 def test_killed_worker_fails_inflight_requests_and_is_restarted(role):
     with ServerProcess("--max-total-tokens", "8192", "--max-worker-restarts", "2") as server:
         responses, killed_at, victim = _kill_during_generation(server, role)
-        noticed_after = _wait(lambda: server.state()["failures"], 10, "the failure record")[-1]["time"] - killed_at
+        noticed_after = wait_for(lambda: server.state()["failures"], 10, "the failure record")[-1]["time"] - killed_at
         assert noticed_after < 2.0, f"the launcher noticed the dead {role} worker after {noticed_after:.2f}s"
         for status, body in responses:
             assert status == 503, body
             assert f"the {role} worker died" in body["error"]["message"]
-        _wait(lambda: server.get("/health")[0] == 200, 120, "the restarted workers")
+        wait_for(lambda: server.get("/health")[0] == 200, 120, "the restarted workers")
         state = server.state()
         assert state["worker_restarts"] == 1 and victim not in state["worker_pids"].values()
         assert not pid_alive(victim)
         status, body = server.post("/generate", {"text": "Hello", "sampling_params": {"max_new_tokens": 4}})
         assert status == 200 and body["meta_info"]["completion_tokens"] == 4
-        _wait(lambda: server.state()["kv_pages_free"] == server.state()["kv_pages_total"], 10, "all pages free")
+        wait_for(lambda: server.state()["kv_pages_free"] == server.state()["kv_pages_total"], 10, "all pages free")
 
 
 def test_server_shuts_down_cleanly_when_out_of_restarts():
@@ -66,7 +54,7 @@ def test_server_shuts_down_cleanly_when_out_of_restarts():
         server.proc.wait(60)  # the launcher gives up and exits by itself
         assert server.proc.returncode != 0
         assert "stopped: the decode worker died" in server.tail()
-        _wait(lambda: not any(pid_alive(p) for p in pids), 15, "the surviving worker to exit")
+        wait_for(lambda: not any(pid_alive(p) for p in pids), 15, "the surviving worker to exit")
         assert not bullet_segments(instance)
 
 
@@ -76,5 +64,5 @@ def test_killed_launcher_takes_its_workers_and_segments_with_it():
         instance, pids = server.instance_id, list(server.worker_pids().values())
         os.kill(server.proc.pid, signal.SIGKILL)
         server.proc.wait(10)
-        _wait(lambda: not any(pid_alive(p) for p in pids), 20, "orphaned workers to exit")
-        _wait(lambda: not bullet_segments(instance), 10, "the instance's segments to be removed")
+        wait_for(lambda: not any(pid_alive(p) for p in pids), 20, "orphaned workers to exit")
+        wait_for(lambda: not bullet_segments(instance), 10, "the instance's segments to be removed")

@@ -1,0 +1,87 @@
+"""Bootstrap intervals for attainment and goodput, and the "tie" verdict (artifact/stats.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from artifact.scoring import add_intervals, goodput
+from artifact.stats import (Interval, attainment_interval, attainment_replicates, goodput_interval, goodput_of,
+                            run_counts, verdict)
+
+
+def test_run_counts_and_the_pooled_estimate():
+    assert run_counts([1, 0, True, False, 1]) == (5, 3)
+    ci = attainment_interval([(50, 45)])
+    assert ci.value == 0.9 and ci.low < 0.9 < ci.high
+    assert attainment_interval([(50, 45), (50, 35)]).value == pytest.approx(0.8)
+    with pytest.raises(ValueError):
+        attainment_interval([(0, 0)])
+    with pytest.raises(ValueError):
+        attainment_interval([(3, 4)])
+
+
+def test_one_run_spreads_like_the_request_bootstrap_without_collapsing_at_100_percent():
+    """Away from 0 and 100 % the replicates spread as resampling the requests would; at 30 of 30
+    the interval still admits that the true attainment may be lower."""
+    rng = np.random.default_rng(1)
+    outcomes = np.array([1] * 37 + [0] * 13)
+    direct = rng.choice(outcomes, size=(20000, outcomes.size)).mean(axis=1)
+    ours = attainment_replicates([run_counts(outcomes)], 20000, np.random.default_rng(2))
+    assert ours.mean() == pytest.approx(direct.mean(), abs=0.01)
+    assert ours.std() == pytest.approx(direct.std(), rel=0.05)
+    assert np.percentile(ours, 2.5) == pytest.approx(np.percentile(direct, 2.5), abs=0.025)
+    perfect = attainment_interval([(30, 30)])
+    assert perfect.value == 1.0 and 0.85 < perfect.low < 0.99 and perfect.high == 1.0
+
+
+def test_the_interval_covers_the_true_rate_about_95_percent_of_the_time():
+    rng = np.random.default_rng(7)
+    p, n, trials = 0.8, 100, 400
+    covered = 0
+    for seed in range(trials):
+        ci = attainment_interval([(n, int(rng.binomial(n, p)))], resamples=1000, seed=seed)
+        covered += ci.low <= p <= ci.high
+    assert 0.90 <= covered / trials <= 0.99
+
+
+def test_intervals_narrow_with_more_requests_and_widen_with_disagreeing_runs():
+    small = attainment_interval([(20, 16)])
+    large = attainment_interval([(2000, 1600)])
+    assert (large.high - large.low) < (small.high - small.low) / 5
+    agreeing = attainment_interval([(50, 40), (50, 40), (50, 40)])
+    disagreeing = attainment_interval([(50, 30), (50, 40), (50, 50)])
+    assert agreeing.value == disagreeing.value == pytest.approx(0.8)
+    assert (disagreeing.high - disagreeing.low) > 1.5 * (agreeing.high - agreeing.low)
+
+
+def test_goodput_interval_brackets_the_crossing():
+    per_rate = {0.5: [(50, 50)], 1.0: [(50, 48)], 1.5: [(50, 45)], 2.0: [(50, 20)]}
+    ci = goodput_interval(per_rate)
+    assert ci.value == goodput_of(list(per_rate), [1.0, 0.96, 0.9, 0.4]) == 1.5
+    assert ci.low in (0.5, 1.0) and ci.high == 1.5  # 45/50 sits on the threshold: often below it
+    clear = goodput_interval({1.0: [(400, 400)], 2.0: [(400, 396)], 3.0: [(400, 100)]})
+    assert (clear.value, clear.low, clear.high) == (2.0, 2.0, 2.0)
+    assert goodput_interval({1.0: [(50, 10)]}).as_dict() == {"value": 0.0, "low": 0.0, "high": 0.0}
+
+
+def test_verdict_is_a_tie_when_intervals_overlap():
+    a, b, c = Interval(0.9, 0.82, 0.96), Interval(0.86, 0.78, 0.93), Interval(0.6, 0.5, 0.7)
+    assert verdict(a, b, "bullet", "static") == "tie"
+    assert verdict(a, c, "bullet", "naive") == "bullet higher"
+    assert verdict(c, a, "bullet", "chunked") == "chunked higher"
+    assert Interval.from_dict(a.as_dict()) == a
+
+
+def test_add_intervals_marks_each_system_against_bullet():
+    def system(hits_per_rate):
+        per_rate = {r: {"attainment": h / 100, "runs": [(100, h)]} for r, h in hits_per_rate.items()}
+        return {"per_rate": per_rate, "goodput": goodput(per_rate)}
+
+    results = add_intervals({"bullet": system({1.0: 99, 2.0: 95}), "same": system({1.0: 98, 2.0: 93}),
+                             "worse": system({1.0: 60, 2.0: 20})})
+    assert results["bullet"]["goodput_ci"]["value"] == 2.0
+    assert results["same"]["vs_bullet"] == {"goodput": "tie", "attainment": {1.0: "tie", 2.0: "tie"}}
+    assert results["worse"]["vs_bullet"]["goodput"] == "bullet higher"
+    assert results["worse"]["vs_bullet"]["attainment"][2.0] == "bullet higher"
+    assert "vs_bullet" not in results["bullet"]
