@@ -33,6 +33,7 @@ class BulletServer:
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen | None = None
         self.log_path = log_path
+        self._own_log = log_path is None  # a temporary log of ours: removed once the server stopped cleanly
         self.info: dict = {}
 
     def start(self) -> "BulletServer":
@@ -114,4 +115,12 @@ class BulletServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if self.proc.returncode in (0, -signal.SIGTERM):
+            self.drop_log()  # a crashed server's log stays, for reading
         return self.proc.returncode
+
+    def drop_log(self) -> None:
+        """Remove the temporary log this object created (a log_path given by the caller stays)."""
+        if self._own_log and self.log_path:
+            Path(self.log_path).unlink(missing_ok=True)
+            self.log_path = None

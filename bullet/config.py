@@ -36,6 +36,9 @@ class ServerArgs(BaseModel):
     page_size: int = Field(16, ge=1, le=1024, description="tokens per KV page")
     max_total_tokens: int = Field(32768, ge=64, description="KV pool capacity in tokens (shared by both workers)")
     max_running_requests: int = Field(64, ge=1, description="largest decode batch")
+    max_queued_requests: int = Field(1024, ge=1, description="requests the server holds at once, queued or running; "
+                                     "past it a new request gets 503 with Retry-After, and a batch larger than "
+                                     "this gets 400 (it could never be admitted)")
     max_prefill_tokens: int = Field(4096, ge=16, description="largest prefill batch, in prompt tokens")
     # scheduling
     policy: str = Field("bullet", description="bullet (measures and caches a quick estimator profile on first use) | "

@@ -76,6 +76,7 @@ class ServerProcess(BulletServer):
         assert not alive, f"worker processes {alive} outlived the server"
         if self.info:
             assert not bullet_segments(self.instance_id), f"segments left: {bullet_segments(self.instance_id)}"
+        self.drop_log()  # stopped cleanly: nothing left to read (a failed check above keeps it)
 
     def __exit__(self, *exc) -> None:
         self.stop()

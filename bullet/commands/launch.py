@@ -89,8 +89,10 @@ def serve(server_args) -> int:
     from bullet.http.app import create_app
     from bullet.runtime.launcher import WorkerStartupError  # deferred: as above
     from bullet.runtime.serving import ServingRuntime  # deferred: as above
+    from engines.host import bound_heap_growth  # deferred: as above
     from engines.weights import ModelLoadError  # deferred: as above
 
+    bound_heap_growth()  # before the first large allocation: the frontend runs for days
     setproctitle.setproctitle(f"bullet::launcher port={server_args.port}")
     logging.basicConfig(level=server_args.log_level.upper(), format="[%(asctime)s %(name)s] %(levelname)s %(message)s")
     runtime = ServingRuntime(server_args)

@@ -10,6 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from bullet import __version__
 from bullet.config import ServerArgs
@@ -50,6 +51,12 @@ def create_app(args: ServerArgs, runtime: ServingRuntime | None = None) -> FastA
         # unknown paths and wrong methods answer in the same JSON shapes as every other error
         message = f"{request.method} {request.url.path}: {exc.detail}"
         return await api_error_handler(request, APIError(message, status=exc.status_code))
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request: Request, exc: ClientDisconnect):
+        # the client hung up while sending its body: nobody reads the answer, and nothing was queued
+        log.debug("client disconnected during %s %s", request.method, request.url.path)
+        return JSONResponse({"error": {"message": "client disconnected"}}, status_code=499)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):

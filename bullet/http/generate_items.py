@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bullet.http.errors import APIError
-from bullet.http.generation import check_fits
+from bullet.http.generation import check_batch_size, check_fits
 from bullet.http.offload import sized
 from bullet.http.protocol import GenerateBody
 from bullet.http.sampling import build_sampling_params, per_sample, sample_count
@@ -76,6 +76,9 @@ async def tokenized_prompts(rt, body: GenerateBody) -> tuple[list[list[int]], bo
 async def prepare(rt, body: GenerateBody) -> tuple[list[Item], bool]:
     """The request items, and whether the answer is a batch (a list input, or n > 1)."""
     n = samples_per_prompt(body)
+    given = body.text if body.text is not None else body.input_ids
+    if isinstance(given, list) and given and isinstance(given[0], (str, list)):
+        check_batch_size(rt, len(given) * n, "text" if body.text is not None else "input_ids")
     prompts, batch, field = await tokenized_prompts(rt, body)
     items = []
     for i, ids in enumerate(prompts):

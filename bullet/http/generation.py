@@ -52,6 +52,35 @@ def check_fits(runtime: ServingRuntime, input_ids: list[int], params: SamplingPa
                        f"{ctx - n} new tokens in the model's context length of {ctx}", param=max_field)
 
 
+def check_batch_size(runtime: ServingRuntime, count: int, field: str) -> None:
+    """400 for a request with more prompts (samples included) than the server ever holds at once:
+    checked before tokenizing, so a body of 100,000 tiny prompts costs nothing."""
+    cap = runtime.args.max_queued_requests
+    if count > cap:
+        raise APIError(f"the request holds {count} prompts (samples included), more than the server holds at once "
+                       f"(--max-queued-requests {cap}); send it in parts", param=field)
+
+
+async def submit_all(runtime: ServingRuntime, jobs: list[tuple], why: str = "another prompt of the request was "
+                     "rejected") -> list[RequestState]:
+    """Submit every (input ids, params, rid, group) job of one HTTP request, or none: a rejected job,
+    a full server or a cancelled handler (the client went away) aborts those already submitted."""
+    check_batch_size(runtime, len(jobs), "text")
+    cap, held = runtime.args.max_queued_requests, len(runtime.client.inflight)
+    if held + len(jobs) > cap:
+        raise APIError(f"the server is at capacity: {held} requests in flight (--max-queued-requests {cap}); "
+                       "try again shortly", status=503, type_="server_error", headers={"Retry-After": "1"})
+    states: list[RequestState] = []
+    try:
+        for job in jobs:
+            states.append(await submit(runtime, *job))
+    except BaseException:
+        for st in states:
+            await runtime.client.abort(st, why)
+        raise
+    return states
+
+
 async def submit(runtime: ServingRuntime, input_ids: list[int], params: SamplingParams,
                  rid: str | None = None, group: str | None = None) -> RequestState:
     if not runtime.healthy:

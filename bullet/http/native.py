@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from bullet import __version__
 from bullet.http.errors import APIError, stream_error_event
 from bullet.http.generate_items import Item, prepare
-from bullet.http.generation import ClientGone, Update, follow, latency, run_all, run_to_completion, submit
+from bullet.http.generation import ClientGone, Update, follow, latency, run_all, run_to_completion, submit, submit_all
 from bullet.http.offload import sized
 from bullet.http.protocol import AbortBody, GenerateBody, read_body
 from bullet.http.streaming import DONE, EventStream, merged_updates, sse
@@ -71,14 +71,8 @@ async def generate(request: Request):
     rt = request.app.state.runtime
     body = await read_body(request, GenerateBody)
     items, batch = await prepare(rt, body)
-    states = []
-    try:
-        for item in items:
-            states.append(await submit(rt, item.ids, item.params, item.rid, item.group))
-    except APIError:
-        for st in states:
-            await rt.client.abort(st, "another item of the batch was rejected")
-        raise
+    states = await submit_all(rt, [(it.ids, it.params, it.rid, it.group) for it in items],
+                              "another item of the batch was rejected")
     with_text = body.return_text_in_logprobs
     if body.stream:
         return EventStream(_events(rt, items, states, batch, with_text), rt, states)

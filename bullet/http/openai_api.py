@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from bullet.http.errors import APIError, stream_error_event
-from bullet.http.generation import ClientGone, Update, check_fits, run_all, submit
+from bullet.http.generation import ClientGone, Update, check_batch_size, check_fits, run_all, submit_all
 from bullet.http.offload import sized
 from bullet.http.protocol import ChatBody, CompletionBody, OpenAISampling, read_body
 from bullet.http.sampling import MAX_N, build_sampling_params, per_sample
@@ -63,18 +63,9 @@ def _usage(states) -> dict:
 async def _submit_all(rt, jobs, rid: str | None) -> list:
     """Submit every (prompt ids, params) job; with a client rid and several jobs, job k is
     `<rid>-<k>` and /abort_request with the rid aborts them all."""
-    states = []
-    try:
-        for k, (ids, params) in enumerate(jobs):
-            if rid is None or len(jobs) == 1:
-                states.append(await submit(rt, ids, params, rid))
-            else:
-                states.append(await submit(rt, ids, params, f"{rid}-{k}", rid))
-    except APIError:
-        for st in states:
-            await rt.client.abort(st, "another prompt of the request was rejected")
-        raise
-    return states
+    if rid is None or len(jobs) == 1:
+        return await submit_all(rt, [(ids, params, rid) for ids, params in jobs])
+    return await submit_all(rt, [(ids, params, f"{rid}-{k}", rid) for k, (ids, params) in enumerate(jobs)])
 
 
 async def _finals(request: Request, rt, states) -> list[Update]:
@@ -115,6 +106,7 @@ async def completions(request: Request):
         prompts = list(p)
     if not prompts or any(len(x) == 0 for x in prompts):
         raise APIError("prompt is empty", param="prompt")
+    check_batch_size(rt, len(prompts) * body.n, "prompt")
     if body.max_tokens is not None and body.max_tokens < (0 if body.echo else 1):
         raise APIError("max_tokens must be at least 1 (0 is allowed only with echo)", param="max_tokens")
     want_lp = body.logprobs is not None

@@ -19,6 +19,7 @@ in how time passes, how steps execute and where outputs go."""
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
@@ -31,6 +32,8 @@ from bullet.loops.timeline import Timeline
 from bullet.partition.base import PartitionBackend
 from bullet.schedulers.views import Clock, InflightPrefill
 from bullet.shm.page_allocator import PageAllocator
+
+log = logging.getLogger("bullet.loop")
 
 
 class StatePort(Protocol):
@@ -166,7 +169,11 @@ class LoopCore:
             self.forget(req)
             if not req.finished:
                 req.finish(Abort(message=message), self.now())
-            self.free_pages(req)
+            try:  # failing a request must not fail the loop (its pages may be what went wrong)
+                self.free_pages(req)
+            except ValueError as exc:
+                log.error("request %s: its pages could not be freed: %s", req.rid, exc)
+                req.page_table = []
             self.env.outbox.finished(req)
         return failed
 

@@ -121,8 +121,12 @@ class RuntimeClient:
                              arrival=time.monotonic(), group=group)
         self.inflight[rid] = state
         self.by_uid[state.uid] = state
-        await self._to_prefill.send(encode(GenerateRequest(rid=rid, uid=state.uid, input_ids=state.prompt_ids,
-                                                           params=params, arrival=state.arrival)))
+        try:
+            await self._to_prefill.send(encode(GenerateRequest(rid=rid, uid=state.uid, input_ids=state.prompt_ids,
+                                                               params=params, arrival=state.arrival)))
+        except BaseException:  # cancelled (the client went away) or the socket failed: forget it, leak nothing
+            self._finish(state, Abort(message="not submitted"))
+            raise
         return state
 
     async def stream(self, state: RequestState) -> AsyncIterator[RequestState]:
@@ -144,12 +148,13 @@ class RuntimeClient:
         """Abort one request (addressed by the server's id: its rid may already name a newer one)."""
         if state.done:
             return
+        # finished here first: a handler cancelled while the messages go out must not leave it in flight
+        self._finish(state, Abort(message=message))
         msg = encode(AbortRequest(uid=state.uid, message=message))
         # both workers: the request may be queued, in prefill, in transit, or decoding
         await self._to_prefill.send(msg)
         if self._to_decode is not None:
             await self._to_decode.send(msg)
-        self._finish(state, Abort(message=message))
 
     def find(self, rid: str) -> list[RequestState]:
         """The requests in flight that a client's rid names: its own, or its samples' (n > 1)."""

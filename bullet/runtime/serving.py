@@ -10,9 +10,11 @@ import time
 from bullet.config import ServerArgs
 from bullet.runtime.client import RuntimeClient
 from bullet.runtime.launcher import Launcher
+from engines.host import release_free_heap
 
 log = logging.getLogger("bullet.serving")
 SUPERVISE_INTERVAL_S = 0.2
+TRIM_INTERVAL_S = 10.0
 
 
 class ServingRuntime:
@@ -104,8 +106,12 @@ class ServingRuntime:
         return left
 
     async def _supervise(self) -> None:
+        last_trim = time.monotonic()
         while True:
             await asyncio.sleep(SUPERVISE_INTERVAL_S)
+            if time.monotonic() - last_trim > TRIM_INTERVAL_S:  # hand freed request buffers back to the OS
+                last_trim = time.monotonic()
+                await asyncio.to_thread(release_free_heap)
             hung = {}
             for role, silent in self.launcher.hung_workers(self.args.heartbeat_timeout):
                 log.error("the %s worker published no heartbeat for %.1fs: killing it", role, silent)

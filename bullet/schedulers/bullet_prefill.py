@@ -93,7 +93,8 @@ class BulletPrefillPolicy(PrefillPolicy):
         batch_lens = [r.num_uncomputed for r in admit] if admit else inflight.lengths
         misses = sum(1 for r in waiting if ttfts[r] > self.slo.ttft_target(len(r.prompt_ids)))
         running = None if preempt else inflight
-        units, reason = self.split(view, batch_lens, satisfy, running, [r for r in order if r not in admit], misses)
+        admitted = set(admit)
+        units, reason = self.split(view, batch_lens, satisfy, running, [r for r in order if r not in admitted], misses)
         if preempt:
             reason = f"preempt at a layer boundary for {len(admit)} prompt(s); {reason}"
         self.last_reason = reason
@@ -151,8 +152,8 @@ class BulletPrefillPolicy(PrefillPolicy):
                   or view.now - r.arrival > self.max_wait_s
                   or (in_sjf[r] > self.slo.ttft_target(len(r.prompt_ids))
                       and in_fcfs[r] <= self.slo.ttft_target(len(r.prompt_ids)))]
-        rest = [r for r in sjf if r not in urgent]
-        return urgent + rest
+        taken = set(urgent)  # requests hash by identity; a set keeps a long queue linear
+        return urgent + [r for r in sjf if r not in taken]
 
     # -- lines 10-13: batch until the arithmetic-intensity limit ---------------------------------
     def batch(self, order: list[Request], view: PrefillView) -> list[Request]:

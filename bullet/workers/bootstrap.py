@@ -84,9 +84,9 @@ def worker_main(spec: WorkerSpec) -> None:
             worker.mark_failed()
     finally:
         asked = worker is not None and worker.shutdown_requested()
-        if worker is not None:
-            worker.close()
-        if _orphaned(spec, asked, stop.stop):  # nobody else will remove the instance's files
+        if _orphaned(spec, asked, stop.stop):  # nobody else will remove the instance's files: first thing
             cleanup_instance(spec.instance_id)
             remove_runtime_dir(spec.runtime_dir)
+        if worker is not None:
+            worker.close()
     sys.exit(code)

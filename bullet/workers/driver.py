@@ -28,8 +28,9 @@ class Inbox(Protocol):
 
 class WorkerDriver:
     def __init__(self, core: LoopCore, io: Inbox, should_stop: Callable[[], bool],
-                 on_idle: Callable[[], None] = lambda: None):
+                 on_idle: Callable[[], None] = lambda: None, vet: Callable[[object], str | None] = lambda msg: None):
         self.core, self.io, self.should_stop, self.on_idle = core, io, should_stop, on_idle
+        self.vet = vet  # why a well-formed message must still be dropped (bullet.workers.vetting)
         self.failed_steps = 0
 
     def run(self) -> None:
@@ -68,6 +69,10 @@ class WorkerDriver:
 
     def deliver(self, msg) -> None:
         role = self.core.role
+        reason = self.vet(msg)
+        if reason is not None:
+            log.warning("dropped a %s message: %s", type(msg).__name__, reason)
+            return
         if isinstance(msg, AbortRequest):
             self.core.abort(msg.uid, msg.message)
         elif isinstance(msg, GenerateRequest) and role is not Role.DECODE:

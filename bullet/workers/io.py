@@ -15,12 +15,17 @@ from bullet.core.roles import Role
 from bullet.runtime.endpoints import Endpoints
 
 log = logging.getLogger("bullet.worker.io")
+SEND_TIMEOUT_MS = 10_000
 
 
 class WorkerIO:
     def __init__(self, role: Role, endpoints: Endpoints):
         self.ctx = zmq.Context(1)
+        # a context whose peers vanished must still terminate (found: an orphaned worker hung in
+        # zmq_ctx_term on an inbox with unread input from a dead frontend): sockets default to linger 0
+        self.ctx.set(zmq.BLOCKY, False)
         self.inbox = self.ctx.socket(zmq.PULL)
+        self.inbox.setsockopt(zmq.LINGER, 0)
         self.inbox.setsockopt(zmq.MAXMSGSIZE, 64 << 20)  # a peer sending more is disconnected by ZMQ
         self.inbox.bind(endpoints.decode_in if role is Role.DECODE else endpoints.prefill_in)
         self.to_frontend = self._push(endpoints.frontend_in)
@@ -29,10 +34,14 @@ class WorkerIO:
         self.poller = zmq.Poller()
         self.poller.register(self.inbox, zmq.POLLIN)
         self.dropped = 0
+        self.dropped_sends = 0
 
     def _push(self, address: str) -> zmq.Socket:
         sock = self.ctx.socket(zmq.PUSH)
         sock.setsockopt(zmq.LINGER, 2000)  # flush outputs on a clean exit, but never hang on one
+        # a peer that stopped reading (gone, or hung: the launcher restarts it) must not block a step
+        # forever once the queue is full: the send fails after this long and the output is dropped
+        sock.setsockopt(zmq.SNDTIMEO, SEND_TIMEOUT_MS)
         sock.connect(address)
         return sock
 
@@ -55,16 +64,24 @@ class WorkerIO:
 
     def send_outputs(self, outputs: list[RequestOutput]) -> None:
         if outputs:
-            self.to_frontend.send(encode(OutputBatch(outputs=outputs)))
+            self._send(self.to_frontend, encode(OutputBatch(outputs=outputs)), "outputs to the frontend")
 
     def send_handoff(self, handoff: Handoff) -> None:
-        self.to_decode.send(encode(handoff))
+        self._send(self.to_decode, encode(handoff), "a handoff to decode")
 
     def send_recompute(self, msg: Recompute) -> None:
-        self.to_prefill.send(encode(msg))
+        self._send(self.to_prefill, encode(msg), "a recompute to prefill")
+
+    def _send(self, sock: zmq.Socket, data: bytes, what: str) -> None:
+        try:
+            sock.send(data)
+        except zmq.Again:
+            self.dropped_sends += 1
+            log.error("dropped %s: the peer has not read for %.0f s (gone or hung; the launcher handles it)",
+                      what, SEND_TIMEOUT_MS / 1e3)
 
     def close(self) -> None:
         for sock in (self.inbox, self.to_frontend, self.to_decode, self.to_prefill):
             if sock is not None:
-                sock.close()
+                sock.close()  # each with its own linger: 0 for the inbox, bounded for the outputs
         self.ctx.term()

@@ -29,6 +29,7 @@ from bullet.workers.executor import ModelExecutor
 from bullet.workers.io import WorkerIO
 from bullet.workers.outbox import MessageOutbox
 from bullet.workers.spec import WorkerSpec
+from bullet.workers.vetting import MessageVetter
 from engines.host import release_free_heap
 from engines.kv_pool import KVPool
 from engines.model.build import build_model
@@ -110,7 +111,8 @@ def build_worker(spec: WorkerSpec, stopped: Callable[[], bool]) -> Worker:
     def should_stop() -> bool:
         return stopped() or os.getppid() != spec.launcher_pid or bool(state.control() & ControlFlags.SHUTDOWN)
 
-    driver = WorkerDriver(core, io, should_stop, on_idle=release_free_heap)
+    vet = MessageVetter(shared.config.vocab_size, shared.config.max_position_embeddings, allocator, shared.page_size)
+    driver = WorkerDriver(core, io, should_stop, on_idle=release_free_heap, vet=vet)
     return Worker(spec, driver, allocator, state, partition, io, timeline, decode)
 
 

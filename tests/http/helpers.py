@@ -19,8 +19,9 @@ SERVER_ARGS = ("--max-total-tokens", "8192")
 API_KEY = "sk-test-0123456789"
 SMALL_POOL_TOKENS = 512
 BODY_LIMIT = 1 << 20
+MAX_QUEUED = 4  # and room for only a few requests at once (`--max-queued-requests`)
 SECURED_ARGS = ("--max-total-tokens", str(SMALL_POOL_TOKENS), "--api-key", API_KEY,
-                "--max-request-body-bytes", str(BODY_LIMIT))
+                "--max-request-body-bytes", str(BODY_LIMIT), "--max-queued-requests", str(MAX_QUEUED))
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 

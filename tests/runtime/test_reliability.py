@@ -154,6 +154,47 @@ def test_garbage_and_pickles_on_every_socket_are_dropped(tmp_path):
         assert "dropped a malformed" in server.tail(200)
 
 
+def _forged() -> list[bytes]:
+    """Valid messages no frontend or peer worker would send (found by the fuzz driver: a handoff
+    naming another owner's pages killed the decode worker)."""
+    from bullet.core.messages import GenerateRequest, Handoff, Recompute, encode
+    from engines.sampling_params import SamplingParams
+
+    params, uid = SamplingParams(max_new_tokens=4), 10**12
+    common = dict(rid="forged", params=params, arrival=0.0)
+    return [encode(GenerateRequest(uid=uid, input_ids=[49152, 50152], **common)),
+            encode(GenerateRequest(uid=uid + 1, input_ids=[1] * 9000, **common)),
+            encode(Recompute(uid=uid + 2, prompt_ids=[1, 2], output_ids=[10**6], first_token_time=0.0, **common)),
+            encode(Handoff(uid=uid + 3, prompt_ids=[1, 2], output_ids=[3], page_table=[5], first_token_time=0.0,
+                           **common)),
+            encode(Handoff(uid=uid + 4, prompt_ids=[1, 2], output_ids=[3], page_table=[10**6], first_token_time=0.0,
+                           **common))]
+
+
+def test_forged_well_formed_messages_are_dropped_before_they_reach_the_model():
+    with ServerProcess("--max-total-tokens", "4096") as server:
+        pids, paths = server.worker_pids(), _endpoints(server)
+        free = server.state()["kv_pages_free"]
+        ctx = zmq.Context()
+        for name in ("prefill", "decode"):
+            sock = ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 1000)
+            sock.connect(f"ipc://{paths[name]}")
+            for data in _forged():
+                sock.send(data)
+            sock.close()
+        ctx.term()
+        time.sleep(1.0)
+        assert server.get("/health")[0] == 200 and server.worker_pids() == pids
+        status, body = server.post("/generate", {"text": "Hello", "sampling_params": {"max_new_tokens": 4}})
+        assert status == 200 and body["meta_info"]["completion_tokens"] == 4
+        tail = server.tail(300)
+        assert "dropped a Handoff message: its page table names pages" in tail
+        assert "dropped a GenerateRequest message: token ids outside" in tail
+        assert "a step of" not in tail  # nothing forged got as far as a step
+        wait_for(lambda: server.state()["kv_pages_free"] == free, 10, "every page free")
+
+
 def test_leftovers_of_a_killed_instance_are_reclaimed_at_the_next_launch(tmp_path):
     # an "instance" whose creator is gone: segments and a socket directory made by a process we kill
     code = ("import os, signal, sys\n"

@@ -58,10 +58,19 @@ def test_server_shuts_down_cleanly_when_out_of_restarts():
         assert not bullet_segments(instance)
 
 
-def test_killed_launcher_takes_its_workers_and_segments_with_it():
+@pytest.mark.parametrize("busy", [False, True], ids=["idle", "mid-generation"])
+def test_killed_launcher_takes_its_workers_and_segments_with_it(busy):
+    """Idle, or mid-generation: then the workers hold outputs for a frontend that is gone and input
+    nobody will read (found by the fuzz driver: an orphaned worker hung in zmq_ctx_term forever)."""
     server = ServerProcess("--max-total-tokens", "4096")
     with server:
         instance, pids = server.instance_id, list(server.worker_pids().values())
+        if busy:
+            pool = cf.ThreadPoolExecutor(4)
+            for _ in range(4):
+                pool.submit(server.post, "/generate", LONG, None, 60)
+            wait_for(lambda: server.state()["decode"]["batch_size"] > 0, 60, "requests to reach decode")
+            pool.shutdown(wait=False)
         os.kill(server.proc.pid, signal.SIGKILL)
         server.proc.wait(10)
         wait_for(lambda: not any(pid_alive(p) for p in pids), 20, "orphaned workers to exit")
