@@ -3,13 +3,16 @@
 Outcomes per case: the status class (2xx/4xx/5xx), or `timeout`, `conn-error`, `closed` (the server
 hung up, acceptable for an oversized body or a protocol violation), `no-answer` (a raw request the
 server is still waiting on, e.g. a body shorter than its Content-Length), `abandoned` (the client
-walked away on purpose), `unsent` (the HTTP client refused to send it). Failures — reported with examples, never raised — are any 5xx, a timeout or
+walked away on purpose), `abandoned-long` (a valid request that sets no length limit — a mutation
+mangled its name — ran past the client's timeout: not a failure; a hang would leave it in flight at
+the end), `unsent` (the HTTP client refused to send it). Failures — reported with examples, never raised — are any 5xx, a timeout or
 a dropped connection on a well-formed request, a good request refused, a stream that does not end
 with [DONE] or an error event, and a liveness probe (health + one real generation) that fails."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -109,7 +112,12 @@ async def run_case(session: aiohttp.ClientSession, url: str, case: Case, stats: 
                     text = await resp.read()
                     outcome = status_class(status)
     except asyncio.TimeoutError:
-        outcome = "abandoned" if case.action in ("client-timeout", "stream-abort") else "timeout"
+        if case.action in ("client-timeout", "stream-abort"):
+            outcome = "abandoned"
+        elif unbounded_generation(case):  # e.g. a mutated "max_tokens" key: the server's default applies
+            outcome = "abandoned-long"
+        else:
+            outcome = "timeout"
     except (aiohttp.ClientError, ConnectionError, OSError) as exc:
         outcome = "closed" if case.category in ("oversized", "protocol") else "conn-error"
         text = f"{type(exc).__name__}: {exc}".encode()
@@ -130,6 +138,23 @@ async def run_case(session: aiohttp.ClientSession, url: str, case: Case, stats: 
         stats.findings.add("file disclosed", example)
     if case.expect == OK and outcome == "2xx" and b"data:" in text[:6] and not _stream_ended(text):
         stats.findings.add("stream not terminated", example)
+
+
+def unbounded_generation(case: Case) -> bool:
+    """A valid generation request that sets no length limit (a mutation mangled the field's name):
+    the server then generates up to its default (for chat, the rest of the context: thousands of
+    tokens on a CPU), so the client giving up on it says nothing about the server. Whether it hung
+    instead shows at the end: requests still in flight, pages not returned."""
+    try:
+        body = json.loads(case.body or b"")
+    except (ValueError, TypeError):
+        return False
+    if not isinstance(body, dict) or case.path not in ("/generate", "/v1/completions", "/v1/chat/completions"):
+        return False
+    params = body.get("sampling_params") if case.path == "/generate" else body
+    if not isinstance(params, dict):
+        return case.path == "/generate" and "sampling_params" not in body
+    return not any(isinstance(params.get(k), int) for k in ("max_new_tokens", "max_tokens", "max_completion_tokens"))
 
 
 def _stream_ended(text: bytes) -> bool:

@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 
 from artifact.fuzz.http_cases import OK, CaseGenerator
-from artifact.fuzz.http_driver import fuzz_http
+from artifact.fuzz.http_driver import fuzz_http, unbounded_generation
 from artifact.fuzz.report import verdict
 from artifact.fuzz.zmq_fuzz import Canary, Payloads
 
@@ -149,3 +149,18 @@ def test_a_tiny_run_against_a_real_server_writes_the_whole_report(tmp_path):
     assert result["end"]["liveness"]["alive"]
     md = (out / "results.md").read_text()
     assert "## Verdict" in md and "## HTTP fuzz" in md and "## Soak" in md and "## Memory" in md
+
+
+def test_only_a_valid_request_without_a_length_limit_counts_as_unbounded():
+    from artifact.fuzz.http_cases import Case
+
+    def case(path, body):
+        return Case("mutation", "POST", path, body if isinstance(body, bytes) else json.dumps(body).encode(), OK)
+
+    assert unbounded_generation(case("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "ax_tokens": 6}))
+    assert unbounded_generation(case("/generate", {"text": "x", "sampling_params": {"ma6x_new_tokens": 6}}))
+    assert unbounded_generation(case("/generate", {"text": "x"}))
+    assert not unbounded_generation(case("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 6}}))
+    assert not unbounded_generation(case("/v1/completions", {"prompt": "x", "max_tokens": 4}))
+    assert not unbounded_generation(case("/generate", b'{"text": "x", '))
+    assert not unbounded_generation(case("/health", {"text": "x"}))
