@@ -44,7 +44,8 @@ class ServerArgs(BaseModel):
     policy: str = Field("bullet", description="bullet (measures and caches a quick estimator profile on first use) | "
                         "static[:<prefill units>] | naive | chunked:<token budget> "
                         "(decodes and prefill chunks fused in each step) | sglang:<token budget> (SGLang's default: "
-                        "prefill chunks first, decode otherwise)")
+                        "prefill chunks first, decode otherwise) | partition-only / scheduler-only (Bullet's "
+                        "dynamic split alone / its request scheduling alone: the paper's ablation)")
     prefill_layers_per_step: int = Field(4, ge=1, description="layers a prefill step runs before the scheduler runs again")
     partition_backend: Literal["cpu", "libsmctrl", "green-ctx", "none"] = Field(
         "cpu", description="how compute units are divided between the workers")
@@ -75,9 +76,11 @@ class ServerArgs(BaseModel):
     @classmethod
     def _policy(cls, v: str) -> str:
         name, _, arg = v.partition(":")
-        if name not in ("bullet", "static", "naive", "chunked", "sglang"):
-            raise ValueError(f"unknown policy {v!r}; choose bullet, static[:<units>], naive, chunked:<tokens> "
-                             "or sglang:<tokens>")
+        if name not in ("bullet", "static", "naive", "chunked", "sglang", "partition-only", "scheduler-only"):
+            raise ValueError(f"unknown policy {v!r}; choose bullet, static[:<units>], naive, chunked:<tokens>, "
+                             "sglang:<tokens>, partition-only or scheduler-only")
+        if name in ("partition-only", "scheduler-only") and arg:
+            raise ValueError(f"{name} takes no argument")
         if name in ("chunked", "sglang") and not arg.isdigit():
             raise ValueError(f"{name} needs a token budget, e.g. {name}:256")
         if arg and not arg.isdigit():
@@ -93,6 +96,11 @@ class ServerArgs(BaseModel):
     @property
     def policy_name(self) -> str:
         return self.policy.partition(":")[0]
+
+    @property
+    def uses_estimator(self) -> bool:
+        """Bullet's policy, or one of its halves (the ablation): they predict with the estimator."""
+        return self.policy_name in ("bullet", "partition-only", "scheduler-only")
 
     @property
     def policy_arg(self) -> int | None:

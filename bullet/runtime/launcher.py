@@ -79,7 +79,7 @@ class Launcher:
                  self.shared.num_pages, time.monotonic() - t0)
         if self.shared.device.startswith("cuda"):
             self.total_units = torch.cuda.get_device_properties(torch.device(self.shared.device)).multi_processor_count
-        if self.args.policy_name == "bullet" and self.estimator_profile is None:
+        if self.args.uses_estimator and self.estimator_profile is None:
             self.estimator_profile = str(self._profile())
         self.runtime_dir = make_runtime_dir(self.instance_id)
         cleanup_at_exit_only()  # the server drains on SIGTERM (its segments must stay until it stops)

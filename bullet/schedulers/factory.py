@@ -5,6 +5,7 @@ from __future__ import annotations
 from bullet.config import ServerArgs
 from bullet.core.roles import Role
 from bullet.core.slo import SLO
+from bullet.schedulers.ablation import PartitionOnlyDecode, PartitionOnlyPrefill, SchedulerOnlyDecode, SchedulerOnlyPrefill
 from bullet.schedulers.bullet_decode import BulletDecodePolicy
 from bullet.schedulers.bullet_prefill import BulletPrefillPolicy
 from bullet.schedulers.static import StaticDecodePolicy, StaticPrefillPolicy
@@ -46,8 +47,10 @@ def make_prefill_policy(args: ServerArgs, feasible_units: list[int], num_layers:
     if args.policy_name in ("static", "naive"):
         units, _ = static_split(args, total)
         return StaticPrefillPolicy(units, args.prefill_layers_per_step, args.max_prefill_tokens)
-    if args.policy_name == "bullet":
-        return BulletPrefillPolicy(estimator, slo_of(args), feasible_units, args.prefill_layers_per_step, num_layers,
+    if args.uses_estimator:
+        cls = {"partition-only": PartitionOnlyPrefill, "scheduler-only": SchedulerOnlyPrefill}.get(
+            args.policy_name, BulletPrefillPolicy)
+        return cls(estimator, slo_of(args), feasible_units, args.prefill_layers_per_step, num_layers,
                                    args.max_prefill_tokens, batch_token_limit or (lambda units: args.max_prefill_tokens),
                                    preemption=args.prefill_preemption, hand_back=args.hand_back,
                                    layer_group=args.layer_group)
@@ -59,6 +62,8 @@ def make_decode_policy(args: ServerArgs, feasible_units: list[int], estimator=No
     if args.policy_name in ("static", "naive"):
         _, units = static_split(args, total)
         return StaticDecodePolicy(units)
-    if args.policy_name == "bullet":
-        return BulletDecodePolicy(estimator, slo_of(args), feasible_units)
+    if args.uses_estimator:
+        cls = {"partition-only": PartitionOnlyDecode, "scheduler-only": SchedulerOnlyDecode}.get(
+            args.policy_name, BulletDecodePolicy)
+        return cls(estimator, slo_of(args), feasible_units)
     raise ValueError(f"policy {args.policy!r} has no decode worker")

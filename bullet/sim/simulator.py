@@ -86,7 +86,7 @@ class Simulation:
             env = LoopEnv(role=role, clock=self.clock, state=self.board, allocator=self.allocator, partition=partition,
                           timeline=Timeline(self.config.timeline_dir, role.value), executor=executor, outbox=outbox)
             predictor = limit = None
-            if self.args.policy_name == "bullet":
+            if self.args.uses_estimator:
                 predictor = policy_estimator(self.config, self.device_estimator, role.value)
                 limit = self.config.batch_token_limit(self.device_estimator)
             core = build_core(env, self.args, self.device_estimator.model.num_hidden_layers, predictor, limit)

@@ -90,7 +90,7 @@ def build_worker(spec: WorkerSpec, stopped: Callable[[], bool]) -> Worker:
     tokenizer = DecodeTokenizer(shared.tokenizer_dir) if shared.tokenizer_dir else None
     finish = FinishChecker(tokenizer, set(shared.eos_token_ids), shared.config.max_position_embeddings)
     estimator = limit = None
-    if args.policy_name == "bullet":
+    if args.uses_estimator:
         estimator = load_estimator(spec.estimator_profile, model=shared.config)
         limit = ridge_token_limit(shared.config, estimator.hardware, estimator.dtype, shared.kv.element_size())
     allocator = SharedPageAllocator.attach(spec.instance_id)
