@@ -37,6 +37,9 @@ class ServerArgs(BaseModel):
     max_total_tokens: int = Field(32768, ge=64, description="KV pool capacity in tokens (shared by both workers)")
     max_running_requests: int = Field(64, ge=1, description="largest decode batch")
     max_prefill_tokens: int = Field(4096, ge=16, description="largest prefill batch, in prompt tokens")
+    disable_radix_cache: bool = Field(False, description="free every request's KV pages when it finishes instead of "
+                                      "keeping full pages in the prefix (radix) cache for later prompts that begin "
+                                      "the same way")
     # scheduling
     policy: str = Field("bullet", description="bullet (measures and caches a quick estimator profile on first use) | "
                         "static[:<prefill units>] | naive | chunked:<token budget> "

@@ -27,6 +27,7 @@ class UnifiedCore(LoopCore):
     def __init__(self, env: LoopEnv, scheduler: HybridScheduler):
         super().__init__(env)
         self.scheduler = scheduler
+        self.cache = scheduler.cache  # this worker owns the prefix cache, if there is one
         self.requests: dict[int, Request] = {}  # by uid: every request not yet finished
         self.apply_units(env.partition.total_units)
 
@@ -89,7 +90,10 @@ class UnifiedCore(LoopCore):
         return [r for r in list(sched.waiting) + sched.running if r.first_token_time is None]
 
     def counters(self) -> dict:
-        return {"preemptions": self.scheduler.preemptions}
+        counters = {"preemptions": self.scheduler.preemptions}
+        if self.cache is not None:
+            counters.update(self.cache.counters())
+        return counters
 
     def publish(self) -> None:
         sched = self.scheduler

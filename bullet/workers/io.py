@@ -63,6 +63,11 @@ class WorkerIO:
     def send_recompute(self, msg: Recompute) -> None:
         self.to_prefill.send(encode(msg))
 
+    def send_to_prefill(self, msg: Message) -> None:
+        """Decode's messages for the prefix cache's owner (pages to keep, pages to evict); in the
+        order sent, after any Recompute sent before them (one socket)."""
+        self.to_prefill.send(encode(msg))
+
     def close(self) -> None:
         for sock in (self.inbox, self.to_frontend, self.to_decode, self.to_prefill):
             if sock is not None:

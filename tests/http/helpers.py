@@ -9,7 +9,7 @@ import socket
 import time
 import urllib.request
 
-from tests.server_utils import ServerProcess
+from tests.server_utils import ServerProcess, pages_accounted
 
 # Flags of the servers the HTTP tests start: a small KV pool keeps memory down (the context length
 # stays the model's 8192).
@@ -107,7 +107,7 @@ def read_events(sock: socket.socket, n: int) -> bytes:
 def idle(state: dict) -> bool:
     return (state["prefill"]["queued_requests"] == 0 and state["prefill"]["batch_size"] == 0
             and state["decode"]["batch_size"] == 0 and state["inflight_requests"] == 0
-            and state["kv_pages_free"] == state["kv_pages_total"])
+            and pages_accounted(state))
 
 
 def wait_idle(server, within_s: float = 10.0) -> dict:
@@ -126,4 +126,5 @@ def wait_idle(server, within_s: float = 10.0) -> dict:
 def summary(state: dict) -> dict:
     return {"inflight": state["inflight_requests"], "prefill_queued": state["prefill"]["queued_requests"],
             "prefill_batch": state["prefill"]["batch_size"], "decode_batch": state["decode"]["batch_size"],
-            "pages_free": state["kv_pages_free"], "pages_total": state["kv_pages_total"]}
+            "pages_free": state["kv_pages_free"], "pages_total": state["kv_pages_total"],
+            "pages_cached": state.get("kv_pages_cached"), "pages_evictable": state.get("kv_pages_evictable")}
