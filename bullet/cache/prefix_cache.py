@@ -5,7 +5,10 @@ A request's life with the cache:
 * `match` when it arrives: the pages of its longest cached prefix (full pages only, and never its
   last token, whose logits it needs) start its page table, owned by the cache and pinned for it; its
   `num_cached` starts there, so prefill computes only the rest (and every policy sees only the rest);
-* the loop allocates its other pages as usual, owned by the request;
+* the loop allocates its other pages as usual, owned by the request; before it starts, `rematch`
+  moves it onto a longer prefix if one was cached since it arrived;
+* `insert_computed` once its prompt is computed: its full pages join the tree at once (requests
+  arriving while it decodes find them), still pinned for it;
 * `release` when it is done with its pages (finished, aborted, failed): the full pages of the tokens
   whose K/V it computed join the tree (`transfer` to `CACHE_OWNER`), the rest are freed, and its pin
   goes; the decode worker sends the pages back in a message for this (`Release`);
@@ -60,6 +63,52 @@ class PrefixCache:
         self.matched_tokens += req.cached_tokens
         self._publish()
         return req.num_cached
+
+    def rematch(self, req: Request) -> None:
+        """Before `req` starts: if a longer prefix of it was cached since it arrived, start it there
+        (it holds only the cache's pages while it waits)."""
+        if req.params.prompt_logprobs or len(req.page_table) != req.shared_pages:
+            return
+        if self.tree.depth(req.all_ids, (req.seq_len - 1) // self.page_size) <= req.shared_pages:
+            return
+        self.unmatch(req)
+        self.looked_up_tokens -= len(req.prompt_ids)  # one lookup per request in the hit rate
+        self.match(req)
+
+    def unmatch(self, req: Request) -> bool:
+        """A waiting request gives up its cached prefix (it holds only the cache's pages): its pin
+        goes, so those pages may be evicted; `rematch` finds them again if they are still there when
+        it starts. Waiting requests' pins must not keep the pool full while nothing runs (nothing
+        would ever free a page). Returns whether it had a prefix."""
+        if not req.shared_pages or len(req.page_table) != req.shared_pages:
+            return False
+        self.unpin(req.uid)
+        self.matched_tokens -= req.cached_tokens
+        req.page_table, req.shared_pages, req.num_cached, req.cached_tokens = [], 0, 0, 0
+        return True
+
+    def insert_computed(self, req: Request) -> None:
+        """`req`'s K/V are computed up to `num_cached`: its full pages beyond its cached prefix join
+        the tree now (they become the cache's, pinned for it: `shared_pages` grows), so prompts that
+        arrive while it decodes can use them. Stops at a page the tree already holds elsewhere."""
+        ps = self.page_size
+        full = min(req.num_cached // ps, len(req.page_table))
+        start = req.shared_pages
+        if full <= start or req.params.prompt_logprobs:
+            return
+        node = self.pins.get(req.uid, self.tree.root)
+        deepest = self.tree.extend(node, req.all_ids[start * ps:full * ps], req.page_table[start:full])
+        if deepest is node:
+            return
+        added = len(deepest.path_pages()) - start
+        self.allocator.transfer(req.page_table[start:start + added], req.uid, CACHE_OWNER)
+        self.tree.pin(deepest)  # before the old pin goes: the path never looks unreferenced
+        old = self.pins.get(req.uid)
+        if old is not None:
+            self.tree.unpin(old)
+        self.pins[req.uid] = deepest
+        req.shared_pages = start + added
+        self._publish()
 
     def cached_prefix(self, tokens: Sequence[int]) -> int:
         """Tokens of `tokens` the cache holds now (full pages), without touching anything."""

@@ -124,6 +124,21 @@ class RadixTree:
         self._maybe_candidate(node)
         return adopted, duplicates
 
+    def extend(self, node: Node, tokens: Sequence[int], pages: Sequence[int]) -> Node:
+        """Add the full pages of `tokens` below `node` as new nodes, stopping at the first page the
+        tree already holds (another request's copy); returns the deepest node added (or `node`)."""
+        now = next(self._clock)
+        for key, page in zip(self._keys(tokens, len(pages)), pages):
+            if key in node.children:
+                break
+            child = Node(key, page, node)
+            child.last_use = now
+            node.children[key] = child
+            self.num_pages += 1
+            node = child
+        self._maybe_candidate(node)
+        return node
+
     # -- eviction -----------------------------------------------------------------------------------
     def _maybe_candidate(self, node: Node) -> None:
         if node.parent is not None and node.alive and node.refs == 0 and not node.children:

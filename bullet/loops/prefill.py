@@ -23,6 +23,8 @@ def take_admitted(queue: list[Request], admit: Sequence[Request], allocator: Pag
     started = []
     alloc = cache.alloc if cache is not None else allocator.alloc
     for req in admit:
+        if cache is not None:
+            cache.rematch(req)
         try:
             req.page_table.extend(alloc(allocator.pages_for(req.seq_len) - len(req.page_table), req.uid))
         except OutOfPages:
@@ -93,6 +95,8 @@ class PrefillCore(LoopCore):
                         reason=decision.reason)
             return Wake.until(self.yield_until)
         if decision.num_layers <= 0:
+            if self._unpin_waiting(view):
+                return Wake.NOW  # the pages they pinned may be evicted now: decide again
             return Wake.EVENT
         self.apply_units(decision.units)
         if decision.preempt and self.inflight is not None and self.suspended is None:
@@ -111,6 +115,13 @@ class PrefillCore(LoopCore):
             finishing = [r for r in inflight.requests if r not in self.aborted and r.params.max_new_tokens > 0]
         return self.launch(inflight.requests, lambda done: self.env.executor.run_prefill(inflight, layers, finishing, done),
                            lambda seconds: self._step_done(view, decision, layers, seconds))
+
+    def _unpin_waiting(self, view: PrefillView) -> bool:
+        """Nothing runs anywhere and nothing can start: the queue's pinned prefixes fill the pool
+        (only running requests free pages). Let them go; each request re-matches when it starts."""
+        if self.cache is None or self.inflight or self.suspended or not self.queue or view.peer.batch_size:
+            return False
+        return sum(self.cache.unmatch(r) for r in self.queue) > 0
 
     def _start(self, admit: list[Request]) -> bool:
         started = take_admitted(self.queue, admit, self.env.allocator, self.cache)
@@ -146,6 +157,8 @@ class PrefillCore(LoopCore):
             elif req.finished:  # its first token already ended it
                 self._finish(req, req.finish_reason)
             else:
+                if self.cache is not None:  # its prompt's pages are the cache's from now on (decode keeps them)
+                    self.cache.insert_computed(req)
                 self.env.outbox.handed_off(req)
         if reqs and reqs[0].first_token_time is not None:
             self.last_ttft_ms = (reqs[0].first_token_time - reqs[0].arrival) * 1e3

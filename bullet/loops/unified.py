@@ -65,6 +65,8 @@ class UnifiedCore(LoopCore):
             req.num_cached += item.num_tokens
             if not item.completes:
                 continue  # a middle chunk of its prompt: nothing to report yet
+            if self.cache is not None and item.start < len(req.prompt_ids) and not req.finished:
+                self.cache.insert_computed(req)  # its prompt is computed: later prompts may share it now
             if req.params.max_new_tokens == 0 and not req.finished:
                 req.finish(Length(length=0), self.now())
             progressed.append(req)

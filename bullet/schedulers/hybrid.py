@@ -79,6 +79,13 @@ class HybridScheduler:
                 return True
         return False
 
+    def _unpin_waiting(self, keep: Request) -> bool:
+        """Memory ran out with nothing left to preempt: the prefixes waiting requests pin are all it
+        could come from. They let go (each re-matches when admitted); returns whether any did."""
+        if self.cache is None:
+            return False
+        return sum(self.cache.unmatch(r) for r in self.waiting if r is not keep) > 0
+
     @staticmethod
     def decoding(req: Request) -> bool:
         """Its next step computes one token after a fully cached sequence past its prompt."""
@@ -108,20 +115,24 @@ class HybridScheduler:
                     self._grow(req, n)
                     break
                 except OutOfPages:
-                    if not self._preempt_newest(keep=req):
+                    if not (self._preempt_newest(keep=req) or self._unpin_waiting(keep=req)):
                         raise
             batch.append(Scheduled(req, n))
             budget -= n
         # 2. new prompts, first come first served, while budget and memory last
         while admit and self.waiting and budget > 0 and len(self.running) < self.max_running:
             req = self.waiting[0]
+            if self.cache is not None:
+                self.cache.rematch(req)  # a longer prefix may have been cached since it arrived
             n = min(req.num_uncomputed, budget)
             try:
                 self._grow(req, n)
             except OutOfPages:
-                if not self.running and not batch:
+                if self.running or batch:
+                    break
+                if not self._unpin_waiting(keep=req):
                     raise  # nothing will ever free memory: the caller rejects this request
-                break
+                continue
             self.waiting.popleft()
             req.status = Status.RUNNING
             self.running.append(req)

@@ -112,6 +112,12 @@ class Simulation:
                       arrival=arrival)
         self.entry.deliver(req)
 
+    def _schedule_arrivals(self) -> None:
+        """Every request at its arrival time (a closed-loop workload schedules later ones as earlier
+        ones finish: `bullet.sim.conversations`)."""
+        for i, (arrival, _, _) in enumerate(self.requests):
+            self.loop.at(arrival, self._arrive, i)
+
     def _prompt_ids(self, index: int, length: int) -> list[int]:
         """Token ids for the prefix cache to compare: a request's own unless its workload says which
         prefix it shares (`prefixes[index]`: (prefix id, prefix length))."""
@@ -127,8 +133,7 @@ class Simulation:
         """Run to completion (every request finished), or until `stop_below_attainment` is out of
         reach. `progress(info)` is called every `progress_every_s` virtual seconds."""
         t0 = time.perf_counter()
-        for i, (arrival, _, _) in enumerate(self.requests):
-            self.loop.at(arrival, self._arrive, i)
+        self._schedule_arrivals()
         if self.requests:
             self.loop.at(0.0, self._tick, progress, progress_every_s, 0.0, t0)
         self.loop.run()
