@@ -59,12 +59,12 @@ def sim_rows(seed: int = 0) -> dict:
     return out
 
 
-def _served_gsp(url: str, encode_len: int, vocab: int, seed: int) -> list[dict]:
+def _served_gsp(url: str, vocab: int, seed: int) -> list[dict]:
     from bullet.workloads.multiturn_client import _stream
     from bullet.workloads.shared_prefix import generated_shared_prefix, token_ids
 
-    reqs = generated_shared_prefix(num_groups=4, prompts_per_group=8, system_prompt_len=512, question_len=64,
-                                   output_len=32, rate=2.0, seed=seed)
+    reqs = generated_shared_prefix(num_groups=3, prompts_per_group=6, system_prompt_len=512, question_len=64,
+                                   output_len=24, rate=2.0, seed=seed)
     prompts = token_ids(reqs, vocab, seed)
     records, lock, t0 = [], threading.Lock(), time.monotonic()
 
@@ -90,17 +90,16 @@ def served_rows(seed: int = 0) -> dict:
     from bullet.workloads.multiturn import synthetic_conversations
     from bullet.workloads.multiturn_client import replay
 
-    convs = synthetic_conversations(6, rate=0.5, turns=4, user_tokens=150, answer_tokens=24, seed=seed)
+    convs = synthetic_conversations(4, rate=0.5, turns=4, user_tokens=150, answer_tokens=24, seed=seed)
     out = {"shared-prefix": [], "multi-turn": []}
     for policy, cache in SERVED_SYSTEMS:
         args = ["--policy", policy, "--max-total-tokens", "16384"] + ([] if cache else ["--disable-radix-cache"])
         with BulletServer(*args) as server:
-            vocab = server.get("/model_info")[1].get("vocab_size", 49152)
             for name in ("shared-prefix", "multi-turn"):
                 server.post("/flush_cache", {})
                 t0 = time.monotonic()
                 if name == "shared-prefix":
-                    recs = _served_gsp(server.url, 0, 49152, seed)
+                    recs = _served_gsp(server.url, 49152, seed)  # SmolLM2's vocabulary
                 else:
                     recs = [vars(r) | {"prompt": r.prompt_tokens, "cached": r.cached_tokens, "output": r.output_tokens}
                             for r in replay(server.url, convs, lambda text: [], think_s=1.0)]

@@ -45,8 +45,9 @@ def _stream(url: str, body: dict, timeout: float) -> tuple[float, dict | None]:
 
 def replay(url: str, conversations: Sequence[Conversation], encode: Callable[[str], list[int]],
            think_s: float = 1.0, filler: int = 1000, timeout: float = 600.0) -> list[TurnRecord]:
-    """Every turn of every conversation; a user message is cut (or padded with `filler` ids) to its
-    turn's `user_tokens`, and each answer is exactly `answer_tokens` long (ignore_eos)."""
+    """Every turn of every conversation; a user message is cut (or padded with id `filler + c` in
+    conversation c) to its turn's `user_tokens`, and each answer is exactly `answer_tokens` long
+    (ignore_eos)."""
     records: list[TurnRecord] = []
     lock = threading.Lock()
     t_start = time.monotonic()
@@ -56,7 +57,7 @@ def replay(url: str, conversations: Sequence[Conversation], encode: Callable[[st
         history: list[int] = []
         for k, (turn, text) in enumerate(zip(conv.turns, conv.texts)):
             user = (encode(text) if text else [])[:turn.user_tokens]
-            user += [filler] * (turn.user_tokens - len(user))
+            user += [filler + c] * (turn.user_tokens - len(user))  # each conversation its own filler
             prompt = history + user
             body = {"input_ids": prompt, "stream": True, "sampling_params": {
                 "temperature": 0, "max_new_tokens": turn.answer_tokens, "ignore_eos": True}}

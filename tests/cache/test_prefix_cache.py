@@ -115,3 +115,39 @@ def test_shared_allocator_transfer_and_published_counts():
     finally:
         alloc.close()
         alloc.unlink()
+
+
+def test_a_prefilled_prompt_is_shared_while_its_request_still_decodes():
+    alloc = LocalPageAllocator(16, PS)
+    cache = PrefixCache(alloc)
+    a = request(PROMPT, 1)
+    cache.match(a)
+    a.page_table += cache.alloc(3, a.uid)
+    a.num_cached = len(PROMPT)  # prefilled
+    cache.insert_computed(a)
+    assert a.shared_pages == 2  # its two full pages are the cache's now; the partial one stays its own
+    assert alloc.cache_pages() == (2, 0)  # pinned for a while it decodes
+    b = request(PROMPT + [50], 2)
+    assert cache.match(b) == 8  # found while a still runs
+    # decode finishes a (its partial page is its own) and sends the pages back
+    a.output_ids += [60, 61, 62]
+    a.num_cached = a.seq_len - 1
+    cache.release(a.uid, a.all_ids[:a.num_cached], a.page_table, a.shared_pages)
+    assert alloc.cache_pages() == (3, 1)  # the third page (prompt tail + outputs) joined; b pins two
+    cache.release_request(b, insert=False)
+    assert accounted(alloc)
+
+
+def test_a_waiting_request_can_let_its_prefix_go_and_find_it_again():
+    alloc = LocalPageAllocator(16, PS)
+    cache = PrefixCache(alloc)
+    run(cache, request(PROMPT, 1))
+    waiting = request(PROMPT + [7, 8], 2)
+    cache.match(waiting)
+    assert cache.unmatch(waiting) and waiting.num_cached == 0 and not waiting.page_table
+    assert alloc.cache_pages() == (2, 2) and not cache.unmatch(waiting)
+    cache.rematch(waiting)
+    assert waiting.cached_tokens == 8 and waiting.shared_pages == 2 and alloc.cache_pages() == (2, 0)
+    assert cache.hit_rate == pytest.approx(8 / (len(PROMPT) + len(PROMPT) + 2))
+    cache.release_request(waiting, insert=False)
+    assert accounted(alloc)

@@ -77,6 +77,19 @@ def test_openai_usage_reports_cached_tokens(warm):
     assert usage["prompt_tokens_details"]["cached_tokens"] < usage["prompt_tokens"]
 
 
+def test_multi_turn_replay_reuses_each_conversation_history(warm):
+    from bullet.workloads.multiturn import synthetic_conversations
+    from bullet.workloads.multiturn_client import replay
+
+    convs = synthetic_conversations(2, rate=5.0, turns=3, user_tokens=40, answer_tokens=8, seed=4)
+    records = replay(warm.url, convs, encode=lambda text: [], think_s=0.1)
+    assert len(records) == 6 and all(r.ok for r in records)
+    for r in records:
+        assert r.prompt_tokens == 40 * (r.turn + 1) + 8 * r.turn and r.output_tokens == 8
+        if r.turn:  # the history is the previous turn's prompt and answer (its last token has no K/V yet)
+            assert r.cached_tokens == (r.prompt_tokens - 40 - 1) // 16 * 16
+
+
 def test_metrics_export_the_hit_rate(warm):
     status, text = warm.get("/metrics")
     assert status == 200
