@@ -16,6 +16,12 @@ import threading
 import time
 
 from artifact.benchmarks.common import print_table, write_results
+from artifact.server import BulletServer
+from bullet.sim import SimConfig, Simulation
+from bullet.sim.conversations import ConversationSimulation
+from bullet.workloads.multiturn import sharegpt_conversations, synthetic_conversations
+from bullet.workloads.multiturn_client import replay, stream_generate
+from bullet.workloads.shared_prefix import generated_shared_prefix, token_ids
 
 SIM_SYSTEMS = [("bullet", False), ("bullet", True), ("chunked:256", False), ("chunked:256", True),
                ("chunked:1024", False), ("chunked:1024", True)]
@@ -28,10 +34,6 @@ def _p(values, q):
 
 
 def sim_rows(seed: int = 0) -> dict:
-    from bullet.sim import SimConfig, Simulation
-    from bullet.sim.conversations import ConversationSimulation
-    from bullet.workloads.multiturn import sharegpt_conversations, synthetic_conversations
-    from bullet.workloads.shared_prefix import generated_shared_prefix
 
     gsp = generated_shared_prefix(num_groups=16, prompts_per_group=32, system_prompt_len=2048, question_len=128,
                                   output_len=256, rate=8.0, seed=seed)
@@ -60,8 +62,6 @@ def sim_rows(seed: int = 0) -> dict:
 
 
 def _served_gsp(url: str, vocab: int, seed: int) -> list[dict]:
-    from bullet.workloads.multiturn_client import _stream
-    from bullet.workloads.shared_prefix import generated_shared_prefix, token_ids
 
     reqs = generated_shared_prefix(num_groups=3, prompts_per_group=6, system_prompt_len=512, question_len=64,
                                    output_len=24, rate=2.0, seed=seed)
@@ -71,7 +71,7 @@ def _served_gsp(url: str, vocab: int, seed: int) -> list[dict]:
     def one(r, ids):
         time.sleep(max(0.0, r.arrival - (time.monotonic() - t0)))
         start = time.monotonic()
-        ttft, last = _stream(url, {"input_ids": ids, "stream": True, "sampling_params": {
+        ttft, last = stream_generate(url, {"input_ids": ids, "stream": True, "sampling_params": {
             "temperature": 0, "max_new_tokens": r.output_tokens, "ignore_eos": True}}, 600)
         with lock:
             records.append({"ttft": ttft, "latency": time.monotonic() - start, "prompt": len(ids),
@@ -86,9 +86,6 @@ def _served_gsp(url: str, vocab: int, seed: int) -> list[dict]:
 
 
 def served_rows(seed: int = 0) -> dict:
-    from artifact.server import BulletServer
-    from bullet.workloads.multiturn import synthetic_conversations
-    from bullet.workloads.multiturn_client import replay
 
     convs = synthetic_conversations(4, rate=0.5, turns=4, user_tokens=150, answer_tokens=24, seed=seed)
     out = {"shared-prefix": [], "multi-turn": []}

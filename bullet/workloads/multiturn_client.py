@@ -27,7 +27,7 @@ class TurnRecord:
     ok: bool
 
 
-def _stream(url: str, body: dict, timeout: float) -> tuple[float, dict | None]:
+def stream_generate(url: str, body: dict, timeout: float) -> tuple[float, dict | None]:
     """(seconds to the first event, the last event) of a streamed /generate."""
     req = urllib.request.Request(url + "/generate", data=json.dumps(body).encode(), method="POST",
                                  headers={"Content-Type": "application/json"})
@@ -63,7 +63,7 @@ def replay(url: str, conversations: Sequence[Conversation], encode: Callable[[st
                 "temperature": 0, "max_new_tokens": turn.answer_tokens, "ignore_eos": True}}
             t0 = time.monotonic()
             try:
-                ttft, last = _stream(url, body, timeout)
+                ttft, last = stream_generate(url, body, timeout)
                 meta, output = last["meta_info"], last["output_ids"]
                 rec = TurnRecord(c, k, len(prompt), meta.get("cached_tokens", 0), len(output), ttft,
                                  time.monotonic() - t0, True)
