@@ -25,7 +25,7 @@ from bullet.workloads.shared_prefix import generated_shared_prefix, token_ids
 
 SIM_SYSTEMS = [("bullet", False), ("bullet", True), ("chunked:256", False), ("chunked:256", True),
                ("chunked:1024", False), ("chunked:1024", True)]
-SERVED_SYSTEMS = [("bullet", False), ("bullet", True), ("chunked:256", True), ("chunked:1024", True)]
+SERVED_SYSTEMS = [("bullet", False), ("bullet", True), ("chunked:256", False), ("chunked:256", True)]
 
 
 def _p(values, q):
@@ -63,8 +63,8 @@ def sim_rows(seed: int = 0) -> dict:
 
 def _served_gsp(url: str, vocab: int, seed: int) -> list[dict]:
 
-    reqs = generated_shared_prefix(num_groups=3, prompts_per_group=6, system_prompt_len=512, question_len=64,
-                                   output_len=24, rate=2.0, seed=seed)
+    reqs = generated_shared_prefix(num_groups=3, prompts_per_group=4, system_prompt_len=512, question_len=64,
+                                   output_len=16, rate=2.0, seed=seed)
     prompts = token_ids(reqs, vocab, seed)
     records, lock, t0 = [], threading.Lock(), time.monotonic()
 
@@ -87,7 +87,7 @@ def _served_gsp(url: str, vocab: int, seed: int) -> list[dict]:
 
 def served_rows(seed: int = 0) -> dict:
 
-    convs = synthetic_conversations(4, rate=0.5, turns=4, user_tokens=150, answer_tokens=24, seed=seed)
+    convs = synthetic_conversations(3, rate=1.0, turns=3, user_tokens=200, answer_tokens=16, seed=seed)
     out = {"shared-prefix": [], "multi-turn": []}
     for policy, cache in SERVED_SYSTEMS:
         args = ["--policy", policy, "--max-total-tokens", "16384"] + ([] if cache else ["--disable-radix-cache"])
@@ -107,6 +107,7 @@ def served_rows(seed: int = 0) -> dict:
                                   "output tok/s": sum(r["output"] for r in recs) / wall,
                                   "hit %": 100.0 * sum(r["cached"] for r in recs) / sum(r["prompt"] for r in recs),
                                   "requests": len(recs)})
+                print(name, out[name][-1], flush=True)
     return out
 
 
