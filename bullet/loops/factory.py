@@ -27,5 +27,6 @@ def build_core(env: LoopEnv, args: ServerArgs, num_layers: int, predictor: Predi
     if env.role is Role.DECODE:
         return DecodeCore(env, make_decode_policy(args, feasible, predictor), remote_cache=cached)
     scheduler = HybridScheduler(env.allocator, args.policy_arg, args.max_running_requests,
-                                mixed=args.policy_name == "chunked", cache=PrefixCache(env.allocator) if cached else None)
+                                mixed=args.policy_name == "chunked",
+                                cache=PrefixCache(env.allocator) if cached else None)  # in-process, as prefill's
     return UnifiedCore(env, scheduler)
