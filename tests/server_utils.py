@@ -33,6 +33,14 @@ def pages_accounted(state: dict) -> bool:
     return cached == evictable and state["kv_pages_free"] + evictable == state["kv_pages_total"]
 
 
+def wait_pages_accounted(server, timeout: float = 10.0) -> dict:
+    """The server's state once `pages_accounted` holds: a finished request's pages reach the prefix
+    cache a moment after its last token reaches the client (decode sends them to prefill, which
+    inserts them), so a check right after a response must wait for them."""
+    return wait_for(lambda: (lambda s: s if pages_accounted(s) else None)(server.state()), timeout,
+                    "every page free or evictable")
+
+
 def bullet_segments(instance_id: str | None = None) -> list[str]:
     prefix = f"bullet-{instance_id}-" if instance_id else "bullet-"
     return sorted(n for n in os.listdir("/dev/shm") if n.startswith(prefix) or n.startswith("sem." + prefix))
