@@ -40,6 +40,9 @@ class ServerArgs(BaseModel):
                                      "past it a new request gets 503 with Retry-After, and a batch larger than "
                                      "this gets 400 (it could never be admitted)")
     max_prefill_tokens: int = Field(4096, ge=16, description="largest prefill batch, in prompt tokens")
+    disable_radix_cache: bool = Field(False, description="free every request's KV pages when it finishes instead of "
+                                      "keeping full pages in the prefix (radix) cache for later prompts that begin "
+                                      "the same way")
     # scheduling
     policy: str = Field("bullet", description="bullet (measures and caches a quick estimator profile on first use) | "
                         "static[:<prefill units>] | naive | chunked:<token budget> "

@@ -2,7 +2,9 @@
 continuous batching (requests join and leave the batch between steps), like nano-vllm's `LLM`.
 
 It runs the same loop core as the chunked baseline's server worker (`UnifiedCore`, hybrid batches
-with chunked prefill) on the same model executor, with an in-process page allocator and no peer."""
+with chunked prefill) on the same model executor, with an in-process page allocator and no peer.
+`prefix_cache=True` keeps finished requests' full KV pages in the prefix (radix) cache, as the
+server does by default (off here by default: a script's prompts rarely share prefixes)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from bullet.cache.prefix_cache import PrefixCache
 from bullet.core.finish import FinishChecker, trim_stop_string
 from bullet.core.request import Request
 from bullet.core.roles import Role
@@ -42,6 +45,7 @@ class GenerateOutput:
     prompt_logprobs: list[float | None] | None = None
     output_logprobs: list[float | None] | None = None
     output_top_logprobs: list | None = None
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
 
 class _NoPeer:
@@ -75,11 +79,12 @@ class OfflineEngine:
     page allocator over the runner's KV pool. `LLM` is this plus weights and a tokenizer."""
 
     def __init__(self, runner: ModelRunner, finish: FinishChecker, chunked_prefill_size: int = 8192,
-                 max_running_requests: int = 64):
+                 max_running_requests: int = 64, prefix_cache: bool = False):
         kv = runner.kv
         self.runner, self.vocab_size = runner, runner.model.config.vocab_size
         self.allocator = LocalPageAllocator(kv.num_pages, kv.page_size)
-        self.scheduler = HybridScheduler(self.allocator, chunked_prefill_size, max_running_requests)
+        self.cache = PrefixCache(self.allocator) if prefix_cache else None
+        self.scheduler = HybridScheduler(self.allocator, chunked_prefill_size, max_running_requests, cache=self.cache)
         env = LoopEnv(role=Role.UNIFIED, clock=MonotonicClock(), state=_NoPeer(), allocator=self.allocator,
                       partition=NoPartitionBackend("prefill", total_units=torch.get_num_threads()),
                       timeline=Timeline(None, Role.UNIFIED.value), executor=ModelExecutor(runner, finish),
@@ -111,7 +116,7 @@ class LLM:
     def __init__(self, model_path: str | None = None, *, load_format: str = "auto", dtype: str = "auto",
                  device: str = "cpu", tokenizer_path: str | None = None, page_size: int = 16,
                  max_total_tokens: int = 32768, chunked_prefill_size: int = 8192, max_running_requests: int = 64,
-                 num_threads: int | None = None, seed: int = 0, quantization: str = "auto"):
+                 num_threads: int | None = None, seed: int = 0, quantization: str = "auto", prefix_cache: bool = False):
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         if num_threads:
@@ -127,7 +132,7 @@ class LLM:
         self.runner = ModelRunner(model, kv, self.device)
         eos = set(weights.config.eos_token_ids) | (self.tokenizer.eos_token_ids if self.tokenizer else set())
         finish = FinishChecker(self.tokenizer, eos, weights.config.max_position_embeddings)
-        self.engine = OfflineEngine(self.runner, finish, chunked_prefill_size, max_running_requests)
+        self.engine = OfflineEngine(self.runner, finish, chunked_prefill_size, max_running_requests, prefix_cache)
         self.allocator = self.engine.allocator
 
     def encode(self, prompt: str | list[int]) -> list[int]:
@@ -182,6 +187,7 @@ class LLM:
             prompt_logprobs=req.prompt_logprobs if req.params.prompt_logprobs else None,
             output_logprobs=req.output_logprobs if lp else None,
             output_top_logprobs=req.output_top_logprobs if req.params.top_logprobs_num else None,
+            cached_tokens=req.cached_tokens,
         )
 
 

@@ -70,13 +70,15 @@ class Estimator:
     # ---- prediction ---------------------------------------------------------------------------
 
     def prefill_time(self, seq_lens: Sequence[int], units: int, num_layers: int | None = None,
-                     include_head: bool = True, co_decode_batch: int = 0) -> float:
+                     include_head: bool = True, co_decode_batch: int = 0,
+                     cached: Sequence[int] | None = None) -> float:
         """Seconds to run `num_layers` layers (default all) of a packed prefill of `seq_lens` on
         `units` units, plus embedding and LM head if `include_head`, with a decode batch of
-        `co_decode_batch` requests running on the other units."""
+        `co_decode_batch` requests running on the other units. `cached`: tokens of each sequence
+        already in the KV pool (a prefix cache hit) that its new tokens attend to."""
         if not 0 < units <= self.hardware.units:
             raise ValueError(f"units must be in 1..{self.hardware.units}, got {units}")
-        seconds = self._prefill(seq_lens, units, num_layers, include_head, co_decode_batch, True)
+        seconds = self._prefill(seq_lens, units, num_layers, include_head, co_decode_batch, True, cached)
         online = self.calibration.online
         if online.factors:
             seconds *= online.factor("prefill", sum(seq_lens), units, self.hardware.units)
@@ -110,12 +112,17 @@ class Estimator:
             return batch, batch * max(context_lens)
         return batch, int(sum(context_lens))
 
-    def _prefill(self, seq_lens, units, num_layers, include_head, co_decode_batch, phase_alpha) -> float:
+    def _prefill(self, seq_lens, units, num_layers, include_head, co_decode_batch, phase_alpha,
+                 cached: Sequence[int] | None = None) -> float:
         if not seq_lens:
             return 0.0
         k = self.kernels
         tokens = sum(seq_lens)
-        layer = k.token_ops_time(tokens, units, 1.0) + k.prefill_attention_time(seq_lens, tokens, units)
+        if cached and any(cached):  # new tokens after a cached prefix: they attend to it and read it back
+            attention = k.chunk_attention_time(seq_lens, cached, units)
+        else:
+            attention = k.prefill_attention_time(seq_lens, tokens, units)
+        layer = k.token_ops_time(tokens, units, 1.0) + attention
         seconds = layer * (self.model.num_hidden_layers if num_layers is None else num_layers)
         if include_head:
             seconds += k.head_time(tokens, len(seq_lens), units, 1.0)

@@ -26,6 +26,21 @@ def wait_for(predicate, timeout: float, what: str):
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def pages_accounted(state: dict) -> bool:
+    """/server_info's pool once nothing runs: every page free, or held by the prefix cache with no
+    request using it (evicted on demand) — nothing leaked."""
+    cached, evictable = state.get("kv_pages_cached", 0), state.get("kv_pages_evictable", 0)
+    return cached == evictable and state["kv_pages_free"] + evictable == state["kv_pages_total"]
+
+
+def wait_pages_accounted(server, timeout: float = 10.0) -> dict:
+    """The server's state once `pages_accounted` holds: a finished request's pages reach the prefix
+    cache a moment after its last token reaches the client (decode sends them to prefill, which
+    inserts them), so a check right after a response must wait for them."""
+    return wait_for(lambda: (lambda s: s if pages_accounted(s) else None)(server.state()), timeout,
+                    "every page free or evictable")
+
+
 def bullet_segments(instance_id: str | None = None) -> list[str]:
     prefix = f"bullet-{instance_id}-" if instance_id else "bullet-"
     return sorted(n for n in os.listdir("/dev/shm") if n.startswith(prefix) or n.startswith("sem." + prefix))

@@ -135,7 +135,8 @@ async def wait_alive(session: aiohttp.ClientSession, url: str, timeout: float) -
 def pool_summary(info: dict | None) -> dict:
     if not info:
         return {"kv_pages_free": None, "kv_pages_total": None, "inflight_requests": None}
-    return {k: info.get(k) for k in ("kv_pages_free", "kv_pages_total", "inflight_requests", "worker_restarts",
+    return {k: info.get(k) for k in ("kv_pages_free", "kv_pages_evictable", "kv_pages_total", "inflight_requests",
+                                     "worker_restarts",
                                      "incarnation", "status")} | {"worker_pids": info.get("worker_pids"),
                                                                   "failures": info.get("failures", [])[-5:]}
 

@@ -1,7 +1,9 @@
 """Typed messages between the frontend and the workers, and their wire format.
 
-    frontend --GenerateRequest/AbortRequest--> prefill --Handoff--> decode
+    frontend --GenerateRequest/AbortRequest/FlushCache--> prefill --Handoff--> decode
     frontend --AbortRequest--> decode --Recompute--> prefill (its KV was dropped for memory)
+    decode --Release/Evict--> prefill (the prefix cache's owner: pages of a finished request to keep,
+                                       pages decode needs freed)
     prefill, decode --OutputBatch--> frontend
 
 Only metadata travels (token ids, page ids, lengths, sampling params) — never tensor data: K/V stay
@@ -54,6 +56,31 @@ class Handoff(Message):
     first_token_time: float
     output_logprobs: list[float | None] = []
     output_top_logprobs: list[list[tuple[int, float]] | None] = []
+    shared_pages: int = Field(0, ge=0)  # the first pages of page_table are the prefix cache's: never freed by decode
+
+
+class Release(Message):
+    """Decode is done with a request's pages (finished or aborted): the prefix cache keeps the full
+    pages of the tokens whose K/V they hold, frees the rest, and unpins the request's prefix."""
+
+    kind: Literal["release"] = "release"
+    uid: int = Field(ge=1)
+    token_ids: list[int]  # the tokens whose K/V are in the pages (prompt and outputs but the last)
+    page_table: list[int]
+    shared_pages: int = Field(0, ge=0)
+
+
+class Evict(Message):
+    """Decode cannot grow its batch: free this many unreferenced cached pages if there are any."""
+
+    kind: Literal["evict"] = "evict"
+    pages: int = Field(ge=1)
+
+
+class FlushCache(Message):
+    """/flush_cache: drop every unreferenced page of the prefix cache."""
+
+    kind: Literal["flush_cache"] = "flush_cache"
 
 
 class Recompute(Message):
@@ -87,6 +114,7 @@ class RequestOutput(BaseModel):
     prompt_logprobs: list[float | None] | None = None
     prompt_top_logprobs: list[list[tuple[int, float]] | None] | None = None  # (token id, logprob) per position
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache (from the worker that prefilled it)
     finish_reason: FinishReason | None = None
     worker: str = ""
 
@@ -96,7 +124,8 @@ class OutputBatch(Message):
     outputs: list[RequestOutput]
 
 
-AnyMessage = Annotated[Union[GenerateRequest, AbortRequest, Handoff, Recompute, OutputBatch], Field(discriminator="kind")]
+AnyMessage = Annotated[Union[GenerateRequest, AbortRequest, Handoff, Recompute, OutputBatch, Release, Evict, FlushCache],
+                      Field(discriminator="kind")]
 _ADAPTER: TypeAdapter = TypeAdapter(AnyMessage)
 
 
@@ -108,7 +137,7 @@ def encode(msg: Message) -> bytes:
     return msg.model_dump_json().encode()
 
 
-def decode(data: bytes) -> GenerateRequest | AbortRequest | Handoff | Recompute | OutputBatch:
+def decode(data: bytes) -> Message:
     if len(data) > MAX_MESSAGE_BYTES:
         raise MalformedMessage(f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
     try:

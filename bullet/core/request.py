@@ -36,6 +36,10 @@ class Request:
     output_ids: list[int] = field(default_factory=list)
     page_table: list[int] = field(default_factory=list)
     num_cached: int = 0
+    # the first `shared_pages` of page_table belong to the prefix cache (pinned for this request, never
+    # freed by it); `cached_tokens`: prompt tokens it found cached on arrival (reported to the client)
+    shared_pages: int = 0
+    cached_tokens: int = 0
     status: Status = Status.WAITING
     finish_reason: Stop | Length | Abort | None = None
     output_logprobs: list[float | None] = field(default_factory=list)
@@ -73,3 +77,4 @@ class Request:
     def reset_for_recompute(self) -> None:
         """After preemption: its pages are gone, everything is recomputed on re-admission."""
         self.page_table, self.num_cached, self.status = [], 0, Status.WAITING
+        self.shared_pages = 0

@@ -4,8 +4,9 @@ unchanged) and under `bullet:` for what only Bullet has.
 * `sglang:*` — request and token counters, the TTFT / inter-token / end-to-end histograms (recorded
   as requests finish; label `model_name`), and, read from the state buffer and the page allocator at
   scrape time, running and queued requests per worker (`engine_type`: prefill, decode, or unified for
-  the chunked baseline's single worker) and the KV pool's usage. There is no prefix cache yet, so
-  `sglang:cache_hit_rate` is 0 and `sglang:cached_tokens_total` stays 0.
+  the chunked baseline's single worker) and the KV pool's usage; `sglang:cache_hit_rate` is the share
+  of finished requests' prompt tokens that the prefix cache served (`sglang:cached_tokens` over
+  `sglang:prompt_tokens`).
 * `bullet:*` — each worker's compute share, its scheduling decisions and repartitions (changes of
   its share), steps, predicted and observed TTFT/TPOT, the mean TPOT of each request, KV pages,
   worker restarts, and HTTP requests by route and status."""
@@ -29,8 +30,8 @@ def gauge(name: str, doc: str, labels=()) -> GaugeMetricFamily:
 class _RuntimeCollector:
     """Gauges and counters read at scrape time from what the workers publish."""
 
-    def __init__(self, runtime, model_name: str):
-        self.rt, self.model = runtime, model_name
+    def __init__(self, runtime, model_name: str, hit_rate):
+        self.rt, self.model, self.hit_rate = runtime, model_name, hit_rate
 
     def collect(self):
         rt = self.rt
@@ -81,17 +82,24 @@ class _RuntimeCollector:
 
     def _pool(self, alloc):
         total, free = alloc.total_pages, alloc.num_free()
+        cached, evictable = alloc.cache_pages()
+        used = total - free - evictable  # cached pages no request uses are as good as free (as in SGLang)
         used_tokens = gauge("sglang:num_used_tokens", "KV slots held by requests", ["model_name"])
-        used_tokens.add_metric([self.model], (total - free) * alloc.page_size)
+        used_tokens.add_metric([self.model], used * alloc.page_size)
         usage = gauge("sglang:token_usage", "fraction of the KV pool in use", ["model_name"])
-        usage.add_metric([self.model], (total - free) / total if total else 0.0)
-        hit = gauge("sglang:cache_hit_rate", "prefix cache hit rate (no prefix cache yet: 0)", ["model_name"])
-        hit.add_metric([self.model], 0.0)
+        usage.add_metric([self.model], used / total if total else 0.0)
+        hit = gauge("sglang:cache_hit_rate", "prompt tokens served from the prefix cache / prompt tokens, over "
+                    "finished requests", ["model_name"])
+        hit.add_metric([self.model], self.hit_rate())
         pages_free = gauge("bullet:kv_pages_free", "free pages in the shared KV pool")
         pages_free.add_metric([], free)
         pages_total = gauge("bullet:kv_pages_total", "pages in the shared KV pool")
         pages_total.add_metric([], total)
-        yield from (used_tokens, usage, hit, pages_free, pages_total)
+        pages_cached = gauge("bullet:kv_pages_cached", "pages the prefix cache holds")
+        pages_cached.add_metric([], cached)
+        pages_evictable = gauge("bullet:kv_pages_evictable", "cached pages no request uses (evicted on demand)")
+        pages_evictable.add_metric([], evictable)
+        yield from (used_tokens, usage, hit, pages_free, pages_total, pages_cached, pages_evictable)
 
 
 class Metrics:
@@ -104,7 +112,7 @@ class Metrics:
                                registry=r)
         self.prompt_tokens = Counter("sglang:prompt_tokens", "prompt tokens of finished requests", m, registry=r)
         self.generation_tokens = Counter("sglang:generation_tokens", "generated tokens", m, registry=r)
-        self.cached_tokens = Counter("sglang:cached_tokens", "prompt tokens served from a prefix cache (none yet)",
+        self.cached_tokens = Counter("sglang:cached_tokens", "prompt tokens served from the prefix cache",
                                      m, registry=r)
         self.ttft = Histogram("sglang:time_to_first_token_seconds", "time to first token", m,
                               buckets=LATENCY_BUCKETS, registry=r)
@@ -119,7 +127,11 @@ class Metrics:
                             registry=r)
         for counter in (self.requests, self.aborted, self.prompt_tokens, self.generation_tokens, self.cached_tokens):
             counter.labels(self.model)  # exported from the start, at 0
-        r.register(_RuntimeCollector(runtime, self.model))
+        self._prompt_total = self._cached_total = 0
+        r.register(_RuntimeCollector(runtime, self.model, self.hit_rate))
+
+    def hit_rate(self) -> float:
+        return self._cached_total / self._prompt_total if self._prompt_total else 0.0
 
     def on_finish(self, st: RequestState) -> None:
         kind = (st.finish_json or {}).get("type", "unknown")
@@ -128,6 +140,9 @@ class Metrics:
         if kind == "abort":
             self.aborted.labels(self.model).inc()
         self.prompt_tokens.labels(self.model).inc(len(st.prompt_ids))
+        self.cached_tokens.labels(self.model).inc(st.cached_tokens)
+        self._prompt_total += len(st.prompt_ids)
+        self._cached_total += st.cached_tokens
         self.generation_tokens.labels(self.model).inc(len(st.output_ids))
         if st.first_token_time is not None:
             self.ttft.labels(self.model).observe(st.first_token_time - st.arrival)

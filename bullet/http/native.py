@@ -37,7 +37,7 @@ def _tops(tok, tops, with_text: bool) -> list:
 def _response(rt, u: Update, item: Item, with_text: bool) -> dict:
     st = u.state
     meta = {"id": st.rid, "finish_reason": st.finish_json, "prompt_tokens": len(st.prompt_ids),
-            "completion_tokens": len(st.output_ids), "cached_tokens": 0}
+            "completion_tokens": len(st.output_ids), "cached_tokens": st.cached_tokens}
     if st.done:
         meta["e2e_latency"] = latency(st)
     if item.logprob:
@@ -164,5 +164,12 @@ async def health_generate(request: Request):
 
 @router.api_route("/flush_cache", methods=["GET", "POST"])
 async def flush_cache(request: Request):
-    # No prefix cache is kept: every request's pages are freed when it finishes.
+    """SGLang's endpoint: empty the prefix cache — only when no request is running or waiting (their
+    pages are in use), else 400 and nothing is done. The worker that owns the cache frees every
+    unreferenced page as soon as it reads the message (`kv_pages_cached` in /server_info)."""
+    rt = request.app.state.runtime
+    if rt.client.inflight:
+        return JSONResponse({"message": "Cache not flushed: requests are running or waiting.",
+                             "running_requests": len(rt.client.inflight)}, status_code=400)
+    await rt.client.flush_cache()
     return JSONResponse({"message": "Cache flushed.", "timestamp": time.time()})

@@ -57,7 +57,8 @@ def _finish_reason(reason: dict | None) -> str | None:
 def _usage(states) -> dict:
     prompt = sum(len(s.prompt_ids) for s in states)
     completion = sum(len(s.output_ids) for s in states)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": sum(s.cached_tokens for s in states)}}
 
 
 async def _submit_all(rt, jobs, rid: str | None) -> list:

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
+from bullet.cache.prefix_cache import PrefixCache
 from bullet.core.finish import Abort
 from bullet.core.request import Request
 from bullet.core.roles import Role
@@ -94,6 +95,12 @@ class Outbox(Protocol):
     def recompute(self, req: Request) -> None:
         """Decode gave up `req`'s pages (the pool ran out): prefill recomputes it and hands it back."""
 
+    def release(self, req: Request) -> None:
+        """Decode is done with `req`'s pages: the prefix cache (in the prefill worker) takes them."""
+
+    def want_pages(self, num_pages: int) -> None:
+        """Decode needs `num_pages` more free pages: the prefix cache's owner evicts that many."""
+
 
 @dataclass(frozen=True)
 class Wake:
@@ -139,6 +146,9 @@ class LoopCore:
         self.decide_us = 0.0  # wall time the last decision took (scheduler overhead)
         self.decisions = 0  # policy decisions so far, and how many changed the compute share (published
         self.repartitions = 0  # for /metrics)
+        # the prefix cache, in the core that owns it (prefill, unified); None when off or elsewhere
+        self.cache: PrefixCache | None = None
+        self.remote_cache = False  # decode with a cache in the prefill worker: pages go back there
 
     @property
     def role(self) -> Role:
@@ -237,6 +247,42 @@ class LoopCore:
         self.env.timeline.record(t, units, **fields, sched_us=round(self.decide_us, 1))
 
     def free_pages(self, req: Request) -> None:
-        if req.page_table:
-            self.env.allocator.free(req.page_table, req.uid)
-            req.page_table = []
+        """This core is done with `req`'s pages: the prefix cache keeps what it can of them (the
+        full pages of tokens with computed K/V), the rest are freed."""
+        if self.cache is not None:
+            self.cache.release_request(req)
+        elif self.remote_cache:
+            if req.page_table:
+                self.env.outbox.release(req)
+            req.page_table, req.shared_pages = [], 0
+        else:
+            self.free_own_pages(req)
+
+    def free_own_pages(self, req: Request) -> None:
+        """Free the pages `req` owns (not the prefix cache's it started on)."""
+        own = req.page_table[req.shared_pages:]
+        if own:
+            self.env.allocator.free(own, req.uid)
+        req.page_table, req.shared_pages = [], 0
+
+    # -- the prefix cache's messages (its owner: prefill or unified) --------------------------------
+    def take_back(self, uid: int, tokens: list[int], pages: list[int], shared: int) -> None:
+        """Decode is done with request `uid`'s pages (`Release`)."""
+        if self.cache is not None:
+            self.cache.release(uid, tokens, pages, shared)
+        else:  # the cache was turned off meanwhile (cannot happen in one server): free what it owns
+            self.env.allocator.free(list(pages)[shared:], uid)
+
+    def evict(self, num_pages: int) -> None:
+        """Decode needs pages (`Evict`)."""
+        if self.cache is not None:
+            self.cache.evict(num_pages)
+
+    def flush_cache(self) -> int:
+        """/flush_cache: every unreferenced cached page back to the free list."""
+        return self.cache.flush() if self.cache is not None else 0
+
+    def free_pages_view(self) -> int:
+        """Pages an allocation here can get: free, or cached and unreferenced (evicted on demand)."""
+        free = self.env.allocator.num_free()
+        return free + self.cache.num_evictable if self.cache is not None else free

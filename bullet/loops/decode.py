@@ -1,7 +1,9 @@
 """The decode loop core: continuous batching over requests handed over by prefill (they join the
 running batch at the next step), one token per request per step, a KV slot reserved for each new
 token (a new page when a sequence crosses a page boundary), pages freed when a request finishes or
-is aborted."""
+is aborted — or, with the prefix cache on, sent back to the prefill worker, which owns the cache
+(`Outbox.release`). When the pool runs short while the cache holds unreferenced pages, decode asks
+prefill to evict them (`Outbox.want_pages`) and waits for them rather than handing a request back."""
 
 from __future__ import annotations
 
@@ -20,9 +22,11 @@ TOMBSTONE_TTL_S = 300.0  # how long an abort waits for a handoff it overtook
 
 
 class DecodeCore(LoopCore):
-    def __init__(self, env: LoopEnv, policy: DecodePolicy):
+    def __init__(self, env: LoopEnv, policy: DecodePolicy, remote_cache: bool = False):
         super().__init__(env)
         self.policy = policy
+        self.remote_cache = remote_cache
+        self.asked_pages_at = -1  # the step at which decode last asked prefill to evict
         self.running: list[Request] = []
         # aborts that overtook their handoff (prefill sent it before the abort reached prefill), by uid
         self.tombstones: dict[int, float] = {}
@@ -70,12 +74,27 @@ class DecodeCore(LoopCore):
         if not self.running:
             return Wake.EVENT
         self.apply_units(decision.units)
+        self._ask_for_pages()
         batch = [r for r in self.running if self._reserve_next_slot(r)]
-        if not batch:  # every request waits for a page: hand the newest back to be recomputed later
-            self._hand_back(self.running.pop())
+        if not batch:
+            if self.remote_cache and env.allocator.cache_pages()[1] > 0:
+                return Wake.until(view.now + PAUSED_POLL_S)  # prefill is evicting cached pages for us
+            self._hand_back(self.running.pop())  # every request waits for a page: the newest goes back
             return Wake.NOW
         return self.launch(batch, lambda done: env.executor.run_decode(batch, done),
                            lambda seconds: self._step_done(view, decision, batch, seconds))
+
+    def _ask_for_pages(self) -> None:
+        """With the cache in the prefill worker: ask it (once per step) to evict what this step's
+        new pages lack."""
+        if not self.remote_cache or self.asked_pages_at == self.steps:
+            return
+        allocator = self.env.allocator
+        need = sum(max(0, allocator.pages_for(r.seq_len) - len(r.page_table)) for r in self.running)
+        short = need - allocator.num_free()
+        if short > 0 and allocator.cache_pages()[1] > 0:
+            self.asked_pages_at = self.steps
+            self.env.outbox.want_pages(short)
 
     def _reserve_next_slot(self, req: Request) -> bool:
         allocator = self.env.allocator
@@ -111,7 +130,7 @@ class DecodeCore(LoopCore):
         outputs so far) when memory allows and it rejoins the batch — no admitted request is lost."""
         log.info("the KV pool is full: request %s (%d tokens) goes back to prefill to be recomputed",
                  req.rid, req.seq_len)
-        self.free_pages(req)
+        self.free_own_pages(req)  # now (the batch needs them); prefill drops its prefix pin on arrival
         req.reset_for_recompute()
         self.handed_back += 1
         self.env.outbox.recompute(req)

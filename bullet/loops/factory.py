@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from bullet.cache.prefix_cache import PrefixCache
 from bullet.config import ServerArgs
 from bullet.core.roles import Role
 from bullet.loops.base import LoopCore, LoopEnv
@@ -19,11 +20,13 @@ from bullet.schedulers.predict import Predictor
 def build_core(env: LoopEnv, args: ServerArgs, num_layers: int, predictor: Predictor | None = None,
                batch_token_limit: Callable[[int], int] | None = None) -> LoopCore:
     feasible = env.partition.feasible_units()
-    if env.role is Role.PREFILL:
+    cached = not args.disable_radix_cache
+    if env.role is Role.PREFILL:  # the prefill worker owns the prefix cache
         policy = make_prefill_policy(args, feasible, num_layers, predictor, batch_token_limit)
-        return PrefillCore(env, policy, num_layers)
+        return PrefillCore(env, policy, num_layers, PrefixCache(env.allocator) if cached else None)
     if env.role is Role.DECODE:
-        return DecodeCore(env, make_decode_policy(args, feasible, predictor))
+        return DecodeCore(env, make_decode_policy(args, feasible, predictor), remote_cache=cached)
     scheduler = HybridScheduler(env.allocator, args.policy_arg, args.max_running_requests,
-                                mixed=args.policy_name == "chunked")
+                                mixed=args.policy_name == "chunked",
+                                cache=PrefixCache(env.allocator) if cached else None)  # in-process, as prefill's
     return UnifiedCore(env, scheduler)

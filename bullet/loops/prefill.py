@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from bullet.cache.prefix_cache import PrefixCache
 from bullet.core.finish import Abort, Length
 from bullet.core.request import Request, Status
 from bullet.loops.base import LoopCore, LoopEnv, Wake
@@ -14,13 +15,18 @@ from bullet.schedulers.views import InflightPrefill, PrefillDecision, PrefillPol
 from bullet.shm.page_allocator import OutOfPages, PageAllocator
 
 
-def take_admitted(queue: list[Request], admit: Sequence[Request], allocator: PageAllocator) -> list[Request]:
-    """Give each admitted request its prompt's pages, in order, until memory runs out (the rest
-    stay queued: decode frees pages as requests finish); move the started ones out of the queue."""
+def take_admitted(queue: list[Request], admit: Sequence[Request], allocator: PageAllocator,
+                  cache: PrefixCache | None = None) -> list[Request]:
+    """Give each admitted request the pages its prompt needs beyond its cached prefix, in order,
+    until memory runs out — evicting unreferenced cached pages first (the rest stay queued: decode
+    frees pages as requests finish); move the started ones out of the queue."""
     started = []
+    alloc = cache.alloc if cache is not None else allocator.alloc
     for req in admit:
+        if cache is not None:
+            cache.rematch(req)
         try:
-            req.page_table = allocator.alloc(allocator.pages_for(req.num_uncomputed), req.uid)
+            req.page_table.extend(alloc(allocator.pages_for(req.seq_len) - len(req.page_table), req.uid))
         except OutOfPages:
             break
         started.append(req)
@@ -31,9 +37,10 @@ def take_admitted(queue: list[Request], admit: Sequence[Request], allocator: Pag
 
 
 class PrefillCore(LoopCore):
-    def __init__(self, env: LoopEnv, policy: PrefillPolicy, num_layers: int):
+    def __init__(self, env: LoopEnv, policy: PrefillPolicy, num_layers: int, cache: PrefixCache | None = None):
         super().__init__(env)
         self.policy, self.num_layers = policy, num_layers
+        self.cache = cache
         self.queue: list[Request] = []
         self.inflight: InflightPrefill | None = None
         self.suspended: InflightPrefill | None = None  # preempted at a layer boundary; resumes after `inflight`
@@ -48,6 +55,11 @@ class PrefillCore(LoopCore):
 
     # -- messages -----------------------------------------------------------------------------------
     def add(self, req: Request) -> None:
+        """A new prompt, or a request decode handed back: it starts on its longest cached prefix
+        (pinned while it is here), so the policy sees, and prefill computes, only the rest."""
+        if self.cache is not None:
+            self.cache.unpin(req.uid)  # handed back: the pin of its first admission goes
+            self.cache.match(req)
         self.queue.append(req)
 
     def abort(self, uid: int, message: str) -> None:
@@ -65,7 +77,7 @@ class PrefillCore(LoopCore):
         env = self.env
         return PrefillView(now=self.now(), queue=self.queue, inflight=self.inflight, peer=self.read_peer(),
                            total_units=env.partition.total_units, current_units=env.partition.current_units,
-                           free_pages=env.allocator.num_free(), page_size=env.allocator.page_size,
+                           free_pages=self.free_pages_view(), page_size=env.allocator.page_size,
                            suspended=self.suspended)
 
     def iterate(self) -> Wake:
@@ -83,6 +95,8 @@ class PrefillCore(LoopCore):
                         reason=decision.reason)
             return Wake.until(self.yield_until)
         if decision.num_layers <= 0:
+            if self._unpin_waiting(view):
+                return Wake.NOW  # the pages they pinned may be evicted now: decide again
             return Wake.EVENT
         self.apply_units(decision.units)
         if decision.preempt and self.inflight is not None and self.suspended is None:
@@ -102,11 +116,19 @@ class PrefillCore(LoopCore):
         return self.launch(inflight.requests, lambda done: self.env.executor.run_prefill(inflight, layers, finishing, done),
                            lambda seconds: self._step_done(view, decision, layers, seconds))
 
+    def _unpin_waiting(self, view: PrefillView) -> bool:
+        """Nothing runs anywhere and nothing can start: the queue's pinned prefixes fill the pool
+        (only running requests free pages). Let them go; each request re-matches when it starts."""
+        if self.cache is None or self.inflight or self.suspended or not self.queue or view.peer.batch_size:
+            return False
+        return sum(self.cache.unmatch(r) for r in self.queue) > 0
+
     def _start(self, admit: list[Request]) -> bool:
-        started = take_admitted(self.queue, admit, self.env.allocator)
+        started = take_admitted(self.queue, admit, self.env.allocator, self.cache)
         if not started:
             return False
-        self.inflight = InflightPrefill(started, 0, self.num_layers, self.now())
+        self.inflight = InflightPrefill(started, 0, self.num_layers, self.now(),
+                                        starts=[r.num_cached for r in started])
         return True
 
     def _step_done(self, view: PrefillView, decision: PrefillDecision, layers: int, seconds: float) -> None:
@@ -125,8 +147,8 @@ class PrefillCore(LoopCore):
 
     def _complete(self, batch: InflightPrefill) -> None:
         self.inflight, self.suspended, reqs = self.suspended, None, batch.requests  # a preempted batch resumes
-        for req, computed in zip(reqs, batch.lengths):
-            req.num_cached = computed
+        for req, start, computed in zip(reqs, batch.starts, batch.lengths):
+            req.num_cached = start + computed
             if req in self.aborted:
                 self.aborted.discard(req)
                 self._finish(req, Abort(message="aborted by the client"))
@@ -135,6 +157,8 @@ class PrefillCore(LoopCore):
             elif req.finished:  # its first token already ended it
                 self._finish(req, req.finish_reason)
             else:
+                if self.cache is not None:  # its prompt's pages are the cache's from now on (decode keeps them)
+                    self.cache.insert_computed(req)
                 self.env.outbox.handed_off(req)
         if reqs and reqs[0].first_token_time is not None:
             self.last_ttft_ms = (reqs[0].first_token_time - reqs[0].arrival) * 1e3
@@ -159,7 +183,10 @@ class PrefillCore(LoopCore):
         return self.queue + [r for reqs in held for r in reqs if r.first_token_time is None]
 
     def counters(self) -> dict:
-        return {"prefill_preemptions": self.preemptions}
+        counters = {"prefill_preemptions": self.preemptions}
+        if self.cache is not None:
+            counters.update(self.cache.counters())
+        return counters
 
     def publish(self) -> None:
         inflight = self.inflight

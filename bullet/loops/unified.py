@@ -27,6 +27,7 @@ class UnifiedCore(LoopCore):
     def __init__(self, env: LoopEnv, scheduler: HybridScheduler):
         super().__init__(env)
         self.scheduler = scheduler
+        self.cache = scheduler.cache  # this worker owns the prefix cache, if there is one
         self.requests: dict[int, Request] = {}  # by uid: every request not yet finished
         self.apply_units(env.partition.total_units)
 
@@ -64,6 +65,8 @@ class UnifiedCore(LoopCore):
             req.num_cached += item.num_tokens
             if not item.completes:
                 continue  # a middle chunk of its prompt: nothing to report yet
+            if self.cache is not None and item.start < len(req.prompt_ids) and not req.finished:
+                self.cache.insert_computed(req)  # its prompt is computed: later prompts may share it now
             if req.params.max_new_tokens == 0 and not req.finished:
                 req.finish(Length(length=0), self.now())
             progressed.append(req)
@@ -89,7 +92,10 @@ class UnifiedCore(LoopCore):
         return [r for r in list(sched.waiting) + sched.running if r.first_token_time is None]
 
     def counters(self) -> dict:
-        return {"preemptions": self.scheduler.preemptions}
+        counters = {"preemptions": self.scheduler.preemptions}
+        if self.cache is not None:
+            counters.update(self.cache.counters())
+        return counters
 
     def publish(self) -> None:
         sched = self.scheduler

@@ -20,6 +20,7 @@ import zmq.asyncio
 from bullet.core.finish import Abort, FinishReason
 from bullet.core.messages import (
     AbortRequest,
+    FlushCache,
     GenerateRequest,
     MalformedMessage,
     OutputBatch,
@@ -47,6 +48,7 @@ class RequestState:
     prompt_logprobs: list[float | None] | None = None
     prompt_top_logprobs: list | None = None  # per prompt position: [(token id, logprob), ...] or None
     group: str | None = None  # the client's rid that several samples (n > 1) share
+    cached_tokens: int = 0  # prompt tokens the prefix cache held when it was prefilled
     cancelled: bool = False  # aborted at the client's request (/abort_request): not a server failure
     finish_reason: FinishReason | None = None
     first_token_time: float | None = None
@@ -156,6 +158,10 @@ class RuntimeClient:
         if self._to_decode is not None:
             await self._to_decode.send(msg)
 
+    async def flush_cache(self) -> None:
+        """Ask the worker that owns the prefix cache (prefill, or the unified worker) to empty it."""
+        await self._to_prefill.send(encode(FlushCache()))
+
     def find(self, rid: str) -> list[RequestState]:
         """The requests in flight that a client's rid names: its own, or its samples' (n > 1)."""
         return [s for s in self.inflight.values() if s.rid == rid or s.group == rid]
@@ -195,6 +201,8 @@ class RuntimeClient:
             state.prompt_logprobs = out.prompt_logprobs
         if out.prompt_top_logprobs is not None:
             state.prompt_top_logprobs = out.prompt_top_logprobs
+        if out.start == 0 and out.cached_tokens:  # the first prefill's (not a recomputation's)
+            state.cached_tokens = out.cached_tokens
         if out.finish_reason is not None:
             state._final = (out.start + len(out.token_ids), out.finish_reason)
         if out.token_ids:

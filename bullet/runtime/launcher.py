@@ -21,6 +21,7 @@ from bullet.partition.share_control import share_factory
 from bullet.runtime.endpoints import Endpoints, make_runtime_dir, remove_runtime_dir, stale_runtime_dirs
 from bullet.runtime.shared_model import load_shared_model
 from bullet.schedulers.factory import initial_units, roles_for
+from bullet.shm.page_allocator import CACHE_OWNER
 from bullet.shm.segments import cleanup_at_exit_only, cleanup_instance, instance_alive, new_instance_id, stale_instances
 from bullet.shm.shared_page_allocator import SharedPageAllocator
 from bullet.shm.state_buffer import StateBuffer
@@ -162,8 +163,14 @@ class Launcher:
         self.terminate_workers()
         for uid in failed_uids:
             self.allocator.free_owner(uid)
+        self.drop_cache()
         self.restarts += 1
         self.spawn_workers()
+
+    def drop_cache(self) -> None:
+        """The prefix cache lived in the old prefill worker: its pages go back to the free list."""
+        self.allocator.free_owner(CACHE_OWNER)
+        self.allocator.set_cache_pages(0, 0)
 
     def _profile(self):
         """The estimator profile of this model on this device: cached, or measured now (minutes)."""

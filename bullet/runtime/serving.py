@@ -84,6 +84,8 @@ class ServingRuntime:
         if self.launcher.allocator is not None:
             info["kv_pages_free"] = self.launcher.allocator.num_free()
             info["kv_pages_total"] = self.launcher.allocator.total_pages
+            # the prefix cache's pages, and how many no request uses (free + evictable == total when idle)
+            info["kv_pages_cached"], info["kv_pages_evictable"] = self.launcher.allocator.cache_pages()
             info["page_size"] = self.launcher.allocator.page_size
         return info
 
@@ -132,6 +134,7 @@ class ServingRuntime:
                 self.launcher.terminate_workers()
                 for uid in uids:
                     self.launcher.allocator.free_owner(uid)
+                self.launcher.drop_cache()
                 if self.on_fatal is not None:
                     self.on_fatal(what)
                 return

@@ -27,7 +27,7 @@ from typing import Callable
 from bullet.core.request import Request
 from bullet.core.slo import SLO
 from bullet.core.worker_state import Predictions
-from bullet.schedulers.predict import LearningPredictor, Predictor, p90, predict_ttfts, prefill_costs
+from bullet.schedulers.predict import LearningPredictor, Predictor, p90, predict_ttfts, prefill_costs, prefill_seconds
 from bullet.schedulers.preemption import choose_preemptors
 from bullet.schedulers.views import PrefillDecision, PrefillPolicy, PrefillView
 
@@ -66,11 +66,11 @@ class BulletPrefillPolicy(PrefillPolicy):
         inflight, suspended = view.inflight, view.suspended
         remaining = behind = 0.0
         if inflight is not None:
-            remaining = behind = self.est.prefill_time(inflight.lengths, units_now, num_layers=inflight.remaining_layers,
-                                                       co_decode_batch=decode_batch)
+            remaining = behind = prefill_seconds(self.est, inflight.lengths, units_now, inflight.starts,
+                                                 num_layers=inflight.remaining_layers, co_decode_batch=decode_batch)
         if suspended is not None:  # the preempted batch resumes after the one in flight
-            behind += self.est.prefill_time(suspended.lengths, units_now, num_layers=suspended.remaining_layers,
-                                            co_decode_batch=decode_batch)
+            behind += prefill_seconds(self.est, suspended.lengths, units_now, suspended.starts,
+                                      num_layers=suspended.remaining_layers, co_decode_batch=decode_batch)
         costs = prefill_costs(view.queue, self.est, units_now, decode_batch)
         order = self.order_queue(view, behind, costs)
         ttfts = predict_ttfts(view.now, inflight.requests if inflight else [], remaining, [], costs)
@@ -91,10 +91,12 @@ class BulletPrefillPolicy(PrefillPolicy):
             if not admit:
                 return PrefillDecision(units=units_now, predictions=self._predictions(0.0))
         batch_lens = [r.num_uncomputed for r in admit] if admit else inflight.lengths
+        cached = [r.num_cached for r in admit] if admit else inflight.starts  # prefixes the batch attends to
         misses = sum(1 for r in waiting if ttfts[r] > self.slo.ttft_target(len(r.prompt_ids)))
         running = None if preempt else inflight
         admitted = set(admit)
-        units, reason = self.split(view, batch_lens, satisfy, running, [r for r in order if r not in admitted], misses)
+        units, reason = self.split(view, batch_lens, satisfy, running, [r for r in order if r not in admitted], misses,
+                                   cached)
         if preempt:
             reason = f"preempt at a layer boundary for {len(admit)} prompt(s); {reason}"
         self.last_reason = reason
@@ -102,13 +104,14 @@ class BulletPrefillPolicy(PrefillPolicy):
         if units == 0:
             step = self.est.decode_time(peer.batch_size, peer.tokens_in_flight, self.total)
             return PrefillDecision(units=units_now, reason=reason, yield_s=step, predictions=self._predictions(0.0))
-        layers = self.layer_group(batch_lens, units, self._remaining(running), peer)
-        step = self.est.prefill_time(batch_lens, units, num_layers=layers, include_head=False,
-                                     co_decode_batch=decode_batch)
+        layers = self.layer_group(batch_lens, units, self._remaining(running), peer, cached)
+        step = prefill_seconds(self.est, batch_lens, units, cached, num_layers=layers, include_head=False,
+                               co_decode_batch=decode_batch)
         return PrefillDecision(admit=admit, num_layers=layers, units=units, predicted_s=step, reason=reason,
                                predictions=self._predictions(step), preempt=preempt, lengths=list(batch_lens))
 
-    def layer_group(self, batch_lens: list[int], units: int, remaining: int, peer) -> int:
+    def layer_group(self, batch_lens: list[int], units: int, remaining: int, peer,
+                    cached: list[int] | None = None) -> int:
         """Layers the next step runs: `layers_per_step` ("fixed"), or as many as fit in about one
         decode step ("adaptive", MuxWise's N_PL): a small batch runs in one or two steps instead of
         paying a step's overhead per few layers, a large one still returns to the scheduler about as
@@ -116,8 +119,8 @@ class BulletPrefillPolicy(PrefillPolicy):
         if self.layer_group_rule == "fixed":
             return min(self.k, remaining)
         target = max(peer.step_pred_ms / 1e3 if peer.batch_size else 0.0, self.min_group_s)
-        per_layer = self.est.prefill_time(batch_lens, units, num_layers=1, include_head=False,
-                                          co_decode_batch=peer.batch_size)
+        per_layer = prefill_seconds(self.est, batch_lens, units, cached, num_layers=1, include_head=False,
+                                    co_decode_batch=peer.batch_size)
         return max(1, min(remaining, int(target / per_layer) if per_layer > 0 else remaining))
 
     def preemptors(self, view: PrefillView, inflight, remaining: float, order: list[Request],
@@ -173,7 +176,7 @@ class BulletPrefillPolicy(PrefillPolicy):
 
     # -- lines 14-19: the compute split -----------------------------------------------------------
     def split(self, view: PrefillView, batch_lens: list[int], satisfy: bool, inflight, order,
-              ttft_misses: int = 0) -> tuple[int, str]:
+              ttft_misses: int = 0, cached: list[int] | None = None) -> tuple[int, str]:
         peer = view.peer
         b, ctx = peer.batch_size, peer.tokens_in_flight
         if b == 0:
@@ -195,9 +198,9 @@ class BulletPrefillPolicy(PrefillPolicy):
                 and (satisfy or ttft_misses < b)):
             return 0, "TPOT broken beyond any split: prefill yields a decode step"
         if not satisfy and not tpot_ok:
-            return self.balanced(view, batch_lens, b, ctx), "both SLOs at risk: balanced split"
+            return self.balanced(view, batch_lens, b, ctx, cached), "both SLOs at risk: balanced split"
         if tpot_ok:
-            full_step = self.est.prefill_time(batch_lens, self.total, num_layers=self.k, include_head=False)
+            full_step = prefill_seconds(self.est, batch_lens, self.total, cached, num_layers=self.k, include_head=False)
             if not satisfy and peer.pause_budget_ms / 1e3 >= full_step:
                 return self.total, "burst: decode pauses, TPOT still holds"
             d = d_min if d_min is not None else self.total - self.feasible[0]
@@ -225,11 +228,11 @@ class BulletPrefillPolicy(PrefillPolicy):
         step on the complement of its usual share ("decode-step", the rule before: that step is
         slow on a small complement, so the tail dropped to a few units and every arrival during it
         waited; found in simulation)."""
-        lens = inflight.lengths
+        lens, cached = inflight.lengths, inflight.starts
         layers = inflight.remaining_layers
 
         def group(p: int) -> float:
-            return self.est.prefill_time(lens, p, num_layers=layers, co_decode_batch=batch)
+            return prefill_seconds(self.est, lens, p, cached, num_layers=layers, co_decode_batch=batch)
 
         if self.hand_back_rule == "bounded":
             allowed = group(usual) * (1.0 + BOUNDED_STRETCH)
@@ -244,7 +247,8 @@ class BulletPrefillPolicy(PrefillPolicy):
                 return p
         return usual
 
-    def balanced(self, view: PrefillView, batch_lens: list[int], batch: int, context: int) -> int:
+    def balanced(self, view: PrefillView, batch_lens: list[int], batch: int, context: int,
+                 cached: list[int] | None = None) -> int:
         """The split that equalizes how far each phase is over its target (minimizes the worse one)."""
         target_p = min(self.slo.ttft_target(n) for n in batch_lens)
         best, best_p = float("inf"), self.feasible[0]
@@ -252,7 +256,7 @@ class BulletPrefillPolicy(PrefillPolicy):
             d = self.total - p
             if d <= 0:
                 continue
-            over_p = self.est.prefill_time(batch_lens, p, co_decode_batch=batch) / target_p
+            over_p = prefill_seconds(self.est, batch_lens, p, cached, co_decode_batch=batch) / target_p
             over_d = self.est.decode_time(batch, context, d, co_prefill_tokens=sum(batch_lens)) / self.slo.tpot
             worst = max(over_p, over_d)
             if worst < best:

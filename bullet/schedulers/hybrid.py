@@ -7,14 +7,20 @@
   continuation of a chunked prompt, then new prompts — up to the budget whenever there are any, and
   a decode-only step otherwise.
 A prompt longer than what is left of the budget is split across steps. Memory: pages are allocated
-per step; when a sequence cannot get a page the most recently admitted request is preempted and
-later recomputed."""
+per step; when a sequence cannot get a page, unreferenced prefix-cache pages are evicted, then the
+most recently admitted request is preempted and later recomputed.
+
+With a prefix cache a request starts, on arrival, on its longest cached prefix (`num_cached` past
+it: only the rest is scheduled, and its chunks attend to the cached pages); when it finishes or is
+aborted its computed pages join the cache. A preempted request's pages are freed, not cached: it
+was preempted to free memory."""
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
 
+from bullet.cache.prefix_cache import PrefixCache
 from bullet.core.request import Request, Status
 from bullet.shm.page_allocator import OutOfPages, PageAllocator
 
@@ -26,15 +32,19 @@ class Scheduled:
 
 
 class HybridScheduler:
-    def __init__(self, allocator: PageAllocator, token_budget: int, max_running: int, mixed: bool = True):
+    def __init__(self, allocator: PageAllocator, token_budget: int, max_running: int, mixed: bool = True,
+                 cache: PrefixCache | None = None):
         if token_budget < 1 or max_running < 1:
             raise ValueError("token budget and max running requests must be positive")
         self.allocator, self.token_budget, self.max_running, self.mixed = allocator, token_budget, max_running, mixed
+        self.cache = cache
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admitted: prefilling (possibly chunked) or decoding
         self.preemptions = 0
 
     def add(self, req: Request) -> None:
+        if self.cache is not None:
+            self.cache.match(req)
         self.waiting.append(req)
 
     def has_work(self) -> bool:
@@ -43,10 +53,15 @@ class HybridScheduler:
     def _grow(self, req: Request, num_tokens: int) -> None:
         need = self.allocator.pages_for(req.num_cached + num_tokens) - len(req.page_table)
         if need > 0:
-            req.page_table.extend(self.allocator.alloc(need, req.uid))
+            alloc = self.cache.alloc if self.cache is not None else self.allocator.alloc
+            req.page_table.extend(alloc(need, req.uid))
 
-    def release(self, req: Request) -> None:
-        if req.page_table:
+    def release(self, req: Request, keep: bool = True) -> None:
+        """`req` leaves the scheduler (finished, aborted, preempted): with `keep`, the prefix cache
+        takes its computed pages."""
+        if self.cache is not None:
+            self.cache.release_request(req, insert=keep)
+        elif req.page_table:
             self.allocator.free(req.page_table, req.uid)
             req.page_table = []
         if req in self.running:
@@ -57,12 +72,19 @@ class HybridScheduler:
     def _preempt_newest(self, keep: Request) -> bool:
         for victim in reversed(self.running):
             if victim is not keep:
-                self.release(victim)
+                self.release(victim, keep=False)
                 victim.reset_for_recompute()
                 self.waiting.appendleft(victim)
                 self.preemptions += 1
                 return True
         return False
+
+    def _unpin_waiting(self, keep: Request) -> bool:
+        """Memory ran out with nothing left to preempt: the prefixes waiting requests pin are all it
+        could come from. They let go (each re-matches when admitted); returns whether any did."""
+        if self.cache is None:
+            return False
+        return sum(self.cache.unmatch(r) for r in self.waiting if r is not keep) > 0
 
     @staticmethod
     def decoding(req: Request) -> bool:
@@ -93,20 +115,24 @@ class HybridScheduler:
                     self._grow(req, n)
                     break
                 except OutOfPages:
-                    if not self._preempt_newest(keep=req):
+                    if not (self._preempt_newest(keep=req) or self._unpin_waiting(keep=req)):
                         raise
             batch.append(Scheduled(req, n))
             budget -= n
         # 2. new prompts, first come first served, while budget and memory last
         while admit and self.waiting and budget > 0 and len(self.running) < self.max_running:
             req = self.waiting[0]
+            if self.cache is not None:
+                self.cache.rematch(req)  # a longer prefix may have been cached since it arrived
             n = min(req.num_uncomputed, budget)
             try:
                 self._grow(req, n)
             except OutOfPages:
-                if not self.running and not batch:
+                if self.running or batch:
+                    break
+                if not self._unpin_waiting(keep=req):
                     raise  # nothing will ever free memory: the caller rejects this request
-                break
+                continue
             self.waiting.popleft()
             req.status = Status.RUNNING
             self.running.append(req)

@@ -18,7 +18,9 @@ class Predictor(Protocol):
     """What the policies ask of a latency model (`estimator.Estimator` is one)."""
 
     def prefill_time(self, seq_lens: Sequence[int], units: int, num_layers: int | None = None,
-                     include_head: bool = True, co_decode_batch: int = 0) -> float: ...
+                     include_head: bool = True, co_decode_batch: int = 0,
+                     cached: Sequence[int] | None = None) -> float:
+        """A prefill of `seq_lens` new tokens; `cached`: each sequence's tokens already in the pool."""
 
     def decode_time(self, batch: int, context: int, units: int, co_prefill_tokens: int = 0) -> float:
         """A decode step of `batch` requests holding `context` KV tokens in all."""
@@ -44,10 +46,20 @@ def p90(values: Sequence[float]) -> float:
     return s[min(len(s) - 1, math.ceil(0.9 * len(s)) - 1)]
 
 
+def prefill_seconds(est: Predictor, seq_lens: Sequence[int], units: int, cached: Sequence[int] | None = None,
+                    **kwargs) -> float:
+    """`est.prefill_time` of new tokens after cached prefixes (a prefix cache hit costs its new tokens
+    plus their attention to the prefix); without a hit, exactly the plain call."""
+    if cached and any(cached):
+        return est.prefill_time(seq_lens, units, cached=list(cached), **kwargs)
+    return est.prefill_time(seq_lens, units, **kwargs)
+
+
 def prefill_costs(queue: Sequence[Request], est: Predictor, units: int, co_decode_batch: int) -> dict[Request, float]:
-    """Each queued request's solo prefill time: one estimator call per request and decision, reused
-    by every ordering the scheduler compares."""
-    return {r: est.prefill_time([r.num_uncomputed], units, co_decode_batch=co_decode_batch) for r in queue}
+    """Each queued request's solo prefill time (its uncached tokens, attending to its cached prefix):
+    one estimator call per request and decision, reused by every ordering the scheduler compares."""
+    return {r: prefill_seconds(est, [r.num_uncomputed], units, [r.num_cached], co_decode_batch=co_decode_batch)
+            for r in queue}
 
 
 def predict_ttfts(now: float, inflight: Sequence[Request], remaining_s: float, queue: Sequence[Request],

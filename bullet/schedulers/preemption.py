@@ -14,7 +14,7 @@ from typing import Sequence
 
 from bullet.core.request import Request
 from bullet.core.slo import SLO
-from bullet.schedulers.predict import Predictor
+from bullet.schedulers.predict import Predictor, prefill_seconds
 from bullet.schedulers.views import InflightPrefill
 
 
@@ -35,7 +35,8 @@ def choose_preemptors(now: float, inflight: InflightPrefill, remaining_s: float,
         if tokens + n > max_tokens or pages + need > free_pages:
             continue
         candidate = chosen + [req]
-        run_s = est.prefill_time([r.num_uncomputed for r in candidate], units, co_decode_batch=co_decode_batch)
+        run_s = prefill_seconds(est, [r.num_uncomputed for r in candidate], units, [r.num_cached for r in candidate],
+                                co_decode_batch=co_decode_batch)
         if any(now + run_s - r.arrival > slo.ttft_target(len(r.prompt_ids)) for r in candidate):
             continue  # running now would not save it (or would cost one already chosen its target)
         if _costs_a_victim(now, inflight, remaining_s, run_s, slo):

@@ -36,10 +36,15 @@ class InflightPrefill:
     # recomputed (taken when the batch starts: sampling the first token later lengthens the request)
     lengths: list[int] = field(default_factory=list)
     state: object = None  # the executor's computation in flight (activations between layer groups)
+    # tokens of each request already in the pool when the batch starts (a cached prefix): its
+    # `lengths` tokens follow them and attend to them
+    starts: list[int] = field(default_factory=list)
 
     def __post_init__(self):
         if not self.lengths:
             self.lengths = [r.num_uncomputed for r in self.requests]
+        if not self.starts:
+            self.starts = [r.num_cached for r in self.requests]
 
     @property
     def remaining_layers(self) -> int:

@@ -4,12 +4,21 @@ Pages are the unit of the paged KV pool (`page_size` token slots each). Every al
 `owner` (a request's integer id) so that a request's pages can be reclaimed in one call when it is
 aborted or its worker dies — nothing else needs to remember which pages a dead request held.
 
+Pages the prefix cache keeps (`bullet.cache`) belong to `CACHE_OWNER`, an id no request has (request
+ids start at 1): a finished request's pages change owner with `transfer` instead of being freed, and
+the cache frees them again when it evicts. The cache's owner publishes how many pages it holds and
+how many of those it could evict (`set_cache_pages`), so any process can tell "free + evictable ==
+total" (nothing leaked) without seeing the tree.
+
 `LocalPageAllocator` serves one process (the offline `bullet.LLM` and the chunked baseline); the
 two-process runtime uses a shared-memory implementation with the same interface."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+
+
+CACHE_OWNER = 0  # owner of the pages the prefix cache keeps; request ids are >= 1
 
 
 class OutOfPages(RuntimeError):
@@ -33,7 +42,23 @@ class PageAllocator(ABC):
         """Return every page `owner` holds; returns how many were freed (0 if none)."""
 
     @abstractmethod
+    def transfer(self, pages: list[int], owner: int, new_owner: int) -> None:
+        """Give pages held by `owner` to `new_owner` (all or nothing; ValueError as in free)."""
+
+    @abstractmethod
     def num_free(self) -> int: ...
+
+    @abstractmethod
+    def set_cache_pages(self, cached: int, evictable: int) -> None:
+        """Published by the prefix cache's owner: pages it holds, and how many it could evict now."""
+
+    @abstractmethod
+    def cache_pages(self) -> tuple[int, int]:
+        """(cached, evictable) as last published (0, 0 without a cache)."""
+
+    def num_available(self) -> int:
+        """Pages an allocation could get: free now, or after evicting unreferenced cached pages."""
+        return self.num_free() + self.cache_pages()[1]
 
     def pages_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.page_size)
@@ -50,6 +75,7 @@ class LocalPageAllocator(PageAllocator):
         self.total_pages, self.page_size = total_pages, page_size
         self._free = list(range(total_pages - 1, -1, -1))  # pop() hands out low page ids first
         self._owner = [self.FREE] * total_pages
+        self._cache = (0, 0)
 
     def alloc(self, n: int, owner: int) -> list[int]:
         if owner < 0:
@@ -78,5 +104,22 @@ class LocalPageAllocator(PageAllocator):
         self.free(mine, owner)
         return len(mine)
 
+    def transfer(self, pages: list[int], owner: int, new_owner: int) -> None:
+        if new_owner < 0:
+            raise ValueError("owner ids are non-negative")
+        if len(set(pages)) != len(pages):
+            raise ValueError(f"pages {pages} contain duplicates")
+        for p in pages:
+            if not 0 <= p < self.total_pages or self._owner[p] != owner:
+                raise ValueError(f"page {p} is not held by owner {owner}")
+        for p in pages:
+            self._owner[p] = new_owner
+
     def num_free(self) -> int:
         return len(self._free)
+
+    def set_cache_pages(self, cached: int, evictable: int) -> None:
+        self._cache = (cached, evictable)
+
+    def cache_pages(self) -> tuple[int, int]:
+        return self._cache

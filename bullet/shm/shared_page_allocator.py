@@ -6,7 +6,7 @@ allocations and frees from both workers (Bullet §3.4.1: "an atomic lock seriali
 deallocation transactions"). Hands out exactly the pages `LocalPageAllocator` would for the same
 sequence of calls.
 
-Layout, version 1 (little-endian; offsets in bytes; N = total_pages):
+Layout, version 2 (little-endian; offsets in bytes; N = total_pages):
 
       0   8  magic         b"BULLETPA", stored last by the creator (release order)
       8   4  version       u32 = 1
@@ -15,6 +15,8 @@ Layout, version 1 (little-endian; offsets in bytes; N = total_pages):
      32   8  free_count    u64 free pages; written under the lock, read lock-free by num_free()
      40   8  recoveries    u64 times the free list was rebuilt (lock found abandoned, or an
                            interrupted transaction)
+     48   8  cached_pages  u64 pages the prefix cache holds (CACHE_OWNER), stored by the cache's owner
+     56   8  evictable     u64 of those, pages no request references (the cache could free them now)
      64  64  mutex         pthread_mutex_t (process-shared, robust, error-checking)
     128  4N  free stack    i32 page ids; entries [0, free_count) are free, the top is handed out first
     128 + 8*ceil(4N/8)     owner table: i64 per page, the owning request id or -1 (free)
@@ -39,11 +41,11 @@ from bullet.shm.segments import Segment, attach_segment, create_segment
 log = logging.getLogger(__name__)
 
 MAGIC = b"BULLETPA"
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 SEGMENT_ROLE = "pages"
 FREE = -1
 _HEADER = struct.Struct("<8sII QQ")  # magic, version, pad, total_pages, page_size
-_FREE_COUNT, _RECOVERIES, _MUTEX, _TABLES = 32, 40, 64, 128
+_FREE_COUNT, _RECOVERIES, _CACHED, _EVICTABLE, _MUTEX, _TABLES = 32, 40, 48, 56, 64, 128
 assert ROBUST_MUTEX_SIZE <= _TABLES - _MUTEX
 
 
@@ -157,8 +159,34 @@ class SharedPageAllocator(PageAllocator):
         finally:
             self._mutex.release()
 
+    def transfer(self, pages: list[int], owner: int, new_owner: int) -> None:
+        if new_owner < 0:
+            raise ValueError("owner ids are non-negative")
+        pages = list(pages)
+        if len(set(pages)) != len(pages):
+            raise ValueError(f"pages {pages} contain duplicates")
+        self._lock()
+        try:
+            owners, total = self._owner, self.total_pages
+            for p in pages:
+                if not 0 <= p < total or owners[p] != owner:
+                    raise ValueError(f"page {p} is not held by owner {owner}")
+            for p in pages:  # no free-list change: a death mid-way leaves each page with one owner or the other
+                owners[p] = new_owner
+        finally:
+            self._mutex.release()
+
     def num_free(self) -> int:
         return self._region.load_u64(_FREE_COUNT)
+
+    def set_cache_pages(self, cached: int, evictable: int) -> None:
+        # single writer (the cache's owner); two separate atomic stores: a reader may see one update
+        # ahead of the other, which only ever matters for a moment's estimate
+        self._region.store_u64(_CACHED, cached)
+        self._region.store_u64(_EVICTABLE, evictable)
+
+    def cache_pages(self) -> tuple[int, int]:
+        return self._region.load_u64(_CACHED), self._region.load_u64(_EVICTABLE)
 
     # -- inspection ----------------------------------------------------------------------------
 

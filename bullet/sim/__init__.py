@@ -8,7 +8,8 @@ chunked-prefill scheduler, driven on virtual time, with step latencies charged b
 Modules: `events` (virtual clock, event loop), `device` (what a step costs: units, overlap,
 contention, noise), `partition` (the simulated partition backend), `board` (the state buffer),
 `executor` (steps on the device), `driver` (a core on virtual time, and where its outputs go),
-`metrics`, `config`, `simulator` (one run), `report`."""
+`metrics`, `config`, `simulator` (one run), `conversations` (multi-turn, closed loop), `report`.
+The prefix cache runs here as in a worker (`SimConfig.radix_cache`): the same `bullet.cache`."""
 
 from bullet.sim.config import SimConfig
 from bullet.sim.metrics import RequestRecord, summarize

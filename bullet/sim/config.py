@@ -45,6 +45,7 @@ class SimConfig:
     prefill_preemption: bool = True  # bullet: layer-boundary preemption of the prefill batch in flight
     hand_back: str = "bounded"  # bullet: off | decode-step | bounded
     layer_group: str = "fixed"  # bullet: fixed (prefill_layers_per_step) | adaptive (about one decode step)
+    radix_cache: bool = False  # the prefix cache (off by default: the traces share no tokens, see Simulation)
     handoff_delay_s: float = 0.0  # prefill -> decode metadata latency (Bullet Table 5: 0.21 ms mean)
     seed: int = 0
     timeline_dir: str | None = None
@@ -126,5 +127,5 @@ def server_args(config: SimConfig, pages: int) -> ServerArgs:
                       max_running_requests=config.max_running_requests, page_size=config.page_size,
                       max_total_tokens=pages * config.page_size, timeline_dir=config.timeline_dir,
                       prefill_preemption=config.prefill_preemption, hand_back=config.hand_back,
-                      layer_group=config.layer_group,
+                      layer_group=config.layer_group, disable_radix_cache=not config.radix_cache,
                       partition_backend="none")

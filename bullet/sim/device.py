@@ -45,6 +45,7 @@ class PrefillWork:
     seq_lens: tuple[int, ...]
     layers: int
     include_head: bool
+    cached: tuple[int, ...] = ()  # tokens of each sequence already in the pool (a prefix cache hit)
 
     @property
     def rows(self) -> int:
@@ -189,7 +190,7 @@ class SimulatedDevice:
     def _alone(self, work, units: int) -> float:
         if isinstance(work, PrefillWork):
             return self.est.prefill_time(list(work.seq_lens), units, num_layers=work.layers,
-                                         include_head=work.include_head)
+                                         include_head=work.include_head, cached=list(work.cached) or None)
         if isinstance(work, DecodeWork):
             return self.est.decode_time(work.batch, work.context, units)
         return self.est.hybrid_step_time(list(work.chunks), work.batch, work.context, units)

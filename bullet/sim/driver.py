@@ -16,7 +16,9 @@ from bullet.sim.metrics import RequestLog
 class SimDriver:
     def __init__(self, core: LoopCore, loop: EventLoop, board: StateBoard):
         self.core, self.loop = core, loop
-        self.inbox: list[Request] = []  # arrivals and hand-offs the core has not taken yet, in order
+        # arrivals and hand-offs the core has not taken yet, in order; and calls on the core (the prefix
+        # cache's messages from decode), made at the same point of its loop as a worker's socket would
+        self.inbox: list = []
         self.waiting_on_peer = False
         self._wake_at: float | None = None
         self._generation = 0
@@ -27,8 +29,13 @@ class SimDriver:
         self.inbox.append(req)
         self.wake()
 
+    def deliver_call(self, method: str, *args) -> None:
+        """`core.<method>(*args)` at the core's next pass (a message other than a request)."""
+        self.inbox.append((method, args))
+        self.wake()
+
     def pending_arrivals(self) -> list[Request]:
-        return self.inbox
+        return [r for r in self.inbox if isinstance(r, Request)]
 
     def wake(self, delay: float = 0.0) -> None:
         """Run a pass after `delay` (unless a step is running, or an earlier pass is due)."""
@@ -53,8 +60,12 @@ class SimDriver:
         self._wake_at = None
         self.waiting_on_peer = False
         inbox, self.inbox = self.inbox, []
-        for req in inbox:
-            self.core.add(req)
+        for item in inbox:
+            if isinstance(item, Request):
+                self.core.add(item)
+            else:
+                method, args = item
+                getattr(self.core, method)(*args)
         wake = self.core.iterate()
         if wake.kind == "busy":
             return  # published before the step; the step's end continues the loop
@@ -91,6 +102,19 @@ class SimOutbox:
 
     def recompute(self, req) -> None:
         self._send(self.recompute_to, req)
+
+    def _call(self, method: str, *args) -> None:
+        if self.delay_s <= 0:
+            self.recompute_to.deliver_call(method, *args)
+        else:
+            self.loop.at(self.loop.clock.now() + self.delay_s, self.recompute_to.deliver_call, method, *args)
+
+    def release(self, req) -> None:
+        # a snapshot: the request object lives on (its page table is cleared once this returns)
+        self._call("take_back", req.uid, req.all_ids[:req.num_cached], list(req.page_table), req.shared_pages)
+
+    def want_pages(self, num_pages: int) -> None:
+        self._call("evict", num_pages)
 
     def tokens(self, reqs) -> None:
         for req in reqs:

@@ -43,7 +43,7 @@ class SimExecutor:
 
     def run_prefill(self, batch: InflightPrefill, layers: int, finishing: Sequence[Request] | None,
                     on_done: Callable[[float], None]) -> None:
-        work = PrefillWork(tuple(batch.lengths), layers, include_head=finishing is not None)
+        work = PrefillWork(tuple(batch.lengths), layers, include_head=finishing is not None, cached=tuple(batch.starts))
         self._run(work, finishing or (), on_done)
 
     def run_decode(self, batch: Sequence[Request], on_done: Callable[[float], None]) -> None:

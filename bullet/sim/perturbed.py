@@ -40,8 +40,9 @@ class PerturbedPredictor:
 
     # -- the Predictor protocol ---------------------------------------------------------------------
     def prefill_time(self, seq_lens: Sequence[int], units: int, num_layers: int | None = None,
-                     include_head: bool = True, co_decode_batch: int = 0) -> float:
-        t = self.est.prefill_time(seq_lens, units, num_layers, include_head, co_decode_batch)
+                     include_head: bool = True, co_decode_batch: int = 0,
+                     cached: Sequence[int] | None = None) -> float:
+        t = self.est.prefill_time(seq_lens, units, num_layers, include_head, co_decode_batch, cached)
         return t * self.factor("prefill", sum(seq_lens), units)
 
     def decode_time(self, batch: int, context: int, units: int, co_prefill_tokens: int = 0) -> float:

@@ -50,9 +50,13 @@ class SimResult:
 
 class Simulation:
     def __init__(self, config: SimConfig, requests: Iterable[Sequence]):
-        """`requests`: (arrival s, prompt tokens, output tokens) each, e.g. `TraceRequest`s."""
+        """`requests`: (arrival s, prompt tokens, output tokens) each, e.g. `TraceRequest`s; or
+        (arrival, prompt, output, prefix id, prefix tokens) for requests whose prompts begin with a
+        prefix that others share (the same id, the same tokens)."""
         self.config = config
-        self.requests = sorted((float(a), int(p), max(1, int(o))) for a, p, o in requests)
+        rows = sorted((float(r[0]), int(r[1]), max(1, int(r[2])), *r[3:5]) for r in requests)
+        self.requests = [r[:3] for r in rows]
+        self.prefixes = {i: (int(r[3]), int(r[4])) for i, r in enumerate(rows) if len(r) == 5}
         self.device_estimator = device_estimator(config)
         model, hardware = self.device_estimator.model, self.device_estimator.hardware
         pages = kv_pool_pages(config, model, hardware)
@@ -104,16 +108,32 @@ class Simulation:
         params = self._params.get(output)
         if params is None:  # shared by requests of one output length: nothing mutates it
             params = self._params[output] = SamplingParams(max_new_tokens=output, ignore_eos=True, temperature=0.0)
-        req = Request(rid=f"r{index}", prompt_ids=[0] * prompt, params=params, uid=index + 1, arrival=arrival)
+        req = Request(rid=f"r{index}", prompt_ids=self._prompt_ids(index, prompt), params=params, uid=index + 1,
+                      arrival=arrival)
         self.entry.deliver(req)
+
+    def _schedule_arrivals(self) -> None:
+        """Every request at its arrival time (a closed-loop workload schedules later ones as earlier
+        ones finish: `bullet.sim.conversations`)."""
+        for i, (arrival, _, _) in enumerate(self.requests):
+            self.loop.at(arrival, self._arrive, i)
+
+    def _prompt_ids(self, index: int, length: int) -> list[int]:
+        """Token ids for the prefix cache to compare: a request's own unless its workload says which
+        prefix it shares (`prefixes[index]`: (prefix id, prefix length))."""
+        shared = self.prefixes.get(index)
+        if shared is None:
+            return [index + 1] * length  # no two requests share a page
+        key, n = shared
+        n = min(n, length)
+        return [-(key + 1)] * n + [index + 1] * (length - n)
 
     # -- running ----------------------------------------------------------------------------------
     def run(self, progress: Callable[[dict], None] | None = None, progress_every_s: float = 30.0) -> SimResult:
         """Run to completion (every request finished), or until `stop_below_attainment` is out of
         reach. `progress(info)` is called every `progress_every_s` virtual seconds."""
         t0 = time.perf_counter()
-        for i, (arrival, _, _) in enumerate(self.requests):
-            self.loop.at(arrival, self._arrive, i)
+        self._schedule_arrivals()
         if self.requests:
             self.loop.at(0.0, self._tick, progress, progress_every_s, 0.0, t0)
         self.loop.run()

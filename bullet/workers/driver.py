@@ -11,7 +11,7 @@ import logging
 import traceback
 from typing import Callable, Protocol
 
-from bullet.core.messages import AbortRequest, GenerateRequest, Handoff, Recompute
+from bullet.core.messages import AbortRequest, Evict, FlushCache, GenerateRequest, Handoff, Recompute, Release
 from bullet.core.roles import Role
 from bullet.core.worker_state import WorkerFlags
 from bullet.loops.base import LoopCore, Wake
@@ -81,5 +81,11 @@ class WorkerDriver:
             self.core.add(request_from_recompute(msg))
         elif isinstance(msg, Handoff) and role is Role.DECODE:
             self.core.add(request_from_handoff(msg))
+        elif isinstance(msg, Release) and role is Role.PREFILL:
+            self.core.take_back(msg.uid, msg.token_ids, msg.page_table, msg.shared_pages)
+        elif isinstance(msg, Evict) and role is Role.PREFILL:
+            self.core.evict(msg.pages)
+        elif isinstance(msg, FlushCache) and role is not Role.DECODE:
+            self.core.flush_cache()
         else:
             log.warning("dropped a %s message: the %s worker does not take it", type(msg).__name__, role)

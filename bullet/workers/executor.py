@@ -44,8 +44,10 @@ class ModelExecutor:
 
     def _prefill(self, batch: InflightPrefill, layers: int, finishing: Sequence[Request] | None) -> float:
         if batch.state is None:  # its first layer group (a preempted batch keeps its state meanwhile)
-            chunks = [SeqChunk(r.all_ids[:n], 0, r.page_table, "all" if r.params.prompt_logprobs else "last")
-                      for r, n in zip(batch.requests, batch.lengths)]
+            # each request's tokens after its cached prefix, attending to the prefix's pages
+            chunks = [SeqChunk(r.all_ids[start:start + n], start, r.page_table,
+                               "all" if r.params.prompt_logprobs else "last")
+                      for r, start, n in zip(batch.requests, batch.starts, batch.lengths)]
             batch.state = self.runner.start(chunks)
         state: LayerwiseState = batch.state
         t0 = time.perf_counter()

@@ -80,6 +80,11 @@ class WorkerIO:
             log.error("dropped %s: the peer has not read for %.0f s (gone or hung; the launcher handles it)",
                       what, SEND_TIMEOUT_MS / 1e3)
 
+    def send_to_prefill(self, msg: Message) -> None:
+        """Decode's messages for the prefix cache's owner (pages to keep, pages to evict); in the
+        order sent, after any Recompute sent before them (one socket)."""
+        self.to_prefill.send(encode(msg))
+
     def close(self) -> None:
         for sock in (self.inbox, self.to_frontend, self.to_decode, self.to_prefill):
             if sock is not None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bullet.core.messages import AbortRequest, GenerateRequest, Handoff, Recompute
+from bullet.core.messages import AbortRequest, GenerateRequest, Handoff, Recompute, Release
+from bullet.shm.page_allocator import CACHE_OWNER
 from bullet.shm.shared_page_allocator import SharedPageAllocator
 
 
@@ -34,15 +35,25 @@ class MessageVetter:
             if len(prompt) + msg.params.max_new_tokens > self.max_context:  # as the frontend checks
                 return "prompt and max_new_tokens exceed the context length"
         if isinstance(msg, Handoff):
-            return self._pages(msg)
+            return self._table(msg.uid, msg.page_table, msg.shared_pages) or (
+                "its page table is too short for its tokens"
+                if len(msg.page_table) * self.page_size < len(msg.prompt_ids) + len(msg.output_ids) - 1 else None)
+        if isinstance(msg, Release):
+            if msg.token_ids and (min(msg.token_ids) < 0 or max(msg.token_ids) >= self.vocab_size):
+                return f"token ids outside [0, {self.vocab_size})"
+            if len(msg.token_ids) > len(msg.page_table) * self.page_size:
+                return "more tokens than its pages hold"
+            return self._table(msg.uid, msg.page_table, msg.shared_pages)
         if isinstance(msg, (GenerateRequest, Recompute)) and self.allocator.pages_of(msg.uid):
             return f"request {msg.uid} already holds pages: its id is in use"
         return None
 
-    def _pages(self, msg: Handoff) -> str | None:
-        table, held = msg.page_table, set(self.allocator.pages_of(msg.uid))
-        if len(set(table)) != len(table) or not set(table) <= held:
-            return f"its page table names pages request {msg.uid} does not hold"
-        if len(table) * self.page_size < len(msg.prompt_ids) + len(msg.output_ids) - 1:
-            return "its page table is too short for its tokens"
+    def _table(self, uid: int, table: list[int], shared: int) -> str | None:
+        """A page table whose first `shared` pages are the prefix cache's and the rest `uid`'s own."""
+        if len(set(table)) != len(table) or shared > len(table):
+            return "its page table repeats pages or claims more cached pages than it has"
+        if shared and not set(table[:shared]) <= set(self.allocator.pages_of(CACHE_OWNER)):
+            return "its page table names cached pages the prefix cache does not hold"
+        if not set(table[shared:]) <= set(self.allocator.pages_of(uid)):
+            return f"its page table names pages request {uid} does not hold"
         return None

@@ -33,7 +33,8 @@ def test_cases_cover_every_category_endpoint_and_attack():
     good_paths = {c.path for c in cases if c.category == "good"}
     assert {"/generate", "/v1/completions", "/v1/chat/completions", "/health", "/server_info", "/v1/models",
             "/abort_request", "/metrics", "/flush_cache"} <= good_paths
-    assert all(c.expect == OK for c in cases if c.category == "good")
+    # /flush_cache is refused while requests run (as SGLang's), so any answer but a 5xx is right there
+    assert all(c.expect == OK for c in cases if c.category == "good" and c.path != "/flush_cache")
     bodies = [c.body or c.raw or b"" for c in cases]
     assert any(b"\\ud800" in b or b"\\udfff" in b for b in bodies)  # lone surrogates, as JSON escapes
     assert any(b.startswith(b"[" * 5000) for b in bodies)  # deep nesting

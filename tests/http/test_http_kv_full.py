@@ -12,6 +12,12 @@ from tests.http.helpers import AUTH, SMALL_POOL_TOKENS, post_stream, wait_idle
 
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 20  # ~200 tokens
 MAX_NEW = 150  # two of these (~350 tokens each) cannot both fit in the pool
+# the requests' prompts differ from their first token: with a shared prompt the prefix cache would hold
+# it once for both, and they would fit
+
+
+def prompt(i: int) -> str:
+    return f"{i}. {PROMPT}"
 PARAMS = {"max_new_tokens": MAX_NEW, "ignore_eos": True, "temperature": 0}
 
 
@@ -26,10 +32,10 @@ def test_pool_is_too_small_for_two(secured):
 
 
 def test_streams_that_do_not_fit_together_both_finish_with_their_solo_output(secured):
-    solo = [secured.post("/generate", {"text": PROMPT + str(i), "sampling_params": PARAMS})[1]["output_ids"]
+    solo = [secured.post("/generate", {"text": prompt(i), "sampling_params": PARAMS})[1]["output_ids"]
             for i in range(2)]
     results = _in_parallel(*[
-        lambda i=i: post_stream(secured.url, "/generate", {"text": PROMPT + str(i), "stream": True,
+        lambda i=i: post_stream(secured.url, "/generate", {"text": prompt(i), "stream": True,
                                                            "sampling_params": PARAMS}, headers=AUTH)
         for i in range(2)])
     for i, (status, _, events) in enumerate(results):
@@ -43,7 +49,7 @@ def test_streams_that_do_not_fit_together_both_finish_with_their_solo_output(sec
 
 def test_non_streaming_requests_that_do_not_fit_together_both_finish(secured):
     body = {"model": "default", "max_tokens": MAX_NEW, "ignore_eos": True, "temperature": 0}
-    results = _in_parallel(*[lambda i=i: secured.post("/v1/completions", {**body, "prompt": PROMPT + str(i)})
+    results = _in_parallel(*[lambda i=i: secured.post("/v1/completions", {**body, "prompt": prompt(i)})
                              for i in range(2)])
     for status, out in results:
         assert status == 200, out

@@ -31,7 +31,8 @@ def test_single_returns_the_completion_only(server, hf_tokenizer, greedy):
     assert greedy["text"] == hf_tokenizer.decode(greedy["output_ids"], skip_special_tokens=True)
     assert not greedy["text"].startswith(PROMPT)
     assert meta["finish_reason"]["type"] in ("length", "stop")
-    assert meta["e2e_latency"] > 0 and meta["cached_tokens"] == 0 and meta["id"]
+    # the prompt may be in the prefix cache already (the server is shared by the HTTP tests): never all of it
+    assert meta["e2e_latency"] > 0 and 0 <= meta["cached_tokens"] < meta["prompt_tokens"] and meta["id"]
 
 
 def test_ignore_eos_runs_to_the_length_limit(server):

@@ -95,13 +95,15 @@ class Finished:
         raise AssertionError("the pool of these runs never runs out")
 
 
-def _args(policy: str, tpot: str) -> ServerArgs:
+def _args(policy: str, tpot: str, radix_cache: bool) -> ServerArgs:
+    # the prefix cache is off unless a test asks: prefill and decode run here without each other, so
+    # nothing would send decode's pages back to the cache's owner
     return ServerArgs(policy=policy, ttft_slo="1.5ms/token", tpot_slo=tpot, max_total_tokens=PAGES * 16,
-                      partition_backend="none")
+                      partition_backend="none", disable_radix_cache=not radix_cache)
 
 
-def _core(role, clock, board, executor, outbox, timeline_dir, policy, est, tpot):
-    args = _args(policy, tpot)
+def _core(role, clock, board, executor, outbox, timeline_dir, policy, est, tpot, radix_cache=False):
+    args = _args(policy, tpot, radix_cache)
     partition = SimulatedPartition(role.partition_side, est.hardware)
     executor.partition = partition
     env = LoopEnv(role=role, clock=clock, state=board, allocator=LocalPageAllocator(PAGES, 16), partition=partition,
@@ -115,7 +117,7 @@ def _finish(est):
     return FinishChecker(None, set(est.model.eos_token_ids), est.model.max_position_embeddings)
 
 
-def run_worker_side(role, policy, messages, peer: WorkerState | None, est, tmp, tpot):
+def run_worker_side(role, policy, messages, peer: WorkerState | None, est, tmp, tpot, radix_cache=False):
     clock = ManualClock()
     board = StateBoard(clock)
     if peer is not None:
@@ -123,15 +125,19 @@ def run_worker_side(role, policy, messages, peer: WorkerState | None, est, tmp, 
     device = SimulatedDevice(est, EventLoop(VirtualClock()))
     executor = ScriptedExecutor(role, device, None, clock, _finish(est))
     outbox = Finished()
-    core = _core(role, clock, board, executor, outbox, tmp / "worker", policy, est, tpot)
+    core = _core(role, clock, board, executor, outbox, tmp / "worker", policy, est, tpot, radix_cache)
     inbox = ScriptedInbox(clock, messages)
     driver = WorkerDriver(core, inbox, lambda: len(outbox.done) == len(messages) and core.idle)
     driver.run()
     core.env.timeline.flush()
+    if core.cache is not None:
+        rows = load_timeline(tmp / "worker")
+        rows.append({"cache": core.cache.counters()})
+        return rows, outbox.done
     return load_timeline(tmp / "worker"), outbox.done
 
 
-def run_sim_side(role, policy, messages, peer: WorkerState | None, est, tmp, tpot):
+def run_sim_side(role, policy, messages, peer: WorkerState | None, est, tmp, tpot, radix_cache=False):
     clock = VirtualClock()
     loop = EventLoop(clock)
     board = StateBoard(clock)
@@ -140,7 +146,7 @@ def run_sim_side(role, policy, messages, peer: WorkerState | None, est, tmp, tpo
     device = SimulatedDevice(est, loop)
     executor = SimExecutor(role, device, None, clock, _finish(est))
     outbox = Finished()
-    core = _core(role, clock, board, executor, outbox, tmp / "sim", policy, est, tpot)
+    core = _core(role, clock, board, executor, outbox, tmp / "sim", policy, est, tpot, radix_cache)
     driver = SimDriver(core, loop, board)
     executor.on_step_end = driver.step_ended
     for t, msg in messages:
@@ -148,6 +154,10 @@ def run_sim_side(role, policy, messages, peer: WorkerState | None, est, tmp, tpo
         loop.at(t, driver.deliver, req)
     loop.run()
     core.env.timeline.flush()
+    if core.cache is not None:
+        rows = load_timeline(tmp / "sim")
+        rows.append({"cache": core.cache.counters()})  # the same hits and evictions on both sides
+        return rows, outbox.done
     return load_timeline(tmp / "sim"), outbox.done
 
 
@@ -178,9 +188,9 @@ def handoff_messages(n: int, seed: int):
             for i, (t, p, o) in enumerate(_prompts(n, seed))]
 
 
-def _same(role, policy, messages, peer, est, tmp_path, tpot="60ms"):
-    real, real_done = run_worker_side(role, policy, messages, peer, est, tmp_path, tpot)
-    sim, sim_done = run_sim_side(role, policy, messages, peer, est, tmp_path, tpot)
+def _same(role, policy, messages, peer, est, tmp_path, tpot="60ms", radix_cache=False):
+    real, real_done = run_worker_side(role, policy, messages, peer, est, tmp_path, tpot, radix_cache)
+    sim, sim_done = run_sim_side(role, policy, messages, peer, est, tmp_path, tpot, radix_cache)
     assert len(real_done) == len(sim_done) == len(messages)
     assert len(real) > len(messages)  # many decisions, not a trivial trace
     assert decisions(real) == decisions(sim)
@@ -208,6 +218,12 @@ def test_decode_core_decides_the_same_under_both_drivers(est, tmp_path):
 def test_unified_core_decides_the_same_under_both_drivers(est, tmp_path):
     rows = _same(Role.UNIFIED, "chunked:512", generate_messages(40, seed=7), None, est, tmp_path)
     assert max(r["batch"] for r in rows) > 1
+
+
+def test_unified_core_with_the_prefix_cache_decides_the_same_under_both_drivers(est, tmp_path):
+    # every prompt is [0] * n: each one finds the longest earlier one's full pages cached
+    rows = _same(Role.UNIFIED, "chunked:512", generate_messages(40, seed=7), None, est, tmp_path, radix_cache=True)
+    assert rows[-1]["cache"]["cache_hit_tokens"] > 0
 
 
 def test_the_hybrid_work_the_device_charges_follows_the_plan():
