@@ -147,7 +147,7 @@ def unbounded_generation(case: Case) -> bool:
     instead shows at the end: requests still in flight, pages not returned."""
     try:
         body = json.loads(case.body or b"")
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):  # e.g. a body nested thousands deep
         return False
     if not isinstance(body, dict) or case.path not in ("/generate", "/v1/completions", "/v1/chat/completions"):
         return False
@@ -195,8 +195,12 @@ async def fuzz_http(url: str, generator: CaseGenerator, count: int, concurrency:
 
         async def worker():
             while (case := await queue.get()) is not None:
-                await run_case(session, url, case, stats, timeout)
-                queue.task_done()
+                try:  # a bug of the driver's own is a finding, never a worker gone (queue.join would hang)
+                    await run_case(session, url, case, stats, timeout)
+                except Exception as exc:
+                    stats.findings.add("driver error", f"{case.describe()}: {type(exc).__name__}: {exc}")
+                finally:
+                    queue.task_done()
             queue.task_done()
 
         workers = [asyncio.create_task(worker()) for _ in range(concurrency)]

@@ -165,3 +165,4 @@ def test_only_a_valid_request_without_a_length_limit_counts_as_unbounded():
     assert not unbounded_generation(case("/v1/completions", {"prompt": "x", "max_tokens": 4}))
     assert not unbounded_generation(case("/generate", b'{"text": "x", '))
     assert not unbounded_generation(case("/health", {"text": "x"}))
+    assert not unbounded_generation(case("/generate", b"[" * 5000 + b"]" * 5000))  # too deep for json: not a crash
