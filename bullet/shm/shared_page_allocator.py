@@ -137,15 +137,10 @@ class SharedPageAllocator(PageAllocator):
             self._mutex.release()
 
     def free(self, pages: list[int], owner: int) -> None:
-        pages = list(pages)
-        if len(set(pages)) != len(pages):
-            raise ValueError(f"pages {pages} contain duplicates")
+        pages = _distinct(pages)
         self._lock()
         try:
-            owners, total = self._owner, self.total_pages
-            for p in pages:
-                if not 0 <= p < total or owners[p] != owner:
-                    raise ValueError(f"page {p} is not held by owner {owner}")
+            self._check_held(pages, owner)
             self._push_free(pages)
         finally:
             self._mutex.release()
@@ -162,19 +157,22 @@ class SharedPageAllocator(PageAllocator):
     def transfer(self, pages: list[int], owner: int, new_owner: int) -> None:
         if new_owner < 0:
             raise ValueError("owner ids are non-negative")
-        pages = list(pages)
-        if len(set(pages)) != len(pages):
-            raise ValueError(f"pages {pages} contain duplicates")
+        pages = _distinct(pages)
         self._lock()
         try:
-            owners, total = self._owner, self.total_pages
-            for p in pages:
-                if not 0 <= p < total or owners[p] != owner:
-                    raise ValueError(f"page {p} is not held by owner {owner}")
+            self._check_held(pages, owner)
+            owners = self._owner
             for p in pages:  # no free-list change: a death mid-way leaves each page with one owner or the other
                 owners[p] = new_owner
         finally:
             self._mutex.release()
+
+    def _check_held(self, pages: list[int], owner: int) -> None:
+        """Under the lock: every page exists and belongs to `owner`."""
+        owners, total = self._owner, self.total_pages
+        for p in pages:
+            if not 0 <= p < total or owners[p] != owner:
+                raise ValueError(f"page {p} is not held by owner {owner}")
 
     def num_free(self) -> int:
         return self._region.load_u64(_FREE_COUNT)
@@ -258,3 +256,11 @@ class SharedPageAllocator(PageAllocator):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _distinct(pages) -> list[int]:
+    pages = list(pages)
+    if len(set(pages)) != len(pages):
+        raise ValueError(f"pages {pages} contain duplicates")
+    return pages
+
