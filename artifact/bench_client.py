@@ -20,17 +20,23 @@ class RequestRecord:
     ok: bool
 
 
-def run_bench_serving(url: str, tokenizer_dir: str, dataset: Path, rate: float, num_prompts: int, out_file: Path,
-                      context_len: int, output_len: int | None, seed: int = 1, backend: str = "sglang",
-                      timeout: float = 3600) -> tuple[dict, list[RequestRecord]]:
+def run_bench_serving(url: str, tokenizer_dir: str, dataset: Path | None, rate: float, num_prompts: int,
+                      out_file: Path, context_len: int, output_len: int | None, seed: int = 1, backend: str = "sglang",
+                      timeout: float = 3600, dataset_args: list[str] | None = None,
+                      warmup: int = 1) -> tuple[dict, list[RequestRecord]]:
+    """One `bench_serving` run: ShareGPT from `dataset` (prompts within `context_len`), or whatever
+    `dataset_args` select (e.g. `--dataset-name generated-shared-prefix --gsp-...`)."""
     out_file.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", backend, "--base-url", url,
-           "--tokenizer", tokenizer_dir, "--dataset-name", "sharegpt", "--dataset-path", str(dataset),
-           "--num-prompts", str(num_prompts), "--request-rate", str(rate), "--seed", str(seed),
-           "--sharegpt-context-len", str(context_len), "--output-file", str(out_file), "--output-details",
-           "--disable-tqdm", "--warmup-requests", "1"]
-    if output_len:
-        cmd += ["--sharegpt-output-len", str(output_len)]
+           "--tokenizer", tokenizer_dir, "--num-prompts", str(num_prompts), "--request-rate", str(rate),
+           "--seed", str(seed), "--output-file", str(out_file), "--output-details", "--disable-tqdm",
+           "--warmup-requests", str(warmup)]
+    if dataset_args is not None:
+        cmd += dataset_args
+    else:
+        cmd += ["--dataset-name", "sharegpt", "--dataset-path", str(dataset), "--sharegpt-context-len", str(context_len)]
+        if output_len:
+            cmd += ["--sharegpt-output-len", str(output_len)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     if proc.returncode != 0 or not out_file.exists():

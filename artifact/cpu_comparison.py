@@ -29,9 +29,8 @@ from artifact.server import BulletServer
 from artifact.slo_rule import derive_slo
 from bullet.loops.timeline import load_timeline
 from bullet.workloads.sharegpt import repaired_sharegpt_path
-from engines.device import resolve_dtype
 from engines.tokenizer import gguf_tokenizer_dir
-from engines.weights.resolve import default_gguf_path
+from engines.weights.resolve import default_gguf_path, served_precision
 from estimator.profile import load_estimator
 from estimator.profiler.cache import ensure_profile
 
@@ -39,13 +38,13 @@ DEFAULT_SYSTEMS = ["bullet", "chunked:256", "chunked:1024", "static", "naive"]
 
 
 def prepare(args) -> tuple[str, Path, str, object]:
-    import torch
-
     tokenizer_dir = str(gguf_tokenizer_dir(default_gguf_path()))
     dataset = repaired_sharegpt_path()
-    dtype = str(resolve_dtype(args.dtype, torch.device("cpu"))).removeprefix("torch.")
-    profile = args.profile or str(ensure_profile(None, "auto", dtype, sorted(__import__("os").sched_getaffinity(0)),
-                                                 quick=not args.full_profile))
+    # the profile times what the servers serve: the GGUF as int8 by default, computing in fp32
+    quantization, dtype = served_precision(None, "auto", "auto", args.dtype)
+    profile = args.profile or str(ensure_profile(None, "auto", str(dtype).removeprefix("torch."),
+                                                 sorted(__import__("os").sched_getaffinity(0)),
+                                                 quick=not args.full_profile, quantization=quantization))
     return tokenizer_dir, dataset, profile, load_estimator(profile)
 
 
@@ -64,7 +63,7 @@ def scheduler_overhead(timeline_dir: Path) -> dict:
 
 def run_system(system: str, args, tokenizer_dir: str, dataset: Path, profile: str, slo, out: Path) -> dict:
     timeline = out / "timeline" / system.replace(":", "-")
-    launch = ["--policy", system, "--timeline-dir", str(timeline), "--estimator-profile", profile,
+    launch = ["--policy", system, "--dtype", args.dtype, "--timeline-dir", str(timeline), "--estimator-profile", profile,
               "--ttft-slo", f"{slo.ttft * 1e3:.4f}ms/token", "--tpot-slo", f"{slo.tpot * 1e3:.2f}ms",
               "--max-total-tokens", str(args.max_total_tokens), "--log-level", "warning"]
     per_rate = {}

@@ -123,7 +123,7 @@ class LLM:
             torch.set_num_threads(num_threads)
         weights = load_weights(model_path, load_format, self.dtype, seed=seed, device=self.device,
                                quantization=quantization_for(quantization, dtype))
-        self.config = weights.config
+        self.config, self.dtype = weights.config, weights.dtype  # int8 computes in float32 whatever was asked
         self.tokenizer = (load_tokenizer(weights.source, weights.load_format, tokenizer_path)
                           if weights.load_format != "dummy" or tokenizer_path else None)
         model = build_model(weights.config, {k: v.to(self.device) for k, v in weights.state.items()}, self.device)

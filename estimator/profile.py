@@ -45,6 +45,7 @@ class Provenance(BaseModel):
     model_source: str | None = None
     load_format: str = "auto"
     dtype: str
+    quantization: str = "none"  # the weights as served: none | w8a8_int8 (the int8 model computes in fp32)
     cores: list[int]
     cpu: str
     bullet_version: str

@@ -1,7 +1,7 @@
 """The engine's steps against their roofline, and next to `transformers`.
 
   python artifact/benchmarks/bench_engine.py [--modes int8 fp32 bf16] [--threads N] [--rounds R]
-                                             [--baseline-src DIR] [--no-transformers]
+                                             [--baseline-src DIR] [--no-transformers] [--where]
 
 For each serving mode of the embedded SmolLM2 GGUF — `int8` (W8A8, what `--dtype auto` serves on a
 CPU), `fp32` and `bf16` (dequantized; `--dtype float32|bfloat16` picks one of these alone) — it measures prefill of one 128- and one 512-token prompt and one
@@ -21,7 +21,10 @@ commit's `engines/`, unpacked with `git archive HEAD engines | tar -x -C DIR`) i
 the same run. `transformers` (fp32, greedy `model(token, past_key_values=...)` steps at batch 1/8/32
 with 128-token prompts) is the external reference. On one thread the clock is the thread's CPU time
 (what another process's load does not inflate); on several, wall time. Rounds alternate the
-systems and medians are reported. Writes artifact/results/engine.json and a table."""
+systems and medians are reported. `--where` then profiles each step of the first mode (torch
+profiler, self time per op) and prints its wall time split into op categories — projections, KV
+gather, attention math, activation quantization, elementwise — and the rest, Python and dispatch
+between ops. Writes artifact/results/engine.json and the tables."""
 
 from __future__ import annotations
 
@@ -149,6 +152,45 @@ def model_shape(config) -> dict:
             "head_params": config.vocab_size * h}
 
 
+# -- where a step's time goes ---------------------------------------------------------------------------
+# op name (torch profiler, self time) -> what it does in our step; the rest of the wall time is Python and
+# dispatch between ops (the runner, the model's layer loop, building the step's context)
+CATEGORIES = (("projections (GEMM)", ("linear", "addmm", "aten::mm", "matmul", "quantized::")),
+              ("KV gather/scatter", ("index_select", "index_copy", "gather", "index_put", "aten::index")),
+              ("attention math", ("baddbmm", "aten::bmm", "softmax", "scaled_dot_product")),
+              ("activation quantize", ("abs", "amax", "aten::div", "clamp", "round")),
+              ("norms, RoPE, SiLU, residual", ("norm", "rsqrt", "silu", "mul", "add", "cat", "neg", "pow", "mean")))
+
+
+def _category(op: str) -> str:
+    for name, keys in CATEGORIES:
+        if any(k in op for k in keys):
+            return name
+    return "other ops (views, copies, allocation)"
+
+
+def where_time_goes(bench: "EngineBench", task: str, arg: int, repeats: int = 3) -> dict:
+    """Self CPU time of each op category over `repeats` profiled steps, as shares of the wall time,
+    and what no op accounts for (Python and dispatch)."""
+    from torch.profiler import ProfilerActivity, profile  # deferred: only --where profiles
+
+    getattr(bench, task)(arg)  # warm-up
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        t = time.perf_counter()
+        for _ in range(repeats):
+            getattr(bench, task)(arg)
+        wall = time.perf_counter() - t
+    wall_us = wall * 1e6  # ops and wall clock both span every forward (bench.decode runs two, times one)
+    shares: dict[str, float] = {}
+    for event in prof.key_averages():
+        cat = _category(event.key)
+        shares[cat] = shares.get(cat, 0.0) + event.self_cpu_time_total
+    out = {k: v / wall_us for k, v in sorted(shares.items(), key=lambda kv: -kv[1])}
+    out["Python and dispatch (no op)"] = max(0.0, 1.0 - sum(out.values()))
+    out["step ms"] = wall * 1e3 / repeats / (2 if task == "decode" else 1)
+    return out
+
+
 # -- transformers, the external reference --------------------------------------------------------------
 class Reference:
     def __init__(self):
@@ -215,6 +257,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--baseline-src", default=None, help="a source tree whose engines/ runs the fp32 baseline")
     ap.add_argument("--no-transformers", action="store_true")
+    ap.add_argument("--where", action="store_true",
+                    help="also profile each step of the first mode and print where its time goes (op categories)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.threads:
@@ -250,8 +294,16 @@ def main() -> None:
                                   "over_roofline": seconds / roof, "samples_ms": [s * 1e3 for s in per_task[key]]}
             rows.append({"system": name, "step": key, "ms": seconds * 1e3, "tok/s": arg / seconds,
                          "roofline ms": roof * 1e3, "x roofline": seconds / roof})
+    where = {}
+    if args.where:  # profiled apart from the timed rounds: the profiler's own cost would inflate them
+        for key, method, arg in engine_tasks():
+            where[key] = where_time_goes(first, method, arg)
+        cats = sorted({c for w in where.values() for c in w if c != "step ms"}, key=lambda c: -where["decode_b8"].get(c, 0))
+        print_table([{"step": k, "ms": w["step ms"], **{c: f"{100 * w.get(c, 0):.0f} %" for c in cats}}
+                     for k, w in where.items()], ["step", "ms", *cats],
+                    title=f"where the time goes: {args.modes[0]}, share of wall time (torch profiler, self time)")
     path = write_results("engine", {"threads": torch.get_num_threads(), "context": CONTEXT, "cpu_flags": cpu_flags(),
-                                    "machine_rates": machine, "model": cfg, "results": results})
+                                    "machine_rates": machine, "model": cfg, "results": results, "where": where})
     print_table(rows, ["system", "step", "ms", "tok/s", "roofline ms", "x roofline"],
                 title=f"engine steps vs roofline, {torch.get_num_threads()} threads ({path})")
 

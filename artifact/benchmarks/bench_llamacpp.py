@@ -3,6 +3,9 @@
   python artifact/benchmarks/bench_llamacpp.py [--rates 0.5 1 1.5] [--num-prompts 32] [--cores 0,1]
                                                [--systems llama.cpp chunked:1024 default] [--repeats 1]
 
+A system is `llama.cpp`, or a Bullet policy (`default` = the server's default) with optional launch
+flags in the same string: `--systems llama.cpp default "default --tpot-slo 60ms"`.
+
 llama-server is built from the `llama-cpp-python` source release and cached
 (`artifact.benchmarks.llamacpp_build`). Each system is started on `--cores` (llama-server under
 `taskset` with one thread per core and `--parallel 8` slots; Bullet with `--cores`), then driven by
@@ -20,6 +23,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import signal
 import statistics
 import subprocess
@@ -40,7 +44,7 @@ METRICS = ("completed", "duration", "request_throughput", "output_throughput", "
 
 
 def cpu_flags() -> list[str]:
-    return sorted(set(re.findall(r"\b(avx[0-9a-z_]*|amx[a-z_]*)\b", Path("/proc/cpuinfo").read_text())))
+    return sorted(set(re.findall(r"\b(avx[0-9a-z_]*|amx[0-9a-z_]*)\b", Path("/proc/cpuinfo").read_text())))
 
 
 class LlamaServer:
@@ -56,6 +60,20 @@ class LlamaServer:
         self.log, self.proc = log, None
 
     def __enter__(self) -> "LlamaServer":
+        try:
+            return self._start()
+        except RuntimeError:
+            # llama.cpp 0.3.36's AMX matmul (an "extra" weight layout) segfaults on this Q4_1 model while the
+            # server warms up (backtrace: ggml_backend_amx_mul_mat); without weight repacking it runs the
+            # ordinary AVX-512/AVX2 kernels. Recorded in the command the results keep.
+            amx = any(f.startswith("amx") for f in cpu_flags())
+            if self.proc.returncode != -signal.SIGSEGV or not amx or "--no-repack" in self.cmd:
+                raise
+            print("[llamacpp-bench] llama-server crashed in its AMX kernels: restarting with --no-repack", flush=True)
+            self.cmd.append("--no-repack")
+            return self._start()
+
+    def _start(self) -> "LlamaServer":
         self.proc = subprocess.Popen(self.cmd, stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
@@ -82,15 +100,18 @@ class LlamaServer:
 
 
 def bullet_server(system: str, args, log: Path) -> BulletServer:
-    launch = ["--cores", args.cores, "--max-total-tokens", str(args.max_total_tokens), "--log-level", "warning"]
-    if system != "default":
-        launch += ["--policy", system]
+    """`system` is a policy (`default` = the server's default) optionally followed by launch flags,
+    e.g. "default --tpot-slo 60ms"."""
+    policy, *extra = shlex.split(system)
+    launch = ["--cores", args.cores, "--max-total-tokens", str(args.max_total_tokens), "--log-level", "warning", *extra]
+    if policy != "default":
+        launch += ["--policy", policy]
     return BulletServer(*launch, log_path=str(log))
 
 
 def run_system(system: str, args, binary: Path | None, tokenizer: str, dataset: Path, out: Path) -> dict:
     cores = [int(c) for c in args.cores.split(",")]
-    name = system.replace(":", "-")
+    name = re.sub(r"[^A-Za-z0-9.]+", "-", system).strip("-")
     server = (LlamaServer(binary, default_gguf_path(), cores, args.parallel, args.context_len, out / f"server-{name}.log")
               if system == "llama.cpp" else bullet_server(system, args, out / f"server-{name}.log"))
     per_rate = {}

@@ -58,8 +58,10 @@ def environment(mode: str, out: Path) -> Plan:
 def engine(mode: str, out: Path) -> Plan:
     if mode == "smoke":
         return Plan(skip="loads the model in two engines and times them (minutes)")
-    # quick: the dtype `--dtype auto` serves in only (bf16 without AVX512-BF16/AMX is emulated: slow)
-    args = ["--rounds", "1", "--dtype", "bfloat16" if cpu_has_native_bf16() else "float32"] if mode == "quick" else []
+    # quick: the int8 model `--dtype auto` serves a quantized GGUF as, once; full: the float modes too (bf16 only
+    # where the CPU has native bf16 — emulated it is slow and nobody serves it). Both say where the time goes.
+    modes = ["int8"] if mode == "quick" else ["int8", "fp32"] + (["bf16"] if cpu_has_native_bf16() else [])
+    args = ["--modes", *modes, "--where"] + (["--rounds", "1"] if mode == "quick" else [])
     return Plan([[PY, "artifact/benchmarks/bench_engine.py", *args]], env={"BULLET_RESULTS_DIR": str(out)},
                 log_tables=True, expect=["engine.json"])
 

@@ -183,7 +183,8 @@ class Launcher:
                                        args.partition_backend, quick=True)
         log.info("the bullet policy needs an estimator profile of this model on %d cores: measuring "
                  "(once; cached for later runs)", len(self.cores))
-        return ensure_profile(args.model_path, args.load_format, self.shared.dtype, self.cores, quick=True)
+        return ensure_profile(args.model_path, args.load_format, self.shared.dtype, self.cores, quick=True,
+                              quantization=self.shared.quantization)
 
     def stop(self) -> None:
         if self.state is None:

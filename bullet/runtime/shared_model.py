@@ -32,6 +32,7 @@ class SharedModel:
     tokenizer_dir: str | None  # an HF tokenizer directory equivalent to the model's tokenizer
     source: str | None = None  # the file or directory the weights came from
     eos_token_ids: tuple[int, ...] = ()  # from the config and the tokenizer
+    quantization: str = "none"  # how the weights are served: none | w8a8_int8 (what a profile must measure)
 
     def weight_bytes(self) -> int:
         seen, total = set(), 0
@@ -54,9 +55,9 @@ def _share(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 def load_shared_model(args: ServerArgs) -> tuple[SharedModel, Tokenizer | None]:
     device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
-    weights = load_weights(args.model_path, args.load_format, dtype, seed=args.seed, device=device,
-                           quantization=quantization_for(args.quantization, args.dtype))
+    weights = load_weights(args.model_path, args.load_format, resolve_dtype(args.dtype, device), seed=args.seed,
+                           device=device, quantization=quantization_for(args.quantization, args.dtype))
+    dtype = weights.dtype  # the int8 model computes (and keeps its KV) in float32 whatever --dtype resolved to
     tokenizer = None
     if weights.load_format != "dummy" or args.tokenizer_path:
         tokenizer = load_tokenizer(weights.source, weights.load_format, args.tokenizer_path)
@@ -69,12 +70,12 @@ def load_shared_model(args: ServerArgs) -> tuple[SharedModel, Tokenizer | None]:
     kv = _share(kv, device)
     name = args.served_model_name or _model_name(args, weights.source, weights.config)
     eos = tuple(sorted(set(weights.config.eos_token_ids) | (tokenizer.eos_token_ids if tokenizer else set())))
-    config = weights.config
+    config, quantization = weights.config, weights.quantization
     del weights
     release_free_heap()
     return SharedModel(config, state, kv, num_pages, args.page_size, str(device), str(dtype).removeprefix("torch."),
                        name, str(tokenizer.source_dir) if tokenizer else None,
-                       source, eos), tokenizer
+                       source, eos, quantization), tokenizer
 
 
 def _model_name(args: ServerArgs, source: Path | None, config: ModelConfig) -> str:

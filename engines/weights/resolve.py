@@ -24,6 +24,9 @@ class LoadedWeights:
     source: Path | None  # the file or directory read (None for dummy weights)
     load_format: str
     quantization: str = "none"  # how `state` serves the weights: none (floats) | w8a8_int8
+    # what the model computes in, and so what its KV pool must hold: the requested dtype, except for the
+    # int8 model, which computes in float32 whatever was requested (its activations leave each GEMM in fp32)
+    dtype: torch.dtype = torch.float32
 
 
 def default_gguf_path() -> Path:
@@ -87,6 +90,21 @@ def source_is_quantized(path: Path | None, fmt: str) -> bool:
     return gguf_projections_quantized(path)
 
 
+def served_precision(model_path: str | None = None, load_format: str = "auto", quantization: str | None = "auto",
+                     dtype_name: str | None = "auto", device: torch.device | str = "cpu") -> tuple[str, torch.dtype]:
+    """(quantization, compute dtype) of the model a server launched with these flags serves, decided
+    as `load_weights` decides it but without loading anything: what its estimator profile must time."""
+    from engines.device import quantization_for, resolve_dtype  # deferred: as in load_weights
+    from engines.quant import resolve_quantization  # deferred: as in load_weights
+
+    device = torch.device(device)
+    chosen = quantization_for(quantization, dtype_name)
+    if chosen != "none":
+        path, fmt = resolve_model_path(model_path, load_format)
+        chosen = resolve_quantization(chosen, device, source_is_quantized(path, fmt))
+    return chosen, (torch.float32 if chosen != "none" else resolve_dtype(dtype_name, device))
+
+
 def load_weights(model_path: str | None = None, load_format: str = "auto", dtype: torch.dtype = torch.float32,
                  seed: int = 0, quantization: str = "none", device: torch.device | str = "cpu") -> LoadedWeights:
     """`quantization`: none | w8a8_int8 | auto for the model served on `device` (see
@@ -114,4 +132,4 @@ def load_weights(model_path: str | None = None, load_format: str = "auto", dtype
         from engines.quant import quantize_state  # deferred: as above
 
         state = quantize_state(config, state)
-    return LoadedWeights(config, state, path, fmt, quantization)
+    return LoadedWeights(config, state, path, fmt, quantization, float_dtype)

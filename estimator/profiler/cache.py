@@ -74,11 +74,14 @@ def cache_dir() -> Path:
     return Path(root) / "profiles" if root else Path.home() / ".cache" / "bullet" / "profiles"
 
 
-def default_profile_path(model_name: str, dtype: str, cores: int | Sequence[int]) -> Path:
-    """Where the profile of `model_name` in `dtype` on this many cores of this CPU, measured by
-    this version of bullet, is cached: under $BULLET_CACHE_DIR/profiles or ~/.cache/bullet/profiles."""
+def default_profile_path(model_name: str, dtype: str, cores: int | Sequence[int], quantization: str = "none") -> Path:
+    """Where the profile of `model_name` in `dtype` (its weights served as `quantization`) on this many
+    cores of this CPU, measured by this version of bullet, is cached: under $BULLET_CACHE_DIR/profiles
+    or ~/.cache/bullet/profiles."""
     count = cores if isinstance(cores, int) else len(list(cores))
-    name = f"{_slug(model_name)}-{_slug(dtype)}-{count}c-{_slug(cpu_model_name())}-bullet{package_version()}.json"
+    served = "" if quantization == "none" else f"-{_slug(quantization)}"
+    name = (f"{_slug(model_name)}-{_slug(dtype)}{served}-{count}c-{_slug(cpu_model_name())}"
+            f"-bullet{package_version()}.json")
     return cache_dir() / name
 
 
@@ -93,43 +96,45 @@ def resolve_cores(cores: int | Sequence[int] | None) -> list[int]:
     return sorted(set(cores))
 
 
-def reusable(path: Path, model: str, dtype: str, cores: Sequence[int], quick: bool) -> bool:
-    """A cached profile fits if it was measured for this model, dtype, core count, CPU and bullet
-    version (a full profile also serves a quick request, not the other way round)."""
+def reusable(path: Path, model: str, dtype: str, cores: Sequence[int], quick: bool, quantization: str = "none") -> bool:
+    """A cached profile fits if it was measured for this model, dtype, quantization, core count, CPU
+    and bullet version (a full profile also serves a quick request, not the other way round)."""
     try:
         profile = EstimatorProfile.read(path)
     except (OSError, ValueError):
         return False
     p = profile.provenance
-    return (p is not None and p.model == model and p.dtype == dtype and len(p.cores) == len(cores)
+    return (p is not None and p.model == model and p.dtype == dtype and p.quantization == quantization
+            and len(p.cores) == len(cores)
             and p.cpu == cpu_model_name() and p.bullet_version == package_version() and (quick or p.plan == "full"))
 
 
 def ensure_profile(model_path: str | None, load_format: str = "auto", dtype="auto",
                    cores: int | Sequence[int] | None = None, quick: bool = True, progress: bool = True,
-                   output: str | Path | None = None) -> Path:
-    """The path of a profile of this model on these cores: the cached one when it still fits,
+                   output: str | Path | None = None, quantization: str = "none") -> Path:
+    """The path of a profile of this model on these cores, its weights served as `quantization` (none |
+    w8a8_int8: a profile must time the kernels the server runs): the cached one when it still fits,
     else measured now in a child process (`python -m estimator.profiler`; about a minute with `quick`), with a
     progress bar (`progress`) or log lines only, on stderr."""
     core_ids = resolve_cores(cores)
     est_dtype = estimator_dtype(dtype)
     name = model_cache_name(model_path, load_format)
-    path = Path(output) if output else default_profile_path(name, est_dtype, core_ids)
-    if path.exists() and reusable(path, name, est_dtype, core_ids, quick):
+    path = Path(output) if output else default_profile_path(name, est_dtype, core_ids, quantization)
+    if path.exists() and reusable(path, name, est_dtype, core_ids, quick, quantization):
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_suffix(".lock"), "w") as lock:
         # Two servers starting together measure once: the second waits, then finds the profile.
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if path.exists() and reusable(path, name, est_dtype, core_ids, quick):
+        if path.exists() and reusable(path, name, est_dtype, core_ids, quick, quantization):
             return path
-        return _measure_in_child(model_path, load_format, est_dtype, core_ids, quick, progress, path)
+        return _measure_in_child(model_path, load_format, est_dtype, core_ids, quick, progress, path, quantization)
 
 
 def _measure_in_child(model_path, load_format: str, dtype: str, core_ids: list[int], quick: bool, progress: bool,
-                      path: Path) -> Path:
+                      path: Path, quantization: str = "none") -> Path:
     command = [sys.executable, "-m", "estimator.profiler", "--load-format", load_format, "--dtype", dtype,
-               "--cores", ",".join(map(str, core_ids)), "--output", str(path)]
+               "--quantization", quantization, "--cores", ",".join(map(str, core_ids)), "--output", str(path)]
     if model_path:
         command += ["--model-path", str(model_path)]
     if quick:

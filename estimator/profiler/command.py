@@ -25,6 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--load-format", default="auto", choices=["auto", "gguf", "safetensors", "dummy"])
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16 (as the server will run)")
+    p.add_argument("--quantization", default="none", choices=["none", "w8a8_int8"],
+                   help="the weights as the server serves them (a quantized GGUF is served w8a8_int8 by default on a CPU)")
     p.add_argument("--cores", default=None, help="CPU cores to profile on, e.g. '0-1' (default: all allowed)")
     p.add_argument("--output", default=None, help="profile JSON to write (default: the cache path the server reads, "
                    "under $BULLET_CACHE_DIR/profiles or ~/.cache/bullet/profiles)")
@@ -41,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
         cores = sorted(parse_id_list(args.cores)) if args.cores else None
         dtype = estimator_dtype(args.dtype)
         core_ids = cores or sorted(os.sched_getaffinity(0))
-        output = args.output or default_profile_path(model_cache_name(args.model_path, args.load_format), dtype, core_ids)
+        output = args.output or default_profile_path(model_cache_name(args.model_path, args.load_format), dtype, core_ids,
+                                                     args.quantization)
     except (ModelLoadError, ValueError, KeyError) as exc:
         print(f"bullet profile: {exc}", file=sys.stderr)
         return 2
@@ -49,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     log = (lambda line: print(f"[bullet profile] {line}", file=sys.stderr, flush=True)) if args.no_progress else None
     try:
         profile = measure_profile(args.model_path, args.load_format, dtype, core_ids, args.quick, output,
-                                  progress=not args.no_progress, log=log)
+                                  progress=not args.no_progress, log=log, quantization=args.quantization)
     except (ModelLoadError, ValueError, RuntimeError) as exc:
         print(f"bullet profile: {exc}", file=sys.stderr)
         return 1

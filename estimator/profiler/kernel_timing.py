@@ -85,8 +85,8 @@ def kernel_times(bench: ModelBench, case: PrefillCase | DecodeCase,
     t2 = clock()
     normed = model.norm(hidden[rows])
     t3 = clock()
-    head = model.embed_tokens.weight if model.config.tie_word_embeddings else model.lm_head.weight
-    logits = nn.functional.linear(normed, head).float()
+    # as `LlamaModel.compute_logits`: the int8 model's head is its own (untied, quantized) projection
+    logits = (nn.functional.linear(normed, model.embed_tokens.weight) if model.tied_head else model.lm_head(normed)).float()
     t4 = clock()
     layers = model.num_layers
     times = {name: seconds / layers for name, seconds in totals.items()}

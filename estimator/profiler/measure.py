@@ -21,23 +21,28 @@ from estimator.version import package_version
 
 def measure_profile(model_path: str | None, load_format: str, dtype, cores: Sequence[int] | int | None,
                     quick: bool, output: str | Path, progress: bool = True,
-                    log: Callable[[str], None] | None = None, plan=None) -> EstimatorProfile:
+                    log: Callable[[str], None] | None = None, plan=None, quantization: str = "none") -> EstimatorProfile:
     """Measure, calibrate and write the profile to `output`; returns it. `plan` replaces the
-    quick/full `ProfilePlan` (tests use a smaller one)."""
+    quick/full `ProfilePlan` (tests use a smaller one). `quantization` times the weights as the server
+    serves them (`w8a8_int8`: the int8 model, which computes in fp32 — so `dtype` must be fp32)."""
     began = time.monotonic()
     core_ids = resolve_cores(cores)
     est_dtype = estimator_dtype(dtype)
     torch_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}[est_dtype]
     plan = plan or ProfilePlan.named(quick)
-    weights = load_weights(model_path, load_format, torch_dtype)
+    weights = load_weights(model_path, load_format, torch_dtype, quantization=quantization)
+    if weights.dtype != torch_dtype:
+        raise ValueError(f"{weights.quantization} weights compute in {weights.dtype}, not {torch_dtype}: "
+                         "profile them with --dtype float32 (as the server runs them)")
     hardware, samples, warnings = run_plan(weights.config, weights.state, torch_dtype, core_ids, plan, progress, log)
     estimator = build_estimator(weights.config, hardware, est_dtype, samples)
     provenance = Provenance(
         model=model_cache_name(model_path, load_format), model_source=str(weights.source) if weights.source else None,
-        load_format=weights.load_format, dtype=est_dtype, cores=core_ids, cpu=cpu_model_name(),
+        load_format=weights.load_format, dtype=est_dtype, quantization=weights.quantization, cores=core_ids, cpu=cpu_model_name(),
         bullet_version=package_version(), torch_version=torch.__version__, plan=plan.name,
         measured_at=time.strftime("%Y-%m-%d %H:%M:%S"), duration_s=round(time.monotonic() - began, 1))
-    notes = [f"bullet profile ({plan.name}) of {weights.config.name} in {est_dtype} on cores {core_ids} "
+    served = "" if weights.quantization == "none" else f" ({weights.quantization} weights)"
+    notes = [f"bullet profile ({plan.name}) of {weights.config.name} in {est_dtype}{served} on cores {core_ids} "
              f"of {cpu_model_name()}: kernel sweeps and end-to-end steps at every core count, "
              "each phase beside the other on the complementary cores",
              "co-running on 2 cores can only be 1 + 1 cores: contention is measured at that split"

@@ -151,3 +151,17 @@ def test_auto_quantization_only_for_quantized_sources_on_cpu():
         resolve_quantization("int3", cpu, source_quantized=True)
     assert load_weights(None, dtype=torch.float32, quantization="auto").quantization == "w8a8_int8"
     assert load_weights("smollm2-135m", load_format="dummy", quantization="auto").quantization == "none"
+
+
+def test_int8_model_computes_and_keeps_kv_in_float32_whatever_dtype_was_asked():
+    """`--dtype bfloat16` (what `auto` picks on an AVX512-BF16 CPU) with the int8 model: the model
+    computes in float32, so its KV pool must too (a bf16 pool once crashed decode attention there)."""
+    from bullet.llm import LLM  # deferred: the engine tests import no control plane at module level
+
+    params = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
+    outputs = []
+    for dtype in ("bfloat16", "float32"):
+        llm = LLM(dtype=dtype, quantization="w8a8_int8", max_total_tokens=2048)
+        assert llm.dtype == torch.float32 and llm.runner.kv.tensor.dtype == torch.float32
+        outputs.append([o.output_ids for o in llm.generate(PROMPTS[:3], params)])
+    assert outputs[0] == outputs[1]

@@ -157,6 +157,7 @@ def test_default_path_is_keyed_and_under_the_cache_dir(monkeypatch, tmp_path):
     assert path.parent == tmp_path / "profiles"
     assert "SmolLM2-135M-Instruct-abc123" in path.name and "bf16" in path.name and "-2c-" in path.name
     assert default_profile_path("m", "bf16", 4) != default_profile_path("m", "fp32", 4) != default_profile_path("m", "bf16", 2)
+    assert default_profile_path("m", "fp32", 2, "w8a8_int8") != default_profile_path("m", "fp32", 2)
     monkeypatch.delenv("BULLET_CACHE_DIR")
     assert default_profile_path("m", "bf16", 1).parent == Path.home() / ".cache" / "bullet" / "profiles"
 
@@ -166,24 +167,29 @@ def test_default_path_is_keyed_and_under_the_cache_dir(monkeypatch, tmp_path):
 @pytest.fixture(scope="module")
 def tiny_profile(tmp_path_factory):
     """A real profile of a 2-layer dummy model with a trimmed quick plan (seconds, not a minute)."""
-    from estimator.profiler.plan import ProfilePlan
     from estimator.profiler.measure import measure_profile
-    from estimator.profiler.workload import PrefillCase, uniform_decode
 
     root = tmp_path_factory.mktemp("profile")
     config_path = root / "config.json"
     config_path.write_text(json.dumps(TINY_HF_CONFIG))
-    plan = replace(ProfilePlan.quick(),
+    cores = sorted(os.sched_getaffinity(0))
+    output = root / "profile.json"
+    profile = measure_profile(str(config_path), "dummy", "bf16", cores, True, output, progress=False, plan=tiny_plan())
+    return str(config_path), cores, output, profile
+
+
+def tiny_plan(**smaller):
+    """The quick plan trimmed to a few cases (seconds, not a minute); `smaller` trims it further."""
+    from estimator.profiler.plan import ProfilePlan
+    from estimator.profiler.workload import PrefillCase, uniform_decode
+
+    return replace(replace(ProfilePlan.quick(),
                    sweeps=(PrefillCase((32,)), PrefillCase((256,)), uniform_decode(1, 64), uniform_decode(16, 256)),
                    steps=(PrefillCase((32,)), PrefillCase((256,)), PrefillCase((64, 64)), PrefillCase((256,), 1),
                           uniform_decode(1, 64), uniform_decode(16, 256)),
                    corun_prefill_lengths=(256,), corun_decode_cases=(uniform_decode(8, 128),),
                    corun_decode_batches=(8,), corun_prefill_cases=(PrefillCase((128,)),),
-                   repeats=5, sweep_repeats=3, budget_s=2.0, quiet_wait_s=0.3)
-    cores = sorted(os.sched_getaffinity(0))
-    output = root / "profile.json"
-    profile = measure_profile(str(config_path), "dummy", "bf16", cores, True, output, progress=False, plan=plan)
-    return str(config_path), cores, output, profile
+                   repeats=5, sweep_repeats=3, budget_s=2.0, quiet_wait_s=0.3), **smaller)
 
 
 @pytest.mark.slow
@@ -259,3 +265,29 @@ def test_a_profile_session_gives_the_process_its_cores_back(tiny_profile):
                 narrowed[task.name] = line.split()[1]
     assert not narrowed, f"threads left pinned after profiling: {narrowed}"
     assert sorted(os.sched_getaffinity(0)) == cores
+
+
+def test_an_int8_server_gets_a_profile_of_its_int8_model(tmp_path):
+    """The server profiles the weights as it serves them: a quantized GGUF runs as int8 (computing in
+    fp32), so its profile times the int8 kernels, is cached under its own name and is never mistaken
+    for the float model's."""
+    from engines.quant.int8 import fbgemm_available
+    from estimator.profiler.cache import model_cache_name
+    from estimator.profiler.measure import measure_profile
+
+    if not fbgemm_available():
+        pytest.skip("torch without the fbgemm quantized engine")
+    config_path = tmp_path / "config.json"
+    config_path.write_text(json.dumps(TINY_HF_CONFIG))
+    cores, output = sorted(os.sched_getaffinity(0)), tmp_path / "int8.json"
+    plan = tiny_plan(repeats=2, sweep_repeats=1, budget_s=0.5, quiet_wait_s=0.0)  # what it measures is not checked
+    with pytest.raises(ValueError, match="float32"):  # the int8 model computes in fp32, not bf16
+        measure_profile(str(config_path), "dummy", "bf16", cores, True, output, progress=False, plan=plan,
+                        quantization="w8a8_int8")
+    profile = measure_profile(str(config_path), "dummy", "fp32", cores, True, output, progress=False,
+                              plan=plan, quantization="w8a8_int8")
+    assert profile.provenance.quantization == "w8a8_int8" and profile.provenance.dtype == "fp32"
+    name = model_cache_name(str(config_path), "dummy")
+    assert reusable(output, name, "fp32", cores, quick=True, quantization="w8a8_int8")
+    assert not reusable(output, name, "fp32", cores, quick=True)  # not the float model's profile
+    assert load_estimator(str(output)).decode_time_for([64], len(cores)) > 0
