@@ -28,6 +28,19 @@ def cpu_profile(tmp_path_factory):
     return str(path)
 
 
+@pytest.fixture(scope="module")
+def cpu_profile_fp32(tmp_path_factory):
+    """As `cpu_profile`, with the fp32 rates of this CPU: what a server run with `--dtype float32`
+    computes in (the bf16 rate is AMX-fast on some CPUs and emulated-slow on others)."""
+    from engines.model_config import ModelConfig
+    from estimator import Estimator, save_estimator
+    from estimator.profiler.cpu_probe import probe_cpu
+
+    path = tmp_path_factory.mktemp("profile") / "cpu_fp32.json"
+    save_estimator(Estimator(ModelConfig.builtin("smollm2-135m"), probe_cpu(progress=False), dtype="fp32"), path)
+    return str(path)
+
+
 def _generate_all(server) -> list[list[int]]:
     def one(p):
         status, body = server.post("/generate", {"text": p, "sampling_params": {
@@ -128,7 +141,7 @@ def test_bullet_prefill_yields_to_decode_when_no_split_keeps_tpot(cpu_profile, t
     assert any(r["role"] == "prefill" and r.get("run") for r in rows)
 
 
-def test_a_short_prompt_preempts_a_long_prefill_and_both_keep_their_output(cpu_profile, tmp_path):
+def test_a_short_prompt_preempts_a_long_prefill_and_both_keep_their_output(cpu_profile_fp32, tmp_path):
     """A long prompt is prefilling layer group by layer group when a short one arrives whose TTFT
     target it would miss behind it: the short one runs first, at a layer boundary, while the long
     batch waits with its K/V in place; then the long one resumes where it stopped. Both return the
@@ -137,20 +150,26 @@ def test_a_short_prompt_preempts_a_long_prefill_and_both_keep_their_output(cpu_p
     import time
 
     import bullet
+    from estimator.profile import load_estimator
 
-    long_prompt = "Tell me everything about the history of the printing press. " * 60  # ~700 tokens
+    long_prompt = "Tell me everything about the history of the printing press. " * 120  # ~1400 tokens
     short_prompt = "Hi!"
     params = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
     llm = bullet.LLM(dtype="float32", max_total_tokens=4096)
     expected = [o.output_ids for o in llm.generate([long_prompt, short_prompt], params)]
     timeline = tmp_path / "timeline"
-    # one layer per step: the long batch returns to the scheduler often. The profile here is the
-    # CPU probe alone (no model calibration: it overestimates this model's steps many times over
-    # until online refinement catches up), so the targets are loose enough that the short prompt can
-    # be saved even in its predictions: 1 s per token, ~2 s for it, far less than the long batch
+    # The TTFT target is set from the policy's own prediction of the long batch (P, on both cores), so
+    # that on any CPU the short prompt misses behind it (its target is P/8) yet meets it if it runs now,
+    # and the long batch keeps its own (~1400 tokens x P/8/short tokens, many times P).
+    # One layer per step: the long batch returns to the scheduler often.
+    est = load_estimator(cpu_profile_fp32)
+    long_tokens, short_tokens = len(llm.encode(long_prompt)), len(llm.encode(short_prompt))
+    per_token_ms = est.prefill_time([long_tokens], 2) / 8 / short_tokens * 1e3
+    assert est.prefill_time([short_tokens], 2) * 1e3 < per_token_ms * short_tokens / 2
     with ServerProcess("--policy", "bullet", "--dtype", "float32", "--max-total-tokens", "4096",
-                       "--estimator-profile", cpu_profile, "--timeline-dir", str(timeline),
-                       "--prefill-layers-per-step", "1", "--ttft-slo", "1s/token", "--tpot-slo", "10s") as server:
+                       "--estimator-profile", cpu_profile_fp32, "--timeline-dir", str(timeline),
+                       "--prefill-layers-per-step", "1", "--ttft-slo", f"{per_token_ms:.3f}ms/token",
+                       "--tpot-slo", "10s") as server:
         results = {}
 
         def one(key, text):
