@@ -52,18 +52,23 @@ def use_cores(cores: Sequence[int]) -> None:
         torch.set_num_threads(len(cores))
 
 
-# OpenMP threads that wait at a barrier sleep instead of spinning. Two workers share the cores (by
-# design, during a hand-over or a pause that ran out, and always under `naive`), and other programs
-# may run there too: a spinning thread then burns the timeslice its teammate needs to reach the
-# barrier, and every parallel region (dozens per layer) can cost a whole scheduler quantum — measured
-# on 2 cores, decode fell from ~5 to ~0.4 steps/s and no request finished under load. Read by the
-# OpenMP runtime when it starts, so it must be in a process's environment before torch loads.
-THREAD_WAIT_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+# How long an OpenMP thread spins at a barrier before it sleeps. Two workers share the cores (by design,
+# during a hand-over or a pause that ran out, and always under `naive`), and other programs may run there
+# too: a thread that spins without bound burns the timeslice its teammate needs to reach the barrier, and
+# every parallel region (dozens per layer) can cost a whole scheduler quantum — measured on 2 cores, decode
+# fell from ~5 to ~0.4 steps/s and no request finished under load. Sleeping at once (OMP_WAIT_POLICY=
+# PASSIVE) cured that but made every parallel region a futex wake-up: a decode step on 2 cores took
+# longer than on 1 (48 vs 30 ms at batch 1, 104 vs 54 ms at batch 5-8, served). A bounded spin — 20,000
+# iterations, tens of microseconds, far below a quantum — keeps back-to-back ops of one step on awake
+# threads and lets them sleep between steps: served at 1 req/s, bullet's TPOT went from 108 to 45 ms.
+# Read by the OpenMP runtime when it starts, so it must be in a process's environment before torch loads.
+THREAD_WAIT_ENV = {"GOMP_SPINCOUNT": "20000"}
 
 
 def prefer_passive_waits() -> dict[str, str]:
     """Put THREAD_WAIT_ENV into this process's environment (for the processes it starts next),
-    keeping any value the user set; returns what child processes will see."""
+    keeping any value the user set (OMP_WAIT_POLICY too: GNU OpenMP's own policy then decides);
+    returns what child processes will see."""
     for key, value in THREAD_WAIT_ENV.items():
         os.environ.setdefault(key, value)
     return {key: os.environ[key] for key in THREAD_WAIT_ENV}
