@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -43,7 +44,7 @@ def prepare(args) -> tuple[str, Path, str, object]:
     # the profile times what the servers serve: the GGUF as int8 by default, computing in fp32
     quantization, dtype = served_precision(None, "auto", "auto", args.dtype)
     profile = args.profile or str(ensure_profile(None, "auto", str(dtype).removeprefix("torch."),
-                                                 sorted(__import__("os").sched_getaffinity(0)),
+                                                 sorted(os.sched_getaffinity(0)),
                                                  quick=not args.full_profile, quantization=quantization))
     return tokenizer_dir, dataset, profile, load_estimator(profile)
 

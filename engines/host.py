@@ -65,7 +65,7 @@ def use_cores(cores: Sequence[int]) -> None:
 THREAD_WAIT_ENV = {"GOMP_SPINCOUNT": "20000"}
 
 
-def prefer_passive_waits() -> dict[str, str]:
+def bound_thread_spin_waits() -> dict[str, str]:
     """Put THREAD_WAIT_ENV into this process's environment (for the processes it starts next),
     keeping any value the user set (OMP_WAIT_POLICY too: GNU OpenMP's own policy then decides);
     returns what child processes will see."""

@@ -27,7 +27,7 @@ from bullet.shm.shared_page_allocator import SharedPageAllocator
 from bullet.shm.state_buffer import StateBuffer
 from bullet.workers.bootstrap import worker_main
 from bullet.workers.spec import WorkerSpec
-from engines.host import prefer_passive_waits
+from engines.host import bound_thread_spin_waits
 from estimator.profiler.cache import ensure_profile
 from estimator.profiler.cuda_measure import ensure_cuda_profile
 
@@ -73,7 +73,7 @@ class Launcher:
         without waiting for them; see wait_ready)."""
         t0 = time.monotonic()
         reclaim_stale_instances()
-        log.info("worker threads: %s", prefer_passive_waits())  # before the profiler child and the workers start
+        log.info("worker threads: %s", bound_thread_spin_waits())  # before the profiler child and the workers start
         self.shared, self.tokenizer = load_shared_model(self.args)
         log.info("loaded %s (%s, %.0f MB weights, %.0f MB KV pool of %d pages) in %.1fs", self.shared.model_name,
                  self.shared.dtype, self.shared.weight_bytes() / 2**20, self.shared.kv_bytes() / 2**20,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from engines.device import quantization_for, resolve_dtype
 from engines.model_config import CONFIG_DIR, ModelConfig
 from engines.weights.errors import ModelLoadError
 
@@ -94,15 +95,21 @@ def served_precision(model_path: str | None = None, load_format: str = "auto", q
                      dtype_name: str | None = "auto", device: torch.device | str = "cpu") -> tuple[str, torch.dtype]:
     """(quantization, compute dtype) of the model a server launched with these flags serves, decided
     as `load_weights` decides it but without loading anything: what its estimator profile must time."""
-    from engines.device import quantization_for, resolve_dtype  # deferred: as in load_weights
-    from engines.quant import resolve_quantization  # deferred: as in load_weights
-
     device = torch.device(device)
-    chosen = quantization_for(quantization, dtype_name)
-    if chosen != "none":
-        path, fmt = resolve_model_path(model_path, load_format)
-        chosen = resolve_quantization(chosen, device, source_is_quantized(path, fmt))
-    return chosen, (torch.float32 if chosen != "none" else resolve_dtype(dtype_name, device))
+    path, fmt = resolve_model_path(model_path, load_format)
+    return _served(quantization_for(quantization, dtype_name), resolve_dtype(dtype_name, device), device, path, fmt)
+
+
+def _served(quantization: str, dtype: torch.dtype, device: torch.device, path: Path | None,
+            fmt: str) -> tuple[str, torch.dtype]:
+    """(quantization, compute dtype) of these weights on `device`: the one decision `load_weights` and
+    `served_precision` share."""
+    if quantization == "none":
+        return "none", dtype
+    from engines.quant import resolve_quantization  # deferred: only a quantized load needs it
+
+    quantization = resolve_quantization(quantization, device, source_is_quantized(path, fmt))
+    return quantization, torch.float32 if quantization != "none" else dtype
 
 
 def load_weights(model_path: str | None = None, load_format: str = "auto", dtype: torch.dtype = torch.float32,
@@ -110,11 +117,7 @@ def load_weights(model_path: str | None = None, load_format: str = "auto", dtype
     """`quantization`: none | w8a8_int8 | auto for the model served on `device` (see
     `engines.quant.resolve_quantization`; the int8 model computes in float32 whatever `dtype` says)."""
     path, fmt = resolve_model_path(model_path, load_format)
-    if quantization != "none":
-        from engines.quant import resolve_quantization  # deferred: only a quantized load needs it
-
-        quantization = resolve_quantization(quantization, torch.device(device), source_is_quantized(path, fmt))
-    float_dtype = torch.float32 if quantization != "none" else dtype
+    quantization, float_dtype = _served(quantization, dtype, torch.device(device), path, fmt)
     if fmt == "dummy":
         from engines.weights.dummy import dummy_weights  # deferred: only the format being loaded imports its loader
 
