@@ -26,7 +26,7 @@ from artifact.plots import plot_comparison
 from artifact.report import comparison_markdown, print_comparison
 from artifact.scoring import add_intervals, goodput, outcomes, summarize
 from artifact.stats import Interval, attainment_interval, run_counts
-from artifact.server import BulletServer
+from artifact.server import BulletServer, system_launch, system_slug
 from artifact.slo_rule import derive_slo
 from bullet.loops.timeline import load_timeline
 from bullet.workloads.sharegpt import repaired_sharegpt_path
@@ -63,18 +63,19 @@ def scheduler_overhead(timeline_dir: Path) -> dict:
 
 
 def run_system(system: str, args, tokenizer_dir: str, dataset: Path, profile: str, slo, out: Path) -> dict:
-    timeline = out / "timeline" / system.replace(":", "-")
-    launch = ["--policy", system, "--dtype", args.dtype, "--timeline-dir", str(timeline), "--estimator-profile", profile,
+    name = system_slug(system)
+    timeline = out / "timeline" / name
+    launch = [*system_launch(system), "--dtype", args.dtype, "--timeline-dir", str(timeline), "--estimator-profile", profile,
               "--ttft-slo", f"{slo.ttft * 1e3:.4f}ms/token", "--tpot-slo", f"{slo.tpot * 1e3:.2f}ms",
               "--max-total-tokens", str(args.max_total_tokens), "--log-level", "warning"]
     per_rate = {}
-    with BulletServer(*launch, log_path=str(out / f"server-{system.replace(':', '-')}.log")) as server:
+    with BulletServer(*launch, log_path=str(out / f"server-{name}.log")) as server:
         for rate in args.rates:
             t0 = time.monotonic()
             records, runs, duration = [], [], 0.0
             for rep in range(args.repeats):  # repeat r uses seed + r, the same for every system
                 result, recs = run_bench_serving(server.url, tokenizer_dir, dataset, rate, args.num_prompts,
-                                                 out / f"bench-{system.replace(':', '-')}-{rate}-{rep}.jsonl",
+                                                 out / f"bench-{name}-{rate}-{rep}.jsonl",
                                                  args.context_len, args.output_len, seed=args.seed + rep)
                 records += recs
                 runs.append(run_counts(outcomes(recs, slo)))

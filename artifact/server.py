@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -22,6 +24,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def system_launch(system: str) -> list[str]:
+    """`bullet launch` flags of a compared system: a policy (`default` = the server's default) optionally
+    followed by launch flags in the same string, e.g. "bullet --split-rule aggregate"."""
+    policy, *extra = shlex.split(system)
+    return extra if policy == "default" else ["--policy", policy, *extra]
+
+
+def system_slug(system: str) -> str:
+    """A file-name-safe name of a compared system."""
+    return re.sub(r"[^A-Za-z0-9.]+", "-", system).strip("-")
 
 
 class BulletServer:

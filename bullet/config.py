@@ -64,6 +64,10 @@ class ServerArgs(BaseModel):
     layer_group: Literal["fixed", "adaptive"] = Field(
         "fixed", description="bullet: layers per prefill step: fixed (--prefill-layers-per-step) or adaptive (as many "
         "as take about one decode step, at least 10 ms' worth)")
+    split_rule: Literal["spatial", "aggregate"] = Field(
+        "spatial", description="bullet: while TPOT has slack, decode keeps the fewest units that hold it (spatial) or "
+        "pauses and prefill takes every unit as long as its pause budget covers the step (aggregate: DuetServe's rule, "
+        "split only when TPOT would break)")
     estimator_profile: str | None = Field(None, description="profile written by `bullet profile` (default: measured on first use)")
     timeline_dir: str | None = Field(None, description="write every scheduling decision to <dir>/<role>.jsonl")
     # supervision

@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import re
-import shlex
 import signal
 import statistics
 import subprocess
@@ -34,7 +33,7 @@ from pathlib import Path
 from artifact.bench_client import run_bench_serving
 from artifact.benchmarks.common import RESULTS, print_table, write_results
 from artifact.benchmarks.llamacpp_build import DEFAULT_VERSION, build
-from artifact.server import BulletServer, free_port
+from artifact.server import BulletServer, free_port, system_launch, system_slug
 from bullet.workloads.sharegpt import repaired_sharegpt_path
 from engines.tokenizer import gguf_tokenizer_dir
 from engines.weights.resolve import default_gguf_path
@@ -102,16 +101,14 @@ class LlamaServer:
 def bullet_server(system: str, args, log: Path) -> BulletServer:
     """`system` is a policy (`default` = the server's default) optionally followed by launch flags,
     e.g. "default --tpot-slo 60ms"."""
-    policy, *extra = shlex.split(system)
-    launch = ["--cores", args.cores, "--max-total-tokens", str(args.max_total_tokens), "--log-level", "warning", *extra]
-    if policy != "default":
-        launch += ["--policy", policy]
+    launch = ["--cores", args.cores, "--max-total-tokens", str(args.max_total_tokens), "--log-level", "warning",
+              *system_launch(system)]
     return BulletServer(*launch, log_path=str(log))
 
 
 def run_system(system: str, args, binary: Path | None, tokenizer: str, dataset: Path, out: Path) -> dict:
     cores = [int(c) for c in args.cores.split(",")]
-    name = re.sub(r"[^A-Za-z0-9.]+", "-", system).strip("-")
+    name = system_slug(system)
     server = (LlamaServer(binary, default_gguf_path(), cores, args.parallel, args.context_len, out / f"server-{name}.log")
               if system == "llama.cpp" else bullet_server(system, args, out / f"server-{name}.log"))
     per_rate = {}

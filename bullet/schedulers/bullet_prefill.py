@@ -18,7 +18,11 @@
    requests): it runs nothing for one decode step on every unit, then takes its next layer group —
    the limit of "shrink prefill's share" where the smallest share is large (1 of 2 CPU cores: found
    serving ShareGPT on the CPU, where the decode batch then kept missing TPOT on its one core).
-   Yields alternate with prefill steps, so prefill always progresses."""
+   Yields alternate with prefill steps, so prefill always progresses.
+
+`split_rule="aggregate"` (DuetServe's rule, an option): while TPOT holds and decode's pause budget
+covers the next layer group on every unit, prefill takes every unit and decode pauses — the device
+is shared in time, as one engine would — and it splits only when TPOT would break."""
 
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ from bullet.schedulers.views import PrefillDecision, PrefillPolicy, PrefillView
 
 TPOT_MARGIN = 0.9  # aim decode steps at 90% of the TPOT target: predictions are not exact
 HAND_BACK_RULES = ("off", "decode-step", "bounded")
+SPLIT_RULES = ("spatial", "aggregate")
 BOUNDED_STRETCH = 0.1  # "bounded": the last layer group may take at most 10 % longer on a smaller share
 
 
@@ -42,9 +47,12 @@ class BulletPrefillPolicy(PrefillPolicy):
     def __init__(self, est: Predictor, slo: SLO, feasible_units: list[int], layers_per_step: int, num_layers: int,
                  max_prefill_tokens: int, batch_token_limit: Callable[[int], int], max_wait_s: float = 30.0,
                  preemption: bool = True, hand_back: str = "bounded", layer_group: str = "fixed",
-                 min_group_s: float = 0.01):
+                 min_group_s: float = 0.01, split_rule: str = "spatial"):
         if hand_back not in HAND_BACK_RULES:
             raise ValueError(f"hand_back must be one of {HAND_BACK_RULES}, not {hand_back!r}")
+        if split_rule not in SPLIT_RULES:
+            raise ValueError(f"split_rule must be one of {SPLIT_RULES}, not {split_rule!r}")
+        self.split_rule = split_rule
         if layer_group not in ("fixed", "adaptive"):
             raise ValueError(f"layer_group must be fixed or adaptive, not {layer_group!r}")
         self.preemption, self.hand_back_rule = preemption, hand_back
@@ -201,8 +209,11 @@ class BulletPrefillPolicy(PrefillPolicy):
             return self.balanced(view, batch_lens, b, ctx, cached), "both SLOs at risk: balanced split"
         if tpot_ok:
             full_step = prefill_seconds(self.est, batch_lens, self.total, cached, num_layers=self.k, include_head=False)
-            if not satisfy and peer.pause_budget_ms / 1e3 >= full_step:
-                return self.total, "burst: decode pauses, TPOT still holds"
+            if peer.pause_budget_ms / 1e3 >= full_step:
+                if not satisfy:
+                    return self.total, "burst: decode pauses, TPOT still holds"
+                if self.split_rule == "aggregate":
+                    return self.total, "aggregate: decode pauses while its pause budget lasts"
             d = d_min if d_min is not None else self.total - self.feasible[0]
             return self._prefill_share(self.total - d), "TPOT has slack: decode gets the fewest units that keep it"
         d = catch_up if catch_up is not None else self.total - self.feasible[0]

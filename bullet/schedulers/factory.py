@@ -53,7 +53,7 @@ def make_prefill_policy(args: ServerArgs, feasible_units: list[int], num_layers:
         return cls(estimator, slo_of(args), feasible_units, args.prefill_layers_per_step, num_layers,
                                    args.max_prefill_tokens, batch_token_limit or (lambda units: args.max_prefill_tokens),
                                    preemption=args.prefill_preemption, hand_back=args.hand_back,
-                                   layer_group=args.layer_group)
+                                   layer_group=args.layer_group, split_rule=args.split_rule)
     raise ValueError(f"policy {args.policy!r} has no prefill worker")
 
 

@@ -41,10 +41,12 @@ class SimConfig:
     overlap_share: str = "demand"  # how units both workers hold are divided: demand | even
     policy_contention: bool = True  # policies' estimators hold the contention table, as a profiled device's would
     policy_error: float = 0.10  # each policy predicts with a copy wrong by this much on average (bullet.sim.perturbed)
+    policy_error_learnable: bool = True  # online refinement sees that error (as a real worker's would); False: it cannot
     step_overhead_s: float = 0.5e-3  # per step, every system: launch and scheduling outside the kernels
     prefill_preemption: bool = True  # bullet: layer-boundary preemption of the prefill batch in flight
     hand_back: str = "bounded"  # bullet: off | decode-step | bounded
     layer_group: str = "fixed"  # bullet: fixed (prefill_layers_per_step) | adaptive (about one decode step)
+    split_rule: str = "spatial"  # bullet: spatial | aggregate (DuetServe: split only when TPOT would break)
     radix_cache: bool = False  # the prefix cache (off by default: the traces share no tokens, see Simulation)
     handoff_delay_s: float = 0.0  # prefill -> decode metadata latency (Bullet Table 5: 0.21 ms mean)
     seed: int = 0
@@ -91,7 +93,8 @@ def policy_estimator(config: SimConfig, device: Estimator, role: str = "policy")
     if config.policy_contention and contention is not None:
         table = contention.contention_table(device.hardware.partition_sizes())
     est = Estimator(device.model, device.hardware, device.calibration.model_copy(deep=True), table, device.dtype)
-    return PerturbedPredictor(est, config.policy_error, seed=f"{config.seed}|{role}")
+    return PerturbedPredictor(est, config.policy_error, seed=f"{config.seed}|{role}",
+                              learnable=config.policy_error_learnable)
 
 
 def weight_bytes(model: ModelConfig, dtype_bytes: int = 2) -> int:
@@ -127,5 +130,5 @@ def server_args(config: SimConfig, pages: int) -> ServerArgs:
                       max_running_requests=config.max_running_requests, page_size=config.page_size,
                       max_total_tokens=pages * config.page_size, timeline_dir=config.timeline_dir,
                       prefill_preemption=config.prefill_preemption, hand_back=config.hand_back,
-                      layer_group=config.layer_group, disable_radix_cache=not config.radix_cache,
+                      layer_group=config.layer_group, split_rule=config.split_rule, disable_radix_cache=not config.radix_cache,
                       partition_backend="none")

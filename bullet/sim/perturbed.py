@@ -6,8 +6,14 @@ reference data). Without it, policies would predict the simulated device exactly
 and look better than they can be.
 
 A region is (phase, batch size or token count in powers of two, share in eighths of the device);
-its factor is exp(N(0, s)) with s chosen so that the mean absolute error is `error`. Observations
-pass through, so online refinement still learns what it can."""
+its factor is exp(N(0, s)) with s chosen so that the mean absolute error is `error`.
+
+Online refinement compares what a step took with what *this* predictor said it would take, as a
+worker's estimator on hardware does: an observation reaches the estimator underneath divided by the
+region's factor, so its correction learns the error too, region by region (its buckets are coarser
+in units than the error's: some error stays). With `learnable=False` observations pass through
+unchanged and the error is permanent — the simulator before 2026-11-25, which hid the error from the
+refinement that exists to correct it."""
 
 from __future__ import annotations
 
@@ -21,10 +27,10 @@ MEAN_ABS_LOGNORMAL = math.sqrt(2.0 / math.pi)  # E|X| of X ~ N(0, 1)
 
 
 class PerturbedPredictor:
-    def __init__(self, est: Estimator, error: float, seed: int | str = 0):
+    def __init__(self, est: Estimator, error: float, seed: int | str = 0, learnable: bool = True):
         if not 0.0 <= error < 1.0:
             raise ValueError(f"error must lie in [0, 1), got {error}")
-        self.est, self.error, self.seed = est, error, seed
+        self.est, self.error, self.seed, self.learnable = est, error, seed, learnable
         self.sigma = error / MEAN_ABS_LOGNORMAL
         self.hardware, self.model, self.dtype = est.hardware, est.model, est.dtype
         self._factors: dict[tuple, float] = {}
@@ -53,8 +59,12 @@ class PerturbedPredictor:
         return t * self.factor("decode", len(context_lens), units)
 
     # -- online refinement reaches the estimator underneath -------------------------------------------
-    def observe_prefill(self, *args, **kwargs) -> None:
-        self.est.observe_prefill(*args, **kwargs)
+    def observe_prefill(self, seq_lens: Sequence[int], units: int, seconds: float, num_layers: int | None = None,
+                        include_head: bool = True, co_decode_batch: int = 0) -> None:
+        seen = seconds / self.factor("prefill", sum(seq_lens), units) if self.learnable else seconds
+        self.est.observe_prefill(seq_lens, units, seen, num_layers, include_head, co_decode_batch)
 
-    def observe_decode(self, *args, **kwargs) -> None:
-        self.est.observe_decode(*args, **kwargs)
+    def observe_decode(self, context_lens: Sequence[int], units: int, seconds: float,
+                       co_prefill_tokens: int = 0) -> None:
+        seen = seconds / self.factor("decode", len(context_lens), units) if self.learnable else seconds
+        self.est.observe_decode(context_lens, units, seen, co_prefill_tokens)

@@ -16,10 +16,10 @@ K = 4
 
 
 def policy(ttft="10s", tpot="100ms", limit=10_000, max_tokens=8192, max_wait=30.0, est=None, hand_back="bounded",
-           preemption=True):
+           preemption=True, split_rule="spatial"):
     return BulletPrefillPolicy(est or FakePredictor(), SLO.parse(ttft, tpot), list(range(1, TOTAL + 1)), K, LAYERS,
                                max_tokens, lambda units: limit, max_wait_s=max_wait, preemption=preemption,
-                               hand_back=hand_back)
+                               hand_back=hand_back, split_rule=split_rule)
 
 
 def order(p, view, units):
@@ -99,6 +99,21 @@ def test_burst_pauses_decode_when_its_tpot_still_holds():
     tight = decode_state(batch=10, context=5000, tpot_p90_ms=30, pause_budget_ms=1)
     d = policy(ttft="0.1ms/token", limit=1).decide(prefill_view(1.0, queue, peer=tight))
     assert d.units == TOTAL - 1
+
+
+def test_aggregate_rule_pauses_decode_while_its_budget_lasts_and_splits_after():
+    # TTFT holds (10 s target): the spatial rule gives decode its fewest units even with budget to spare
+    roomy = decode_state(batch=10, context=5000, tpot_p90_ms=30, pause_budget_ms=5000)
+    queue = [req("a", 500, 0.9)]
+    assert policy().decide(prefill_view(1.0, queue, peer=roomy)).units == TOTAL - 1
+    d = policy(split_rule="aggregate").decide(prefill_view(1.0, queue, peer=roomy))
+    assert d.units == TOTAL and "aggregate" in d.reason
+    # the budget no longer covers a full-device layer group: split as the spatial rule does
+    tight = decode_state(batch=10, context=5000, tpot_p90_ms=30, pause_budget_ms=1)
+    d = policy(split_rule="aggregate").decide(prefill_view(1.0, queue, peer=tight))
+    assert d.units == TOTAL - 1 and "fewest units" in d.reason
+    with pytest.raises(ValueError, match="split_rule"):
+        policy(split_rule="temporal")
 
 
 def test_a_queued_request_behind_the_inflight_batch_counts_for_the_burst():

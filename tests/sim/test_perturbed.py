@@ -1,5 +1,5 @@
 """The policies' view of the simulated device is wrong by the stated amount, the same way for the
-same seed, and still learns from what it observes."""
+same seed, and online refinement learns that error from what it observes, as a worker's would."""
 
 from __future__ import annotations
 
@@ -46,3 +46,20 @@ def test_observations_reach_the_estimator_underneath(est):
     for _ in range(30):
         p.observe_decode([900] * 16, 30, 1.3 * p.est.decode_time_for([900] * 16, 30))
     assert p.decode_time_for([900] * 16, 30) > before * 1.1
+
+
+@pytest.mark.parametrize("learnable", [True, False])
+def test_online_refinement_learns_the_error_only_when_it_can_see_it(est, learnable):
+    p = PerturbedPredictor(est.__class__(est.model, est.hardware, est.calibration.model_copy(deep=True),
+                                         est.contention, est.dtype), 0.10, seed=4, learnable=learnable)
+    lens, units = [1200] * 24, 54
+    truth = est.decode_time_for(lens, units)  # what the simulated device charges (without noise)
+    first = abs(p.decode_time_for(lens, units) / truth - 1)
+    assert first > 0.01  # this region starts wrong
+    for _ in range(40):
+        p.observe_decode(lens, units, truth)
+    last = abs(p.decode_time_for(lens, units) / truth - 1)
+    if learnable:
+        assert last < 0.01 < first
+    else:
+        assert last == pytest.approx(first, rel=1e-6)
