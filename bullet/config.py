@@ -35,7 +35,8 @@ class ServerArgs(BaseModel):
     # memory
     page_size: int = Field(16, ge=1, le=1024, description="tokens per KV page")
     max_total_tokens: int = Field(32768, ge=64, description="KV pool capacity in tokens (shared by both workers)")
-    max_running_requests: int = Field(64, ge=1, description="largest decode batch")
+    max_running_requests: int = Field(64, ge=1, description="most requests running at once (decoding, or in a "
+                                      "prefill batch); prompts beyond it wait in the queue, before their first token")
     max_queued_requests: int = Field(1024, ge=1, description="requests the server holds at once, queued or running; "
                                      "past it a new request gets 503 with Retry-After, and a batch larger than "
                                      "this gets 400 (it could never be admitted)")

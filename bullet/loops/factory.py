@@ -23,7 +23,8 @@ def build_core(env: LoopEnv, args: ServerArgs, num_layers: int, predictor: Predi
     cached = not args.disable_radix_cache
     if env.role is Role.PREFILL:  # the prefill worker owns the prefix cache
         policy = make_prefill_policy(args, feasible, num_layers, predictor, batch_token_limit)
-        return PrefillCore(env, policy, num_layers, PrefixCache(env.allocator) if cached else None)
+        return PrefillCore(env, policy, num_layers, PrefixCache(env.allocator) if cached else None,
+                           args.max_running_requests)
     if env.role is Role.DECODE:
         return DecodeCore(env, make_decode_policy(args, feasible, predictor), remote_cache=cached)
     scheduler = HybridScheduler(env.allocator, args.policy_arg, args.max_running_requests,

@@ -14,6 +14,8 @@ from bullet.loops.base import LoopCore, LoopEnv, Wake
 from bullet.schedulers.views import InflightPrefill, PrefillDecision, PrefillPolicy, PrefillView
 from bullet.shm.page_allocator import OutOfPages, PageAllocator
 
+HANDOFF_SEEN_S = 1.0  # a live decode worker publishes many times a second
+
 
 def take_admitted(queue: list[Request], admit: Sequence[Request], allocator: PageAllocator,
                   cache: PrefixCache | None = None) -> list[Request]:
@@ -37,9 +39,14 @@ def take_admitted(queue: list[Request], admit: Sequence[Request], allocator: Pag
 
 
 class PrefillCore(LoopCore):
-    def __init__(self, env: LoopEnv, policy: PrefillPolicy, num_layers: int, cache: PrefixCache | None = None):
+    def __init__(self, env: LoopEnv, policy: PrefillPolicy, num_layers: int, cache: PrefixCache | None = None,
+                 max_running: int = 1 << 30):
         super().__init__(env)
-        self.policy, self.num_layers = policy, num_layers
+        self.policy, self.num_layers, self.max_running = policy, num_layers, max_running
+        # requests handed to decode that its published batch may not count yet: (decode's publish
+        # count at the hand-off, when, how many); forgotten after two more publishes (received by
+        # then), or after HANDOFF_SEEN_S if decode publishes nothing (stopped, or not there at all)
+        self.unseen_handoffs: list[tuple[int, float, int]] = []
         self.cache = cache
         self.queue: list[Request] = []
         self.inflight: InflightPrefill | None = None
@@ -75,10 +82,23 @@ class PrefillCore(LoopCore):
     # -- one pass of the loop -----------------------------------------------------------------------
     def view(self) -> PrefillView:
         env = self.env
-        return PrefillView(now=self.now(), queue=self.queue, inflight=self.inflight, peer=self.read_peer(),
+        peer = self.read_peer()
+        return PrefillView(now=self.now(), queue=self.queue, inflight=self.inflight, peer=peer,
                            total_units=env.partition.total_units, current_units=env.partition.current_units,
                            free_pages=self.free_pages_view(), page_size=env.allocator.page_size,
-                           suspended=self.suspended)
+                           suspended=self.suspended, free_slots=self.free_slots(peer))
+
+    def free_slots(self, peer) -> int:
+        """Prompts that may start under `--max-running-requests`, as SGLang counts it: every request
+        decoding, handed over and not yet decoding, or in a prefill batch holds a slot (so a capped
+        server queues prompts before their first token instead of stretching every request's TPOT)."""
+        # (a count below the hand-off's: decode restarted, and its requests with it)
+        now = self.now()
+        self.unseen_handoffs = [(beat, t, n) for beat, t, n in self.unseen_handoffs
+                                if beat <= peer.heartbeat_count < beat + 2 and now - t < HANDOFF_SEEN_S]
+        held = peer.batch_size + peer.queued_requests + sum(n for _, _, n in self.unseen_handoffs)
+        held += sum(len(b.requests) for b in (self.inflight, self.suspended) if b is not None)
+        return max(0, self.max_running - held)
 
     def iterate(self) -> Wake:
         """Decide, and start a layer group when the decision runs one."""
@@ -147,6 +167,7 @@ class PrefillCore(LoopCore):
 
     def _complete(self, batch: InflightPrefill) -> None:
         self.inflight, self.suspended, reqs = self.suspended, None, batch.requests  # a preempted batch resumes
+        handed = 0
         for req, start, computed in zip(reqs, batch.starts, batch.lengths):
             req.num_cached = start + computed
             if req in self.aborted:
@@ -160,6 +181,9 @@ class PrefillCore(LoopCore):
                 if self.cache is not None:  # its prompt's pages are the cache's from now on (decode keeps them)
                     self.cache.insert_computed(req)
                 self.env.outbox.handed_off(req)
+                handed += 1
+        if handed:
+            self.unseen_handoffs.append((self.read_peer().heartbeat_count, self.now(), handed))
         if reqs and reqs[0].first_token_time is not None:
             self.last_ttft_ms = (reqs[0].first_token_time - reqs[0].arrival) * 1e3
 

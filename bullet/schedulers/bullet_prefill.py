@@ -136,8 +136,9 @@ class BulletPrefillPolicy(PrefillPolicy):
         if not self.preemption or view.suspended is not None or not order:
             return []
         reserve = view.peer.batch_size + view.peer.queued_requests  # as `batch`: decode's next pages
-        return choose_preemptors(view.now, inflight, remaining, order, ttfts, self.est, self.slo, units,
-                                 view.peer.batch_size, self.max_tokens, view.free_pages - reserve, view.page_size)
+        chosen = choose_preemptors(view.now, inflight, remaining, order, ttfts, self.est, self.slo, units,
+                                   view.peer.batch_size, self.max_tokens, view.free_pages - reserve, view.page_size)
+        return chosen[:view.free_slots]  # fewer of them run sooner still: each still makes its target
 
     def _predictions(self, step_s: float) -> Predictions:
         return Predictions(ttft_pred_p90_ms=self.last_ttft_p90 * 1e3, step_pred_ms=step_s * 1e3)
@@ -175,7 +176,8 @@ class BulletPrefillPolicy(PrefillPolicy):
         for r in order:
             n = r.num_uncomputed
             need = -(-n // view.page_size)
-            if need > pages or (batch and tokens >= limit) or (batch and tokens + n > self.max_tokens):
+            if (len(batch) >= view.free_slots or need > pages or (batch and tokens >= limit)
+                    or (batch and tokens + n > self.max_tokens)):
                 break
             batch.append(r)
             tokens += n

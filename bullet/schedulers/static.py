@@ -31,7 +31,8 @@ class StaticPrefillPolicy(PrefillPolicy):
         admit = []
         if view.inflight is None and view.queue:
             reserve = decode_page_reserve(view.peer.batch_size, view.peer.queued_requests)
-            admit = admit_fcfs(view.queue, self.max_prefill_tokens, view.free_pages, view.page_size, reserve)
+            admit = admit_fcfs(view.queue, self.max_prefill_tokens, view.free_pages, view.page_size, reserve,
+                               view.free_slots)
         busy = view.inflight is not None or admit
         return PrefillDecision(admit=admit, num_layers=self.layers_per_step if busy else 0, units=self.units)
 

@@ -68,6 +68,8 @@ class PrefillView:
     # a batch preempted at a layer boundary (its KV in place) that resumes once `inflight` is done;
     # while one waits, the in-flight batch cannot be preempted in turn
     suspended: InflightPrefill | None = None
+    # prompts prefill may still start under --max-running-requests (decoding, handed over, in prefill)
+    free_slots: int = 1 << 30
 
 
 @dataclass
@@ -123,15 +125,15 @@ class DecodePolicy(ABC):
 
 
 def admit_fcfs(queue: Sequence[Request], token_budget: int, free_pages: int, page_size: int,
-               reserve_pages: int = 0) -> list[Request]:
-    """Requests from the head of the queue while their prompts fit the token budget and the free
-    pages (minus a reserve for the decode batch to grow into). Always admits the head alone if it
-    fits in memory, so a prompt larger than the budget is not starved."""
+               reserve_pages: int = 0, max_requests: int = 1 << 30) -> list[Request]:
+    """Requests from the head of the queue while their prompts fit the token budget, the free
+    pages (minus a reserve for the decode batch to grow into) and `max_requests`. Always admits the
+    head alone if it fits in memory, so a prompt larger than the budget is not starved."""
     admitted, tokens, pages = [], 0, free_pages - reserve_pages
     for req in queue:
         n = req.num_uncomputed
         need = -(-n // page_size)
-        if need > pages or (admitted and tokens + n > token_budget):
+        if len(admitted) >= max_requests or need > pages or (admitted and tokens + n > token_budget):
             break
         admitted.append(req)
         tokens += n

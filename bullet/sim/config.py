@@ -31,7 +31,7 @@ class SimConfig:
     tpot_slo: str = "150ms"
     prefill_layers_per_step: int = 4
     max_prefill_tokens: int = 4096
-    max_running_requests: int = 1024  # chunked only: the two-worker decode has no cap
+    max_running_requests: int = 1024  # most requests running at once, every policy (--max-running-requests)
     page_size: int = 16
     kv_memory_gb: float | None = None  # default: device memory minus the weights
     noise: float = 0.05  # each step's latency x U[1-noise, 1+noise]

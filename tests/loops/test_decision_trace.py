@@ -97,9 +97,10 @@ class Finished:
 
 def _args(policy: str, tpot: str, radix_cache: bool) -> ServerArgs:
     # the prefix cache is off unless a test asks: prefill and decode run here without each other, so
-    # nothing would send decode's pages back to the cache's owner
+    # nothing would send decode's pages back to the cache's owner — nor tell prefill that requests it
+    # handed over finished, hence no cap on running requests either
     return ServerArgs(policy=policy, ttft_slo="1.5ms/token", tpot_slo=tpot, max_total_tokens=PAGES * 16,
-                      partition_backend="none", disable_radix_cache=not radix_cache)
+                      partition_backend="none", disable_radix_cache=not radix_cache, max_running_requests=1 << 20)
 
 
 def _core(role, clock, board, executor, outbox, timeline_dir, policy, est, tpot, radix_cache=False):

@@ -108,3 +108,21 @@ def test_chunked_never_exceeds_its_token_budget(tmp_path, budget):
     tokens = [r["tokens"] for r in rows]
     assert max(tokens) <= budget
     assert tokens.count(budget) > 0  # the budget binds: prompts were split into chunks
+
+
+def _decode_batches(directory) -> list[int]:
+    rows = [json.loads(line) for line in (directory / "decode.jsonl").read_text().splitlines()]
+    return [r["batch"] for r in rows if r.get("run")]
+
+
+@pytest.mark.parametrize("policy", ["bullet", "static"])
+def test_max_running_requests_caps_the_two_worker_policies(tmp_path, policy):
+    """`--max-running-requests` as SGLang counts it: prompts beyond the cap wait before their first
+    token, so the decode batch never exceeds it — and every request still finishes."""
+    requests = poisson(60, 30.0, seed=5, prompt=(50, 400), output=(150, 300))
+    simulate(policy, requests, timeline_dir=str(tmp_path / "free"))
+    assert max(_decode_batches(tmp_path / "free")) > 6  # without a cap the batch grows past it
+    sim, result = simulate(policy, requests, max_running_requests=6, timeline_dir=str(tmp_path / "capped"))
+    assert max(_decode_batches(tmp_path / "capped")) <= 6
+    assert len(result.records) == len(requests) and all(r.ok for r in result.records)
+    assert sim.allocator.num_free() == sim.allocator.total_pages
