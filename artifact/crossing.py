@@ -82,6 +82,17 @@ def markdown(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def parse_override(text: str) -> tuple[str, object]:
+    """KEY=VALUE: VALUE as JSON (0.1, false, null), else the string itself (aggregate)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise SystemExit(f"--set takes KEY=VALUE, not {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", nargs="+", default=WORKLOADS, choices=sorted(BRACKETS))
@@ -91,10 +102,11 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=6, help="bisection steps per crossing")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                    help="SimConfig overrides for every run, e.g. policy_error=0 step_overhead_s=0")
+                    help="SimConfig overrides for every run, e.g. policy_error=0 split_rule=aggregate "
+                    "(a value is read as JSON, else taken as a string)")
     ap.add_argument("--out", default="artifact/results/crossing")
     args = ap.parse_args(argv)
-    overrides = {k: json.loads(v) for k, v in (kv.split("=", 1) for kv in args.set)}
+    overrides = dict(parse_override(kv) for kv in args.set)
     jobs = [(w, s, seed, args.duration, overrides, args.steps) for w in args.workloads for s in args.systems
             for seed in args.seeds]
     t0 = time.perf_counter()

@@ -69,6 +69,9 @@ class ServerArgs(BaseModel):
         "spatial", description="bullet: while TPOT has slack, decode keeps the fewest units that hold it (spatial) or "
         "pauses and prefill takes every unit as long as its pause budget covers the step (aggregate: DuetServe's rule, "
         "split only when TPOT would break)")
+    idle_decode_units: Literal["all", "efficient"] = Field(
+        "all", description="bullet: while prefill is idle decode takes every unit (all), or the fewest whose step is "
+        "predicted within 10%% of that (efficient), leaving the rest free for the next prompt")
     estimator_profile: str | None = Field(None, description="profile written by `bullet profile` (default: measured on first use)")
     timeline_dir: str | None = Field(None, description="write every scheduling decision to <dir>/<role>.jsonl")
     # supervision

@@ -47,6 +47,7 @@ class SimConfig:
     hand_back: str = "bounded"  # bullet: off | decode-step | bounded
     layer_group: str = "fixed"  # bullet: fixed (prefill_layers_per_step) | adaptive (about one decode step)
     split_rule: str = "spatial"  # bullet: spatial | aggregate (DuetServe: split only when TPOT would break)
+    idle_decode_units: str = "all"  # bullet: all | efficient (fewest units within 10 % of all while prefill idles)
     radix_cache: bool = False  # the prefix cache (off by default: the traces share no tokens, see Simulation)
     handoff_delay_s: float = 0.0  # prefill -> decode metadata latency (Bullet Table 5: 0.21 ms mean)
     seed: int = 0
@@ -130,5 +131,6 @@ def server_args(config: SimConfig, pages: int) -> ServerArgs:
                       max_running_requests=config.max_running_requests, page_size=config.page_size,
                       max_total_tokens=pages * config.page_size, timeline_dir=config.timeline_dir,
                       prefill_preemption=config.prefill_preemption, hand_back=config.hand_back,
-                      layer_group=config.layer_group, split_rule=config.split_rule, disable_radix_cache=not config.radix_cache,
+                      layer_group=config.layer_group, split_rule=config.split_rule,
+                      idle_decode_units=config.idle_decode_units, disable_radix_cache=not config.radix_cache,
                       partition_backend="none")

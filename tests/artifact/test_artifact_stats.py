@@ -1,4 +1,5 @@
-"""Bootstrap intervals for attainment and goodput, and the "tie" verdict (artifact/stats.py)."""
+"""Bootstrap intervals for attainment and goodput, the "tie" verdict (artifact/stats.py), and the
+crossing's overrides."""
 
 from __future__ import annotations
 
@@ -85,3 +86,13 @@ def test_add_intervals_marks_each_system_against_bullet():
     assert results["worse"]["vs_bullet"]["goodput"] == "bullet higher"
     assert results["worse"]["vs_bullet"]["attainment"][2.0] == "bullet higher"
     assert "vs_bullet" not in results["bullet"]
+
+
+def test_crossing_overrides_read_json_else_strings():
+    from artifact.crossing import parse_override
+
+    assert parse_override("policy_error=0.1") == ("policy_error", 0.1)
+    assert parse_override("policy_error_learnable=false") == ("policy_error_learnable", False)
+    assert parse_override("split_rule=aggregate") == ("split_rule", "aggregate")
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        parse_override("split_rule")

@@ -235,14 +235,27 @@ def test_decision_publishes_predictions_and_feedback_reaches_the_estimator():
 
 # -- the decode scheduler ---------------------------------------------------------------------------
 
-def dpolicy(tpot="100ms"):
-    return BulletDecodePolicy(FakePredictor(), SLO.parse("10s", tpot), list(range(1, TOTAL + 1)))
+def dpolicy(tpot="100ms", idle_units="all"):
+    return BulletDecodePolicy(FakePredictor(), SLO.parse("10s", tpot), list(range(1, TOTAL + 1)), idle_units)
 
 
 def test_decode_takes_every_unit_while_prefill_is_idle():
     running = [req("a", 10, 0.0, outputs=5, first_token_time=0.0)]
     d = dpolicy().decide(decode_view(1.0, running, WorkerState()))
     assert d.run and d.units == TOTAL
+
+
+def test_efficient_idle_decode_takes_only_the_units_that_speed_it_up():
+    # the fake's decode step saturates at 2 units: more buy nothing, so 6 stay free for the next prompt
+    running = [req("a", 10, 0.0, outputs=5, first_token_time=0.0)]
+    d = dpolicy(idle_units="efficient").decide(decode_view(1.0, running, WorkerState()))
+    assert d.run and d.units == 2 and "the rest wait for prompts" in d.reason
+    # prefill busy: the complement of its share, as with every rule
+    d = dpolicy(idle_units="efficient").decide(decode_view(1.0, running, WorkerState(remaining_layers=8,
+                                                                                     compute_units=3)))
+    assert d.units == TOTAL - 3
+    with pytest.raises(ValueError, match="idle_units"):
+        dpolicy(idle_units="some")
 
 
 def test_decode_follows_prefills_share_and_pauses_when_it_takes_everything():
