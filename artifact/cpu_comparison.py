@@ -1,8 +1,8 @@
 """Bullet against the usual alternatives, served for real on this machine and driven by
 `sglang.bench_serving` on ShareGPT prompts, side by side in one run.
 
-  python -m artifact.cpu_comparison [--systems bullet chunked:256 chunked:1024 static naive]
-                                    [--rates 0.5 1 1.5 2 2.5] [--num-prompts 50] [--context-len 512]
+  python -m artifact.cpu_comparison [--systems bullet sglang:1024 chunked:1024 static naive]
+                                    [--rates 2 3 4 5 6] [--num-prompts 150] [--context-len 512]
 
 For each system: start `bullet launch --policy <system>`, run bench_serving at every rate, score each
 request against SLOs derived from the profiled solo latencies (artifact/slo_rule.py), and report SLO
@@ -35,7 +35,7 @@ from engines.weights.resolve import default_gguf_path, served_precision
 from estimator.profile import load_estimator
 from estimator.profiler.cache import ensure_profile
 
-DEFAULT_SYSTEMS = ["bullet", "chunked:256", "chunked:1024", "static", "naive"]
+DEFAULT_SYSTEMS = ["bullet", "sglang:1024", "chunked:1024", "static", "naive"]
 
 
 def prepare(args) -> tuple[str, Path, str, object]:
@@ -62,6 +62,26 @@ def scheduler_overhead(timeline_dir: Path) -> dict:
     return out
 
 
+def cpu_speed_probe(rounds: int = 3) -> float:
+    """Seconds for a fixed single-thread GEMM workload (best of `rounds`), taken with no server running:
+    systems run one after another, and a shared machine's speed drifts between them."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a = torch.randn(512, 512, generator=torch.Generator().manual_seed(0))
+        best = float("inf")
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            for _ in range(100):
+                a @ a
+            best = min(best, time.perf_counter() - t0)
+        return best
+    finally:
+        torch.set_num_threads(threads)
+
+
 def run_system(system: str, args, tokenizer_dir: str, dataset: Path, profile: str, slo, out: Path) -> dict:
     name = system_slug(system)
     timeline = out / "timeline" / name
@@ -69,6 +89,7 @@ def run_system(system: str, args, tokenizer_dir: str, dataset: Path, profile: st
               "--ttft-slo", f"{slo.ttft * 1e3:.4f}ms/token", "--tpot-slo", f"{slo.tpot * 1e3:.2f}ms",
               "--max-total-tokens", str(args.max_total_tokens), "--log-level", "warning"]
     per_rate = {}
+    probe_before = cpu_speed_probe()
     with BulletServer(*launch, log_path=str(out / f"server-{name}.log")) as server:
         for rate in args.rates:
             t0 = time.monotonic()
@@ -88,14 +109,17 @@ def run_system(system: str, args, tokenizer_dir: str, dataset: Path, profile: st
                   f"TTFT {summary['mean_ttft_s']:.2f}s (p90 {summary['p90_ttft_s']:.2f}), "
                   f"TPOT {summary['mean_tpot_s'] * 1e3:.0f}ms (p90 {summary['p90_tpot_s'] * 1e3:.0f}), "
                   f"{summary['output_tok_per_s']:.0f} tok/s [{time.monotonic() - t0:.0f}s]", flush=True)
-    return {"per_rate": per_rate, "goodput": goodput(per_rate), "scheduler": scheduler_overhead(timeline)}
+    return {"per_rate": per_rate, "goodput": goodput(per_rate), "scheduler": scheduler_overhead(timeline),
+            "cpu_probe_s": {"before": probe_before, "after": cpu_speed_probe()}}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--systems", nargs="+", default=DEFAULT_SYSTEMS)
-    ap.add_argument("--rates", nargs="+", type=float, default=[0.5, 1.0, 1.5, 2.0, 2.5])
-    ap.add_argument("--num-prompts", type=int, default=50)
+    # the int8 engine serves 4-5 req/s of these requests on 2 AVX-512 cores: rates must reach past that, and
+    # a run must last long enough for a queue to build (50 prompts at 6 req/s end before it does)
+    ap.add_argument("--rates", nargs="+", type=float, default=[2.0, 3.0, 4.0, 5.0, 6.0])
+    ap.add_argument("--num-prompts", type=int, default=150)
     ap.add_argument("--repeats", type=int, default=1, help="runs per rate (seeds seed, seed+1, ...); pooled, "
                     "and the intervals bootstrap over runs, then requests")
     ap.add_argument("--context-len", type=int, default=512, help="drop ShareGPT requests longer than this (prompt+output)")

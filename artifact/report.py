@@ -86,4 +86,24 @@ def comparison_markdown(results: dict, rates: list[float], slo_rule: str, refere
                      f"{s['ttft_attained']:.0%} | {s['tpot_attained']:.0%} | {s['mean_ttft_s']:.2f} | "
                      f"{s['p90_ttft_s']:.2f} | {s['mean_tpot_s'] * 1e3:.0f} | {s['p90_tpot_s'] * 1e3:.0f} | "
                      f"{s['output_tok_per_s']:.0f} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + speed_drift_lines(results)) + "\n"
+
+
+DRIFT_WARNING = 1.15
+
+
+def speed_drift_lines(results: dict) -> list[str]:
+    """The machine's speed before and after each system (a fixed GEMM's seconds), and a warning when it
+    drifted more than DRIFT_WARNING x between probes: the systems ran one after another."""
+    probes = {system: res["cpu_probe_s"] for system, res in results.items() if res.get("cpu_probe_s")}
+    if not probes:
+        return []
+    values = [v for p in probes.values() for v in (p["before"], p["after"])]
+    spread = max(values) / min(values)
+    cells = ", ".join(f"{system} {p['before'] * 1e3:.0f} / {p['after'] * 1e3:.0f} ms" for system, p in probes.items())
+    lines = ["", f"Machine speed (a fixed 1-thread GEMM before / after each system; lower is faster): {cells}; "
+             f"slowest / fastest = {spread:.2f}x."]
+    if spread > DRIFT_WARNING:
+        lines.append(f"**Warning: the machine's speed changed by {spread:.2f}x during this run; systems measured "
+                     "in a slow spell are handicapped. Compare them only with care, or run again.**")
+    return lines

@@ -96,3 +96,15 @@ def test_crossing_overrides_read_json_else_strings():
     assert parse_override("split_rule=aggregate") == ("split_rule", "aggregate")
     with pytest.raises(SystemExit, match="KEY=VALUE"):
         parse_override("split_rule")
+
+
+def test_the_report_warns_when_the_machine_speed_drifted_between_systems():
+    from artifact.report import speed_drift_lines
+
+    steady = {"bullet": {"cpu_probe_s": {"before": 0.100, "after": 0.104}},
+              "static": {"cpu_probe_s": {"before": 0.102, "after": 0.101}}}
+    lines = speed_drift_lines(steady)
+    assert "bullet 100 / 104 ms" in lines[1] and "1.04x" in lines[1] and not any("Warning" in l for l in lines)
+    drifted = {**steady, "static": {"cpu_probe_s": {"before": 0.160, "after": 0.150}}}
+    assert any("Warning" in line and "1.60x" in line for line in speed_drift_lines(drifted))
+    assert speed_drift_lines({"bullet": {"per_rate": {}}}) == []

@@ -73,7 +73,7 @@ def test_smoke_run_reports_every_step_and_resumes(tmp_path):
 def test_list_shows_what_each_mode_runs():
     out = run_all("--quick", "--list", timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "python -m artifact.cpu_comparison" in out.stdout and "--num-prompts 30" in out.stdout
+    assert "python -m artifact.cpu_comparison" in out.stdout and "--num-prompts 60" in out.stdout
     assert "not available" in out.stdout or "partition-only" in out.stdout
 
 
