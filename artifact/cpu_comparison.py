@@ -63,23 +63,24 @@ def scheduler_overhead(timeline_dir: Path) -> dict:
 
 
 def cpu_speed_probe(rounds: int = 3) -> float:
-    """Seconds for a fixed single-thread GEMM workload (best of `rounds`), taken with no server running:
-    systems run one after another, and a shared machine's speed drifts between them."""
+    """Seconds for a fixed workload on every allowed core — GEMMs plus copies of a buffer larger than the
+    caches, as a decode step mixes arithmetic and memory traffic (best of `rounds`) — taken with no server
+    running: systems run one after another, and a shared machine's speed drifts between them. (A
+    single-thread GEMM alone missed a spell in which serving ran at half speed.)"""
     import torch
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        a = torch.randn(512, 512, generator=torch.Generator().manual_seed(0))
-        best = float("inf")
-        for _ in range(rounds):
-            t0 = time.perf_counter()
-            for _ in range(100):
-                a @ a
-            best = min(best, time.perf_counter() - t0)
-        return best
-    finally:
-        torch.set_num_threads(threads)
+    a = torch.randn(512, 512, generator=torch.Generator().manual_seed(0))
+    src = torch.ones(64 * 2**20 // 4)  # 64 MiB of fp32
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(50):
+            a @ a
+        for _ in range(8):
+            dst.copy_(src)
+        best = min(best, time.perf_counter() - t0)
+    return best
 
 
 def run_system(system: str, args, tokenizer_dir: str, dataset: Path, profile: str, slo, out: Path) -> dict:
