@@ -101,8 +101,8 @@ def speed_drift_lines(results: dict) -> list[str]:
     values = [v for p in probes.values() for v in (p["before"], p["after"])]
     spread = max(values) / min(values)
     cells = ", ".join(f"{system} {p['before'] * 1e3:.0f} / {p['after'] * 1e3:.0f} ms" for system, p in probes.items())
-    lines = ["", f"Machine speed (a fixed GEMM + memory-copy workload before / after each system; lower is faster): {cells}; "
-             f"slowest / fastest = {spread:.2f}x."]
+    lines = ["", "Machine speed (a fixed GEMM + memory-copy workload before / after each system; lower is "
+             f"faster): {cells}; slowest / fastest = {spread:.2f}x."]
     if spread > DRIFT_WARNING:
         lines.append(f"**Warning: the machine's speed changed by {spread:.2f}x during this run; systems measured "
                      "in a slow spell are handicapped. Compare them only with care, or run again.**")

@@ -42,13 +42,15 @@ class BulletDecodePolicy(DecodePolicy):
             return DecodeDecision(run=False, units=view.current_units or self.total,
                                   predictions=Predictions(pause_budget_ms=1e9))
         active = prefill_active(peer)
+        lens = [r.seq_len for r in running]
         if not active:
             units, reason = self.total, "prefill idle: decode takes every unit"
-            if self.idle_units == "efficient":
-                units, reason = self.efficient_units(running, units, reason)
+            fewer = self.efficient_units(lens) if self.idle_units == "efficient" else None
+            if fewer is not None:
+                units = fewer
+                reason = "prefill idle: decode takes the units that speed it up, the rest wait for prompts"
         else:
             units, reason = self.total - peer.compute_units, "complement of prefill's share"
-        lens = [r.seq_len for r in running]
         co_tokens = peer.tokens_in_flight if active else 0
         step = self.est.decode_time_for(lens, units if units > 0 else self.feasible[0], co_prefill_tokens=co_tokens)
         budget = pause_budget(running, view.now, step, self.slo)
@@ -63,14 +65,11 @@ class BulletDecodePolicy(DecodePolicy):
         units = next((f for f in self.feasible if f >= units), self.total)
         return DecodeDecision(run=True, units=units, predicted_s=step, reason=reason, predictions=predictions)
 
-    def efficient_units(self, running, units: int, reason: str) -> tuple[int, str]:
-        """The fewest units (short of every unit) whose step is within IDLE_SLACK of the step on all."""
-        lens = [r.seq_len for r in running]
+    def efficient_units(self, lens: list[int]) -> int | None:
+        """The fewest units short of every unit whose step is within IDLE_SLACK of the step on all (None:
+        every unit pays)."""
         bound = self.est.decode_time_for(lens, self.total) * (1.0 + IDLE_SLACK)
-        for u in self.feasible[:-1]:
-            if self.est.decode_time_for(lens, u) <= bound:
-                return u, "prefill idle: decode takes the units that speed it up, the rest wait for prompts"
-        return units, reason
+        return next((u for u in self.feasible[:-1] if self.est.decode_time_for(lens, u) <= bound), None)
 
     def observe(self, decision: DecodeDecision, seconds: float, view: DecodeView) -> None:
         if self.learner is None or not view.running:
