@@ -11,6 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+def point_seed(seed: int, rate_index: int, repeat: int) -> int:
+    """bench_serving's seed for one point of a sweep: every rate and repeat samples other prompts (a
+    server's prefix cache, ours or llama-server's, would otherwise answer a later rate's prompts from
+    an earlier rate's KV), and every system gets the same ones at the same point."""
+    return seed + 1000 * rate_index + repeat
+
+
 @dataclass
 class RequestRecord:
     input_len: int

@@ -15,13 +15,14 @@ Bullet's scheduler overhead per step from its decision timeline. Writes
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import time
 from pathlib import Path
 
-from artifact.bench_client import run_bench_serving
+from artifact.bench_client import point_seed, run_bench_serving
 from artifact.plots import plot_comparison
 from artifact.report import comparison_markdown, print_comparison
 from artifact.scoring import add_intervals, goodput, outcomes, summarize
@@ -65,7 +66,7 @@ def scheduler_overhead(timeline_dir: Path) -> dict:
 def cpu_speed_probe(rounds: int = 3) -> float:
     """Seconds for a fixed workload on every allowed core — GEMMs plus copies of a buffer larger than the
     caches, as a decode step mixes arithmetic and memory traffic (best of `rounds`) — taken with no server
-    running: systems run one after another, and a shared machine's speed drifts between them. (A
+    running, before and after each system (or the whole run, `--interleave`): a shared machine's speed drifts. (A
     single-thread GEMM alone missed a spell in which serving ran at half speed.)"""
     import torch
 
@@ -83,35 +84,70 @@ def cpu_speed_probe(rounds: int = 3) -> float:
     return best
 
 
-def run_system(system: str, args, tokenizer_dir: str, dataset: Path, profile: str, slo, out: Path) -> dict:
+def start_server(system: str, args, profile: str, slo, out: Path) -> BulletServer:
     name = system_slug(system)
-    timeline = out / "timeline" / name
-    launch = [*system_launch(system), "--dtype", args.dtype, "--timeline-dir", str(timeline), "--estimator-profile", profile,
-              "--ttft-slo", f"{slo.ttft * 1e3:.4f}ms/token", "--tpot-slo", f"{slo.tpot * 1e3:.2f}ms",
-              "--max-total-tokens", str(args.max_total_tokens), "--log-level", "warning"]
-    per_rate = {}
-    probe_before = cpu_speed_probe()
-    with BulletServer(*launch, log_path=str(out / f"server-{name}.log")) as server:
+    launch = [*system_launch(system), "--dtype", args.dtype, "--timeline-dir", str(out / "timeline" / name),
+              "--estimator-profile", profile, "--ttft-slo", f"{slo.ttft * 1e3:.4f}ms/token",
+              "--tpot-slo", f"{slo.tpot * 1e3:.2f}ms", "--max-total-tokens", str(args.max_total_tokens),
+              "--log-level", "warning"]
+    return BulletServer(*launch, log_path=str(out / f"server-{name}.log"))
+
+
+def run_rate(system: str, server: BulletServer, rate: float, args, tokenizer_dir: str, dataset: Path, slo,
+             out: Path) -> dict:
+    t0 = time.monotonic()
+    records, runs, duration = [], [], 0.0
+    for rep in range(args.repeats):  # other prompts at every rate and repeat, the same for every system
+        result, recs = run_bench_serving(server.url, tokenizer_dir, dataset, rate, args.num_prompts,
+                                         out / f"bench-{system_slug(system)}-{rate}-{rep}.jsonl",
+                                         args.context_len, args.output_len,
+                                         seed=point_seed(args.seed, args.rates.index(rate), rep))
+        records += recs
+        runs.append(run_counts(outcomes(recs, slo)))
+        duration += result["duration"]
+    summary = {**summarize(records, slo, duration), "repeats": args.repeats, "runs": runs}
+    summary["attainment_ci"] = attainment_interval(runs).as_dict()
+    ci = Interval.from_dict(summary["attainment_ci"])
+    print(f"[compare] {system:>13} @ {rate:>4} req/s: attainment {ci.percent()}, "
+          f"TTFT {summary['mean_ttft_s']:.2f}s (p90 {summary['p90_ttft_s']:.2f}), "
+          f"TPOT {summary['mean_tpot_s'] * 1e3:.0f}ms (p90 {summary['p90_tpot_s'] * 1e3:.0f}), "
+          f"{summary['output_tok_per_s']:.0f} tok/s [{time.monotonic() - t0:.0f}s]", flush=True)
+    return summary
+
+
+def finish(per_rate: dict, out: Path, system: str, probe: dict) -> dict:
+    return {"per_rate": per_rate, "goodput": goodput(per_rate),
+            "scheduler": scheduler_overhead(out / "timeline" / system_slug(system)), "cpu_probe_s": probe}
+
+
+def run_sequential(args, tokenizer_dir: str, dataset: Path, profile: str, slo, out: Path, save) -> dict:
+    """One server at a time through every rate; the speed probe before and after each system."""
+    results = {}
+    for system in args.systems:
+        before = cpu_speed_probe()
+        with start_server(system, args, profile, slo, out) as server:
+            per_rate = {rate: run_rate(system, server, rate, args, tokenizer_dir, dataset, slo, out)
+                        for rate in args.rates}
+        results[system] = finish(per_rate, out, system, {"before": before, "after": cpu_speed_probe()})
+        save(results)
+    return results
+
+
+def run_interleaved(args, tokenizer_dir: str, dataset: Path, profile: str, slo, out: Path, save) -> dict:
+    """Every server up at once (the idle ones wait), the systems taking turns at each rate: a machine
+    whose speed drifts over minutes slows them alike. The speed probe runs before the servers start and
+    after they stop."""
+    before = cpu_speed_probe()
+    per_rate: dict[str, dict] = {s: {} for s in args.systems}
+    with contextlib.ExitStack() as stack:
+        servers = {s: stack.enter_context(start_server(s, args, profile, slo, out)) for s in args.systems}
         for rate in args.rates:
-            t0 = time.monotonic()
-            records, runs, duration = [], [], 0.0
-            for rep in range(args.repeats):  # repeat r uses seed + r, the same for every system
-                result, recs = run_bench_serving(server.url, tokenizer_dir, dataset, rate, args.num_prompts,
-                                                 out / f"bench-{name}-{rate}-{rep}.jsonl",
-                                                 args.context_len, args.output_len, seed=args.seed + rep)
-                records += recs
-                runs.append(run_counts(outcomes(recs, slo)))
-                duration += result["duration"]
-            summary = {**summarize(records, slo, duration), "repeats": args.repeats, "runs": runs}
-            summary["attainment_ci"] = attainment_interval(runs).as_dict()
-            per_rate[rate] = summary
-            ci = Interval.from_dict(summary["attainment_ci"])
-            print(f"[compare] {system:>13} @ {rate:>4} req/s: attainment {ci.percent()}, "
-                  f"TTFT {summary['mean_ttft_s']:.2f}s (p90 {summary['p90_ttft_s']:.2f}), "
-                  f"TPOT {summary['mean_tpot_s'] * 1e3:.0f}ms (p90 {summary['p90_tpot_s'] * 1e3:.0f}), "
-                  f"{summary['output_tok_per_s']:.0f} tok/s [{time.monotonic() - t0:.0f}s]", flush=True)
-    return {"per_rate": per_rate, "goodput": goodput(per_rate), "scheduler": scheduler_overhead(timeline),
-            "cpu_probe_s": {"before": probe_before, "after": cpu_speed_probe()}}
+            for system, server in servers.items():
+                per_rate[system][rate] = run_rate(system, server, rate, args, tokenizer_dir, dataset, slo, out)
+    probe = {"before": before, "after": cpu_speed_probe()}
+    results = {s: finish(per_rate[s], out, s, probe) for s in args.systems}
+    save(results)
+    return results
 
 
 def main() -> None:
@@ -131,6 +167,9 @@ def main() -> None:
     ap.add_argument("--full-profile", action="store_true")
     ap.add_argument("--typical-prompt", type=int, default=256, help="prompt length the SLO rule uses")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--interleave", action="store_true",
+                    help="start every server first and let the systems take turns at each rate (an A/B on a "
+                         "machine whose speed drifts); default: one server at a time through every rate")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "cpu_comparison"))
     args = ap.parse_args()
     out = Path(args.out)
@@ -138,12 +177,14 @@ def main() -> None:
     tokenizer_dir, dataset, profile, est = prepare(args)
     derived = derive_slo(est, args.typical_prompt)
     print(f"[compare] SLO rule: {derived.rule}", flush=True)
-    results = {}
-    for system in args.systems:
-        results[system] = run_system(system, args, tokenizer_dir, dataset, profile, derived.slo, out)
+
+    def save(results: dict) -> None:
         add_intervals(results)
         (out / "results.json").write_text(json.dumps(
             {"slo": derived.as_dict(), "args": vars(args), "profile": profile, "systems": results}, indent=1))
+
+    run = run_interleaved if args.interleave else run_sequential
+    results = run(args, tokenizer_dir, dataset, profile, derived.slo, out, save)
 
     print_comparison(results, args.rates)
     (out / "results.md").write_text(comparison_markdown(results, args.rates, derived.rule))

@@ -100,6 +100,11 @@ def speed_drift_lines(results: dict) -> list[str]:
         return []
     values = [v for p in probes.values() for v in (p["before"], p["after"])]
     spread = max(values) / min(values)
+    if len({(p["before"], p["after"]) for p in probes.values()}) == 1:  # --interleave: one probe for the run
+        p = next(iter(probes.values()))
+        return ["", f"Machine speed (a fixed GEMM + memory-copy workload before / after the run; the systems took "
+                    f"turns at each rate, so a drift slows them alike): {p['before'] * 1e3:.0f} / "
+                    f"{p['after'] * 1e3:.0f} ms, {spread:.2f}x."]
     cells = ", ".join(f"{system} {p['before'] * 1e3:.0f} / {p['after'] * 1e3:.0f} ms" for system, p in probes.items())
     lines = ["", "Machine speed (a fixed GEMM + memory-copy workload before / after each system; lower is "
              f"faster): {cells}; slowest / fastest = {spread:.2f}x."]

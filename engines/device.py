@@ -5,7 +5,11 @@ shape, back to back, and bf16 wins only when it is clearly faster (>= 1.3x). CPU
 bf16 natively (AVX512-BF16, AMX, Arm BF16) run it ~2-4x faster than fp32; on AVX2 torch emulates
 it and it is ~3x *slower* — and a flag in /proc/cpuinfo does not say how a given torch build
 dispatches (oneDNN may lack a kernel the CPU could run). The answer is cached per CPU model and
-torch version under ~/.cache/bullet, so a server measures once (~0.1 s)."""
+torch version under ~/.cache/bullet, so a server measures once (~0.1 s).
+
+The kernels a process runs can be capped below what the CPU offers with each library's own variable
+(`AVX2_ONLY_ENV`: aten, fbgemm, oneDNN, MKL); `cpu_identity` names the CPU with such caps, so a
+capped process never reuses a cache measured without them (and the reverse)."""
 
 from __future__ import annotations
 
@@ -21,10 +25,27 @@ import torch
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
 BF16_MIN_SPEEDUP = 1.3
+# Every CPU kernel library torch's x86 build dispatches by CPU flags, capped at AVX2 (+FMA): how the
+# artifact runs the kernels of an AVX2-only machine on one with AVX-512 (`bench_llamacpp.py --isa avx2`).
+AVX2_ONLY_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+                 "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+
+
+def isa_caps() -> str:
+    """The kernel-ISA caps set in this process's environment ("" when none), e.g. "ATEN_CPU_CAPABILITY=avx2"."""
+    return ",".join(f"{k}={os.environ[k]}" for k in sorted(AVX2_ONLY_ENV) if os.environ.get(k))
+
+
+def cpu_identity() -> str:
+    """The CPU model as the kernels see it: its name, plus the ISA caps in force."""
+    caps = isa_caps()
+    return f"{_cpu_model()} [{caps}]" if caps else _cpu_model()
 
 
 @functools.lru_cache(maxsize=1)
 def cpu_has_native_bf16() -> bool:
+    if os.environ.get("ATEN_CPU_CAPABILITY", "").lower() in ("avx2", "avx", "default"):
+        return False  # capped below AVX-512: torch runs bf16 emulated whatever the CPU can do
     try:
         with open("/proc/cpuinfo") as f:
             flags = f.read()
@@ -73,7 +94,7 @@ def cpu_bf16_speedup() -> float:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"bf16_speedup": speedup, "cpu": _cpu_model(), "torch": torch.__version__}))
+        tmp.write_text(json.dumps({"bf16_speedup": speedup, "cpu": cpu_identity(), "torch": torch.__version__}))
         tmp.replace(path)
     except OSError:
         pass  # a read-only home: measure again next time
@@ -107,5 +128,5 @@ def _cpu_model() -> str:
 
 
 def _cache_path() -> Path:
-    key = "".join(c if c.isalnum() else "-" for c in f"{_cpu_model()}-{torch.__version__}")
+    key = "".join(c if c.isalnum() else "-" for c in f"{cpu_identity()}-{torch.__version__}")
     return Path(os.environ.get("BULLET_CACHE_DIR", Path.home() / ".cache" / "bullet")) / "dtype" / f"{key}.json"

@@ -6,12 +6,21 @@
 A system is `llama.cpp`, or a Bullet policy (`default` = the server's default) with optional launch
 flags in the same string: `--systems llama.cpp default "default --tpot-slo 60ms"`.
 
+`--isa avx2` runs both servers on AVX2 kernels on a CPU that has AVX-512: llama-server built without
+AVX-512 (`llamacpp_build --isa avx2`), Bullet with every kernel library torch uses capped at AVX2
+(`engines.device.AVX2_ONLY_ENV`). Same silicon, so clocks and memory are this machine's, not an
+AVX2 machine's; the results are written as llamacpp-avx2.{json,md}.
+
 llama-server is built from the `llama-cpp-python` source release and cached
 (`artifact.benchmarks.llamacpp_build`). Each system is started on `--cores` (llama-server under
 `taskset` with one thread per core and `--parallel 8` slots; Bullet with `--cores`), then driven by
 the same `python -m sglang.bench_serving --backend sglang-oai` command (ShareGPT prompts of at most
 `--context-len` minus the output length, `--output-len` tokens each, greedy, ignore_eos) at each
-rate and at saturation (all prompts at once, `inf`). Systems run one after another, never at once.
+rate and at saturation (all prompts at once, `inf`). Every point samples other prompts (the same for
+every system), so no server's prompt cache answers a later point from an earlier one. Every server is
+started first and the systems take turns at each rate and repeat (never two at once; measured idle, a
+llama-server uses no CPU and a Bullet server ~2 % of one core), so a machine whose speed drifts over
+minutes slows them alike; `--sequential` runs one server at a time through every rate instead.
 
 Writes artifact/results/llamacpp.json (every bench_serving summary, CPU flags, the exact commands)
 and artifact/results/llamacpp.md (the table, with each system's ratios to llama-server: saturated
@@ -20,7 +29,7 @@ throughput and mean TPOT at the same rate — the issue's goal is >= 0.8x and <=
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import os
 import re
 import signal
@@ -30,11 +39,12 @@ import time
 import urllib.request
 from pathlib import Path
 
-from artifact.bench_client import run_bench_serving
+from artifact.bench_client import point_seed, run_bench_serving
 from artifact.benchmarks.common import RESULTS, print_table, write_results
-from artifact.benchmarks.llamacpp_build import DEFAULT_VERSION, build
+from artifact.benchmarks.llamacpp_build import DEFAULT_VERSION, ISAS, build
 from artifact.server import BulletServer, free_port, system_launch, system_slug
 from bullet.workloads.sharegpt import repaired_sharegpt_path
+from engines.device import AVX2_ONLY_ENV
 from engines.tokenizer import gguf_tokenizer_dir
 from engines.weights.resolve import default_gguf_path
 
@@ -103,29 +113,64 @@ def bullet_server(system: str, args, log: Path) -> BulletServer:
     e.g. "default --tpot-slo 60ms"."""
     launch = ["--cores", args.cores, "--max-total-tokens", str(args.max_total_tokens), "--log-level", "warning",
               *system_launch(system)]
-    return BulletServer(*launch, log_path=str(log))
+    return BulletServer(*launch, log_path=str(log), env=AVX2_ONLY_ENV if args.isa == "avx2" else None)
 
 
-def run_system(system: str, args, binary: Path | None, tokenizer: str, dataset: Path, out: Path) -> dict:
+def make_server(system: str, args, binary: Path | None, out: Path):
     cores = [int(c) for c in args.cores.split(",")]
-    name = system_slug(system)
-    server = (LlamaServer(binary, default_gguf_path(), cores, args.parallel, args.context_len, out / f"server-{name}.log")
-              if system == "llama.cpp" else bullet_server(system, args, out / f"server-{name}.log"))
-    per_rate = {}
-    with server:
+    log = out / f"server-{system_slug(system)}.log"
+    if system == "llama.cpp":
+        return LlamaServer(binary, default_gguf_path(), cores, args.parallel, args.context_len, log)
+    return bullet_server(system, args, log)
+
+
+def run_point(system: str, server, rate: float, rep: int, args, tokenizer: str, dataset: Path, out: Path) -> dict:
+    seed = point_seed(args.seed, [*args.rates, float("inf")].index(rate), rep)
+    result, _ = run_bench_serving(server.url, tokenizer, dataset, rate, args.num_prompts,
+                                  out / f"bench-{system_slug(system)}-{rate}-{rep}.jsonl", args.context_len,
+                                  args.output_len, seed=seed, backend="sglang-oai")
+    return {k: result.get(k) for k in METRICS}
+
+
+def summarize(system: str, rate: float, runs: list[dict]) -> dict:
+    summary = {k: statistics.median(r[k] for r in runs) for k in METRICS}
+    print(f"[llamacpp-bench] {system:>13} @ {rate:>4} req/s: {summary['request_throughput']:.2f} req/s, "
+          f"{summary['output_throughput']:.0f} out tok/s, TTFT {summary['mean_ttft_ms'] / 1e3:.2f} s, "
+          f"TPOT {summary['mean_tpot_ms']:.0f} ms", flush=True)
+    return {**summary, "runs": runs}
+
+
+def command_of(server) -> list[str]:
+    return getattr(server, "cmd", None) or ["bullet", "launch", *server.args]
+
+
+def run_sequential(args, binary, tokenizer: str, dataset: Path, out: Path) -> dict:
+    """One system after another, each through every rate (one server up at a time)."""
+    results = {}
+    for system in args.systems:
+        with make_server(system, args, binary, out) as server:
+            per_rate = {str(rate): summarize(system, rate, [run_point(system, server, rate, rep, args, tokenizer,
+                                                                      dataset, out) for rep in range(args.repeats)])
+                        for rate in [*args.rates, float("inf")]}
+            results[system] = {"command": command_of(server), "per_rate": per_rate}
+    return results
+
+
+def run_interleaved(args, binary, tokenizer: str, dataset: Path, out: Path) -> dict:
+    """Every server up at once (the idle ones sleep), and at each rate and repeat the systems take turns:
+    a machine whose speed drifts over minutes then slows every system alike."""
+    runs: dict[str, dict[float, list[dict]]] = {s: {} for s in args.systems}
+    with contextlib.ExitStack() as stack:
+        servers = {s: stack.enter_context(make_server(s, args, binary, out)) for s in args.systems}
         for rate in [*args.rates, float("inf")]:
-            runs = []
             for rep in range(args.repeats):
-                result, _ = run_bench_serving(server.url, tokenizer, dataset, rate, args.num_prompts,
-                                              out / f"bench-{name}-{rate}-{rep}.jsonl", args.context_len,
-                                              args.output_len, seed=args.seed + rep, backend="sglang-oai")
-                runs.append({k: result.get(k) for k in METRICS})
-            summary = {k: statistics.median(r[k] for r in runs) for k in METRICS}
-            per_rate[str(rate)] = {**summary, "runs": runs}
-            print(f"[llamacpp-bench] {system:>13} @ {rate:>4} req/s: {summary['request_throughput']:.2f} req/s, "
-                  f"{summary['output_throughput']:.0f} out tok/s, TTFT {summary['mean_ttft_ms'] / 1e3:.2f} s, "
-                  f"TPOT {summary['mean_tpot_ms']:.0f} ms", flush=True)
-    return {"command": getattr(server, "cmd", None) or ["bullet", "launch", *server.args], "per_rate": per_rate}
+                for system, server in servers.items():
+                    runs[system].setdefault(rate, []).append(run_point(system, server, rate, rep, args, tokenizer,
+                                                                       dataset, out))
+            for system in args.systems:
+                runs[system][rate] = summarize(system, rate, runs[system][rate])
+        commands = {s: command_of(server) for s, server in servers.items()}
+    return {s: {"command": commands[s], "per_rate": {str(rate): m for rate, m in runs[s].items()}} for s in args.systems}
 
 
 def table(results: dict, reference: str = "llama.cpp") -> list[dict]:
@@ -144,11 +189,15 @@ def table(results: dict, reference: str = "llama.cpp") -> list[dict]:
 
 def write_markdown(rows: list[dict], meta: dict, path: Path) -> None:
     cols = list(rows[0])
+    capped = ""
+    if meta.get("isa") == "avx2":
+        caps = " ".join(f"{k}={v}" for k, v in meta["bullet_env"].items())
+        capped = f"; both servers on AVX2 kernels (Bullet: {caps}; llama-server built without AVX-512)"
     lines = [f"# Bullet vs llama-server ({meta['when']})", "",
-             f"Same GGUF ({meta['model']}), cores {meta['cores']}, CPU flags: {' '.join(meta['cpu_flags'])}; "
+             f"Same GGUF ({meta['model']}), cores {meta['cores']}, CPU flags: {' '.join(meta['cpu_flags'])}{capped}; "
              f"`sglang.bench_serving --backend sglang-oai`, ShareGPT, {meta['num_prompts']} prompts, "
              f"{meta['output_len']} output tokens, context <= {meta['context_len']}; llama.cpp {meta['llamacpp_version']} "
-             f"with {meta['parallel']} slots. Ratios are to llama-server at the same rate (`inf` = all prompts at once).", "",
+             f"with {meta['parallel']} slots; systems {meta.get('order', 'sequential')}, other prompts at every point. Ratios are to llama-server at the same rate (`inf` = all prompts at once).", "",
              "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         lines.append("| " + " | ".join(f"{v:.2f}" if isinstance(v, float) else str(v) for v in r.values()) + " |")
@@ -168,18 +217,26 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--llamacpp-version", default=DEFAULT_VERSION)
+    ap.add_argument("--sequential", action="store_true",
+                    help="one server at a time, each through every rate (default: all up, taking turns per point)")
+    ap.add_argument("--isa", choices=ISAS, default="native",
+                    help="native: this CPU's kernels; avx2: both servers capped at AVX2 kernels (no AVX-512)")
     args = ap.parse_args()
-    out = RESULTS / "llamacpp"
+    name = "llamacpp" if args.isa == "native" else f"llamacpp-{args.isa}"
+    out = RESULTS / name
     out.mkdir(parents=True, exist_ok=True)
-    binary = build(args.llamacpp_version) if "llama.cpp" in args.systems else None
+    binary = build(args.llamacpp_version, isa=args.isa) if "llama.cpp" in args.systems else None
     tokenizer, dataset = str(gguf_tokenizer_dir(default_gguf_path())), repaired_sharegpt_path()
-    results = {s: run_system(s, args, binary, tokenizer, dataset, out) for s in args.systems}
+    run = run_sequential if args.sequential else run_interleaved
+    results = run(args, binary, tokenizer, dataset, out)
     meta = {"model": default_gguf_path().name, "cores": args.cores, "cpu_flags": cpu_flags(), "num_prompts": args.num_prompts,
             "output_len": args.output_len, "context_len": args.context_len, "parallel": args.parallel,
-            "llamacpp_version": args.llamacpp_version, "repeats": args.repeats, "when": time.strftime("%Y-%m-%d %H:%M")}
+            "llamacpp_version": args.llamacpp_version, "repeats": args.repeats, "isa": args.isa,
+            "order": "sequential" if args.sequential else "interleaved",
+            "bullet_env": AVX2_ONLY_ENV if args.isa == "avx2" else {}, "when": time.strftime("%Y-%m-%d %H:%M")}
     rows = table(results)
-    path = write_results("llamacpp", {**meta, "results": results})
-    write_markdown(rows, meta, RESULTS / "llamacpp.md")
+    path = write_results(name, {**meta, "results": results})
+    write_markdown(rows, meta, RESULTS / f"{name}.md")
     print_table(rows, list(rows[0]), title=f"Bullet vs llama-server ({path})")
 
 

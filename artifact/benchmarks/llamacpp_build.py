@@ -1,11 +1,14 @@
 """Build llama.cpp's `llama-server` from the `llama-cpp-python` source release (the sdist vendors a
 pinned llama.cpp), once per machine: the binary is cached under ~/.cache/bullet/llamacpp/<version>/.
 
-  python -m artifact.benchmarks.llamacpp_build [--version 0.3.36]
+  python -m artifact.benchmarks.llamacpp_build [--version 0.3.36] [--isa native|avx2]
 
 Steps: `pip download --no-binary :all: --no-deps llama-cpp-python==<version>` (the ordinary pip
 client), unpack, `cmake -DGGML_NATIVE=ON` (the flags of *this* CPU: AVX2 here, AVX512 where present),
-build only the `llama-server` target. A build takes ~10-20 minutes on 2 cores."""
+build only the `llama-server` target. A build takes ~10-20 minutes on 2 cores.
+
+`--isa avx2` builds a second binary (`llama-server-avx2`) with `-DGGML_NATIVE=OFF` and ggml's x86
+defaults (AVX, AVX2, BMI2, FMA, F16C; no AVX-512): the kernels an AVX2-only machine runs."""
 
 from __future__ import annotations
 
@@ -18,11 +21,12 @@ import tarfile
 from pathlib import Path
 
 DEFAULT_VERSION = "0.3.36"
+ISAS = ("native", "avx2")
 CACHE = Path(os.environ.get("BULLET_CACHE_DIR", Path.home() / ".cache" / "bullet")) / "llamacpp"
 
 
-def server_binary(version: str = DEFAULT_VERSION) -> Path:
-    return CACHE / version / "llama-server"
+def server_binary(version: str = DEFAULT_VERSION, isa: str = "native") -> Path:
+    return CACHE / version / ("llama-server" if isa == "native" else f"llama-server-{isa}")
 
 
 def _run(cmd: list[str], cwd: Path | None = None, log: Path | None = None) -> None:
@@ -33,9 +37,11 @@ def _run(cmd: list[str], cwd: Path | None = None, log: Path | None = None) -> No
         raise RuntimeError(f"{cmd[0]} failed ({proc.returncode})" + (f": see {log}" if log else ""))
 
 
-def build(version: str = DEFAULT_VERSION, jobs: int | None = None) -> Path:
-    """The cached llama-server binary, built first if absent."""
-    binary = server_binary(version)
+def build(version: str = DEFAULT_VERSION, jobs: int | None = None, isa: str = "native") -> Path:
+    """The cached llama-server binary for `isa`, built first if absent."""
+    if isa not in ISAS:
+        raise ValueError(f"unknown isa {isa!r}; choose one of {', '.join(ISAS)}")
+    binary = server_binary(version, isa)
     if binary.exists():
         return binary
     work = CACHE / version / "src"
@@ -51,8 +57,9 @@ def build(version: str = DEFAULT_VERSION, jobs: int | None = None) -> Path:
         with tarfile.open(sdist) as tar:
             tar.extractall(work, filter="data")
     source = root / "vendor" / "llama.cpp"
-    build_dir = work / "build"
-    _run(["cmake", "-S", str(source), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
+    build_dir = work / ("build" if isa == "native" else f"build-{isa}")
+    isa_flags = ["-DGGML_NATIVE=ON"] if isa == "native" else ["-DGGML_NATIVE=OFF", "-DGGML_AVX2=ON", "-DGGML_AVX512=OFF"]
+    _run(["cmake", "-S", str(source), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release", *isa_flags,
           "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
           "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON"], log=log)
     _run(["cmake", "--build", str(build_dir), "--target", "llama-server", "-j", str(jobs or os.cpu_count() or 1)], log=log)
@@ -68,8 +75,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--version", default=DEFAULT_VERSION)
     ap.add_argument("--jobs", type=int, default=None)
+    ap.add_argument("--isa", choices=ISAS, default="native", help="native: this CPU's flags; avx2: no AVX-512")
     args = ap.parse_args()
-    print(build(args.version, args.jobs))
+    print(build(args.version, args.jobs, args.isa))
 
 
 if __name__ == "__main__":

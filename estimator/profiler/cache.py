@@ -13,7 +13,6 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from typing import Sequence
 
 import torch
 
-from engines.device import resolve_dtype
+from engines.device import cpu_identity, resolve_dtype
 from engines.weights import DEFAULT_MODEL
 from engines.weights.resolve import dummy_config, resolve_model_path
 from estimator.profile import EstimatorProfile
@@ -34,14 +33,8 @@ ESTIMATOR_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 # ---- names and cache ---------------------------------------------------------------------------
 
 def cpu_model_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown-cpu"
+    """The CPU a profile is measured on, with any kernel-ISA caps in force (see `engines.device`)."""
+    return cpu_identity()
 
 
 def estimator_dtype(dtype) -> str:

@@ -108,3 +108,14 @@ def test_the_report_warns_when_the_machine_speed_drifted_between_systems():
     drifted = {**steady, "static": {"cpu_probe_s": {"before": 0.160, "after": 0.150}}}
     assert any("Warning" in line and "1.60x" in line for line in speed_drift_lines(drifted))
     assert speed_drift_lines({"bullet": {"per_rate": {}}}) == []
+    shared = {"cpu_probe_s": {"before": 0.100, "after": 0.160}}  # --interleave: one probe pair for the run
+    (line,) = [l for l in speed_drift_lines({"bullet": shared, "static": shared}) if l]
+    assert "took turns" in line and "1.60x" in line and "Warning" not in line
+
+
+def test_every_point_of_a_sweep_samples_other_prompts():
+    from artifact.bench_client import point_seed
+
+    seeds = {point_seed(1, rate, rep) for rate in range(6) for rep in range(3)}
+    assert len(seeds) == 18  # a prefix cache never sees a point's prompts again at a later point
+    assert point_seed(1, 2, 1) == point_seed(1, 2, 1)  # and every system gets the same ones
