@@ -15,7 +15,6 @@ Bullet's scheduler overhead per step from its decision timeline. Writes
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -27,7 +26,7 @@ from artifact.plots import plot_comparison
 from artifact.report import comparison_markdown, print_comparison
 from artifact.scoring import add_intervals, goodput, outcomes, summarize
 from artifact.stats import Interval, attainment_interval, run_counts
-from artifact.server import BulletServer, system_launch, system_slug
+from artifact.server import BulletServer, all_started, system_launch, system_slug
 from artifact.slo_rule import derive_slo
 from bullet.loops.timeline import load_timeline
 from bullet.workloads.sharegpt import repaired_sharegpt_path
@@ -66,8 +65,8 @@ def scheduler_overhead(timeline_dir: Path) -> dict:
 def cpu_speed_probe(rounds: int = 3) -> float:
     """Seconds for a fixed workload on every allowed core — GEMMs plus copies of a buffer larger than the
     caches, as a decode step mixes arithmetic and memory traffic (best of `rounds`) — taken with no server
-    running, before and after each system (or the whole run, `--interleave`): a shared machine's speed drifts. (A
-    single-thread GEMM alone missed a spell in which serving ran at half speed.)"""
+    running, before and after each system (or the whole run, `--interleave`): a shared machine's speed
+    drifts. (A single-thread GEMM alone missed a spell in which serving ran at half speed.)"""
     import torch
 
     a = torch.randn(512, 512, generator=torch.Generator().manual_seed(0))
@@ -139,8 +138,7 @@ def run_interleaved(args, tokenizer_dir: str, dataset: Path, profile: str, slo, 
     after they stop."""
     before = cpu_speed_probe()
     per_rate: dict[str, dict] = {s: {} for s in args.systems}
-    with contextlib.ExitStack() as stack:
-        servers = {s: stack.enter_context(start_server(s, args, profile, slo, out)) for s in args.systems}
+    with all_started({s: start_server(s, args, profile, slo, out) for s in args.systems}) as servers:
         for rate in args.rates:
             for system, server in servers.items():
                 per_rate[system][rate] = run_rate(system, server, rate, args, tokenizer_dir, dataset, slo, out)

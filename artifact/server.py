@@ -3,6 +3,7 @@ and the tests share."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -31,6 +32,14 @@ def system_launch(system: str) -> list[str]:
     followed by launch flags in the same string, e.g. "bullet --split-rule aggregate"."""
     policy, *extra = shlex.split(system)
     return extra if policy == "default" else ["--policy", policy, *extra]
+
+
+@contextlib.contextmanager
+def all_started(servers: dict):
+    """Enter every server context of `servers` (name -> unstarted server) and yield name -> started
+    server; all are stopped on exit, also when one fails to start."""
+    with contextlib.ExitStack() as stack:
+        yield {name: stack.enter_context(server) for name, server in servers.items()}
 
 
 def system_slug(system: str) -> str:

@@ -32,12 +32,13 @@ WORKLOADS = ("sharegpt", "sharegpt-uncapped", "azure-code", "arxiv")
 
 
 def packed_prefill_seconds(est, prompts: list[int], pack_tokens: int) -> float:
-    units, total, pack = est.hardware.units, 0.0, []
+    units, total, pack, packed = est.hardware.units, 0.0, [], 0
     for tokens in prompts:
-        if pack and sum(pack) + tokens > pack_tokens:
+        if pack and packed + tokens > pack_tokens:
             total += est.prefill_time(pack, units)
-            pack = []
+            pack, packed = [], 0
         pack.append(tokens)
+        packed += tokens
     return total + (est.prefill_time(pack, units) if pack else 0.0)
 
 

@@ -29,7 +29,6 @@ throughput and mean TPOT at the same rate — the issue's goal is >= 0.8x and <=
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import re
 import signal
@@ -42,7 +41,7 @@ from pathlib import Path
 from artifact.bench_client import point_seed, run_bench_serving
 from artifact.benchmarks.common import RESULTS, print_table, write_results
 from artifact.benchmarks.llamacpp_build import DEFAULT_VERSION, ISAS, build
-from artifact.server import BulletServer, free_port, system_launch, system_slug
+from artifact.server import BulletServer, all_started, free_port, system_launch, system_slug
 from bullet.workloads.sharegpt import repaired_sharegpt_path
 from engines.device import AVX2_ONLY_ENV
 from engines.tokenizer import gguf_tokenizer_dir
@@ -159,18 +158,16 @@ def run_sequential(args, binary, tokenizer: str, dataset: Path, out: Path) -> di
 def run_interleaved(args, binary, tokenizer: str, dataset: Path, out: Path) -> dict:
     """Every server up at once (the idle ones sleep), and at each rate and repeat the systems take turns:
     a machine whose speed drifts over minutes then slows every system alike."""
-    runs: dict[str, dict[float, list[dict]]] = {s: {} for s in args.systems}
-    with contextlib.ExitStack() as stack:
-        servers = {s: stack.enter_context(make_server(s, args, binary, out)) for s in args.systems}
-        for rate in [*args.rates, float("inf")]:
+    rates = [*args.rates, float("inf")]
+    runs = {s: {rate: [] for rate in rates} for s in args.systems}
+    with all_started({s: make_server(s, args, binary, out) for s in args.systems}) as servers:
+        for rate in rates:
             for rep in range(args.repeats):
                 for system, server in servers.items():
-                    runs[system].setdefault(rate, []).append(run_point(system, server, rate, rep, args, tokenizer,
-                                                                       dataset, out))
-            for system in args.systems:
-                runs[system][rate] = summarize(system, rate, runs[system][rate])
+                    runs[system][rate].append(run_point(system, server, rate, rep, args, tokenizer, dataset, out))
         commands = {s: command_of(server) for s, server in servers.items()}
-    return {s: {"command": commands[s], "per_rate": {str(rate): m for rate, m in runs[s].items()}} for s in args.systems}
+    return {s: {"command": commands[s],
+                "per_rate": {str(rate): summarize(s, rate, runs[s][rate]) for rate in rates}} for s in args.systems}
 
 
 def table(results: dict, reference: str = "llama.cpp") -> list[dict]:
@@ -197,7 +194,8 @@ def write_markdown(rows: list[dict], meta: dict, path: Path) -> None:
              f"Same GGUF ({meta['model']}), cores {meta['cores']}, CPU flags: {' '.join(meta['cpu_flags'])}{capped}; "
              f"`sglang.bench_serving --backend sglang-oai`, ShareGPT, {meta['num_prompts']} prompts, "
              f"{meta['output_len']} output tokens, context <= {meta['context_len']}; llama.cpp {meta['llamacpp_version']} "
-             f"with {meta['parallel']} slots; systems {meta.get('order', 'sequential')}, other prompts at every point. Ratios are to llama-server at the same rate (`inf` = all prompts at once).", "",
+             f"with {meta['parallel']} slots; systems {meta.get('order', 'sequential')}, other prompts at every point. "
+             "Ratios are to llama-server at the same rate (`inf` = all prompts at once).", "",
              "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         lines.append("| " + " | ".join(f"{v:.2f}" if isinstance(v, float) else str(v) for v in r.values()) + " |")

@@ -58,7 +58,8 @@ def build(version: str = DEFAULT_VERSION, jobs: int | None = None, isa: str = "n
             tar.extractall(work, filter="data")
     source = root / "vendor" / "llama.cpp"
     build_dir = work / ("build" if isa == "native" else f"build-{isa}")
-    isa_flags = ["-DGGML_NATIVE=ON"] if isa == "native" else ["-DGGML_NATIVE=OFF", "-DGGML_AVX2=ON", "-DGGML_AVX512=OFF"]
+    isa_flags = (["-DGGML_NATIVE=ON"] if isa == "native"
+                 else ["-DGGML_NATIVE=OFF", "-DGGML_AVX2=ON", "-DGGML_AVX512=OFF"])
     _run(["cmake", "-S", str(source), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release", *isa_flags,
           "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
           "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON"], log=log)
