@@ -151,7 +151,7 @@ def run_interleaved(args, tokenizer_dir: str, dataset: Path, profile: str, slo, 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--systems", nargs="+", default=DEFAULT_SYSTEMS)
-    # the int8 engine serves 4-5 req/s of these requests on 2 AVX-512 cores: rates must reach past that, and
+    # the int8 engine serves about 3 req/s of fresh requests on 2 AVX-512 cores: rates must reach past that, and
     # a run must last long enough for a queue to build (50 prompts at 6 req/s end before it does)
     ap.add_argument("--rates", nargs="+", type=float, default=[2.0, 3.0, 4.0, 5.0, 6.0])
     ap.add_argument("--num-prompts", type=int, default=150)

@@ -1,7 +1,8 @@
 """What the artifact evaluation runs, step by step, in each mode.
 
-* full  — the reference configuration (estimated from its parts at 2-2.5 hours on 2 quiet cores; the
-          served comparison, 150 prompts a point over two seeds, ~40 minutes, and the simulations dominate);
+* full  — the reference configuration (estimated from its parts at about 2 hours on 2 quiet cores; the
+          served comparison, 150 prompts a point over two seeds, the five systems taking turns at 2, 3 and
+          4 req/s — on fresh prompts 2 cores serve about 3 — ~40 minutes, and the simulations dominate);
 * quick — every step on a reduced workload, at most 20 minutes on 2 cores;
 * smoke — every step that finishes in seconds on a minimal workload, the others skipped with the
           reason (what the test suite runs).
@@ -96,7 +97,7 @@ def cpu_comparison(mode: str, out: Path) -> Plan:
     if mode == "smoke":
         return Plan(skip=NEEDS_SERVER)
     args = (["--systems", "bullet", "sglang:1024", "static", "--rates", "3", "5", "--num-prompts", "60"]
-            if mode == "quick" else ["--repeats", "2"])
+            if mode == "quick" else ["--rates", "2", "3", "4", "--repeats", "2", "--interleave"])
     return Plan([[PY, "-m", "artifact.cpu_comparison", *args, "--out", str(out)]], tables=["results.md"],
                 expect=["results.json", "results.md"])
 
