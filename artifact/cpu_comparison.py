@@ -92,26 +92,33 @@ def start_server(system: str, args, profile: str, slo, out: Path) -> BulletServe
     return BulletServer(*launch, log_path=str(out / f"server-{name}.log"))
 
 
-def run_rate(system: str, server: BulletServer, rate: float, args, tokenizer_dir: str, dataset: Path, slo,
-             out: Path) -> dict:
-    t0 = time.monotonic()
-    records, runs, duration = [], [], 0.0
-    for rep in range(args.repeats):  # other prompts at every rate and repeat, the same for every system
-        result, recs = run_bench_serving(server.url, tokenizer_dir, dataset, rate, args.num_prompts,
-                                         out / f"bench-{system_slug(system)}-{rate}-{rep}.jsonl",
-                                         args.context_len, args.output_len,
-                                         seed=point_seed(args.seed, args.rates.index(rate), rep))
-        records += recs
-        runs.append(run_counts(outcomes(recs, slo)))
-        duration += result["duration"]
-    summary = {**summarize(records, slo, duration), "repeats": args.repeats, "runs": runs}
-    summary["attainment_ci"] = attainment_interval(runs).as_dict()
+def run_once(system: str, server: BulletServer, rate: float, rep: int, args, tokenizer_dir: str, dataset: Path,
+             slo) -> tuple[dict, list]:
+    """One bench_serving run; other prompts at every rate and repeat, the same for every system."""
+    return run_bench_serving(server.url, tokenizer_dir, dataset, rate, args.num_prompts,
+                             Path(args.out) / f"bench-{system_slug(system)}-{rate}-{rep}.jsonl",
+                             args.context_len, args.output_len,
+                             seed=point_seed(args.seed, args.rates.index(rate), rep))
+
+
+def summarize_point(system: str, rate: float, runs: list[tuple[dict, list]], args, slo, seconds: float) -> dict:
+    records = [r for _, recs in runs for r in recs]
+    duration = sum(result["duration"] for result, _ in runs)
+    summary = {**summarize(records, slo, duration), "repeats": args.repeats,
+               "runs": [run_counts(outcomes(recs, slo)) for _, recs in runs]}
+    summary["attainment_ci"] = attainment_interval(summary["runs"]).as_dict()
     ci = Interval.from_dict(summary["attainment_ci"])
     print(f"[compare] {system:>13} @ {rate:>4} req/s: attainment {ci.percent()}, "
           f"TTFT {summary['mean_ttft_s']:.2f}s (p90 {summary['p90_ttft_s']:.2f}), "
           f"TPOT {summary['mean_tpot_s'] * 1e3:.0f}ms (p90 {summary['p90_tpot_s'] * 1e3:.0f}), "
-          f"{summary['output_tok_per_s']:.0f} tok/s [{time.monotonic() - t0:.0f}s]", flush=True)
+          f"{summary['output_tok_per_s']:.0f} tok/s [{seconds:.0f}s]", flush=True)
     return summary
+
+
+def run_rate(system: str, server: BulletServer, rate: float, args, tokenizer_dir: str, dataset: Path, slo) -> dict:
+    t0 = time.monotonic()
+    runs = [run_once(system, server, rate, rep, args, tokenizer_dir, dataset, slo) for rep in range(args.repeats)]
+    return summarize_point(system, rate, runs, args, slo, time.monotonic() - t0)
 
 
 def finish(per_rate: dict, out: Path, system: str, probe: dict) -> dict:
@@ -125,23 +132,36 @@ def run_sequential(args, tokenizer_dir: str, dataset: Path, profile: str, slo, o
     for system in args.systems:
         before = cpu_speed_probe()
         with start_server(system, args, profile, slo, out) as server:
-            per_rate = {rate: run_rate(system, server, rate, args, tokenizer_dir, dataset, slo, out)
-                        for rate in args.rates}
+            per_rate = {rate: run_rate(system, server, rate, args, tokenizer_dir, dataset, slo) for rate in args.rates}
         results[system] = finish(per_rate, out, system, {"before": before, "after": cpu_speed_probe()})
         save(results)
     return results
 
 
+def turns(systems: list[str], point: int) -> list[str]:
+    """The order the systems take their turns in at the `point`-th (rate, repeat) of an interleaved
+    run: rotated by one at every point, so none always goes first while the machine's speed drifts."""
+    k = point % len(systems)
+    return systems[k:] + systems[:k]
+
+
 def run_interleaved(args, tokenizer_dir: str, dataset: Path, profile: str, slo, out: Path, save) -> dict:
-    """Every server up at once (the idle ones wait), the systems taking turns at each rate: a machine
-    whose speed drifts over minutes slows them alike. The speed probe runs before the servers start and
-    after they stop."""
+    """Every server up at once (the idle ones wait), the systems taking turns at each rate and repeat,
+    in an order that rotates (`turns`): a machine whose speed drifts over minutes slows them alike. The
+    speed probe runs before the servers start and after they stop."""
     before = cpu_speed_probe()
     per_rate: dict[str, dict] = {s: {} for s in args.systems}
     with all_started({s: start_server(s, args, profile, slo, out) for s in args.systems}) as servers:
-        for rate in args.rates:
-            for system, server in servers.items():
-                per_rate[system][rate] = run_rate(system, server, rate, args, tokenizer_dir, dataset, slo, out)
+        for i, rate in enumerate(args.rates):
+            runs: dict[str, list] = {s: [] for s in args.systems}
+            seconds: dict[str, float] = {s: 0.0 for s in args.systems}
+            for rep in range(args.repeats):
+                for system in turns(list(args.systems), i * args.repeats + rep):
+                    t0 = time.monotonic()
+                    runs[system].append(run_once(system, servers[system], rate, rep, args, tokenizer_dir, dataset, slo))
+                    seconds[system] += time.monotonic() - t0
+            for system in args.systems:
+                per_rate[system][rate] = summarize_point(system, rate, runs[system], args, slo, seconds[system])
     probe = {"before": before, "after": cpu_speed_probe()}
     results = {s: finish(per_rate[s], out, s, probe) for s in args.systems}
     save(results)
@@ -166,8 +186,9 @@ def main() -> None:
     ap.add_argument("--typical-prompt", type=int, default=256, help="prompt length the SLO rule uses")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--interleave", action="store_true",
-                    help="start every server first and let the systems take turns at each rate (an A/B on a "
-                         "machine whose speed drifts); default: one server at a time through every rate")
+                    help="start every server first and let the systems take turns at each rate and repeat, in "
+                         "an order that rotates (an A/B on a machine whose speed drifts); default: one server at a "
+                         "time through every rate")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "cpu_comparison"))
     args = ap.parse_args()
     out = Path(args.out)

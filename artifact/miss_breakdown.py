@@ -14,6 +14,11 @@ from bullet.sim import SimConfig, Simulation
 from bullet.workloads.traces import build_workload
 
 
+def prompt_bucket(input_len: int) -> int:
+    """The power of two at or below a prompt's length: the bins of every miss breakdown."""
+    return 1 << max(0, input_len.bit_length() - 1)
+
+
 def breakdown(workload: str, policy: str, rate: float, seed: int, duration: float) -> dict:
     ttft, tpot = TABLE4_SLOS[workload]
     slo = SLO.parse(ttft, tpot)
@@ -25,7 +30,7 @@ def breakdown(workload: str, policy: str, rate: float, seed: int, duration: floa
         p_ok = r.ok and (r.tpot is None or r.tpot <= slo.tpot)
         kinds["ttft missed"] += not t_ok
         kinds["tpot missed"] += not p_ok
-        size = 1 << max(0, r.input_len.bit_length() - 1)  # the power of two at or below the length
+        size = prompt_bucket(r.input_len)
         sizes[size] += 1
         ttft_missed[size] += not t_ok
     return {"attainment": result.summary["attainment"], **kinds,

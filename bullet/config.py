@@ -72,6 +72,10 @@ class ServerArgs(BaseModel):
     idle_decode_units: Literal["all", "efficient"] = Field(
         "all", description="bullet: while prefill is idle decode takes every unit (all), or the fewest whose step is "
         "predicted within 10%% of that (efficient), leaving the rest free for the next prompt")
+    decode_yield_at: Literal["layer", "step"] = Field(
+        "layer", description="bullet: when prefill starts on units a running decode step holds, decode gives them up "
+        "at its next layer boundary (layer: where decode runs layer by layer, i.e. on a CPU, not in CUDA-graph "
+        "replays) or when the step ends (step, the rule before)")
     estimator_profile: str | None = Field(None, description="profile written by `bullet profile` (default: measured on first use)")
     timeline_dir: str | None = Field(None, description="write every scheduling decision to <dir>/<role>.jsonl")
     # supervision

@@ -5,6 +5,7 @@ caller asked for. Knows nothing about requests, queues or sampling."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import torch
@@ -131,7 +132,13 @@ class ModelRunner:
             last = self.model.compute_logits(state.hidden[rows]) if rows else torch.empty(0)
         return StepOutput(last, all_logits)
 
-    def forward(self, chunks: list[SeqChunk]) -> StepOutput:
+    def forward(self, chunks: list[SeqChunk], between_layers: Callable[[int], None] | None = None) -> StepOutput:
+        """Every layer of `chunks`. `between_layers(n)` runs after each layer but the last, with the
+        number of layers done: the caller may change how the step runs on (its threads, its cores)."""
         state = self.start(chunks)
-        self.run_layers(state)
+        if between_layers is None:
+            self.run_layers(state)
+        else:
+            while not self.run_layers(state, 1):
+                between_layers(state.next_layer)
         return self.finish(state)

@@ -98,8 +98,10 @@ def cpu_comparison(mode: str, out: Path) -> Plan:
         return Plan(skip=NEEDS_SERVER)
     args = (["--systems", "bullet", "sglang:1024", "static", "--rates", "3", "5", "--num-prompts", "60"]
             if mode == "quick" else ["--rates", "2", "3", "4", "--repeats", "2", "--interleave"])
-    return Plan([[PY, "-m", "artifact.cpu_comparison", *args, "--out", str(out)]], tables=["results.md"],
-                expect=["results.json", "results.md"])
+    # then which requests missed and what the decision timelines say about the cores (reads, runs nothing)
+    return Plan([[PY, "-m", "artifact.cpu_comparison", *args, "--out", str(out)],
+                 [PY, "-m", "artifact.served_breakdown", str(out), "--out", str(out / "breakdown.md")]],
+                tables=["results.md", "breakdown.md"], expect=["results.json", "results.md", "breakdown.md"])
 
 
 SIM_SMOKE = ["--workloads", "azure-code", "--duration", "10", "--jobs", "1"]

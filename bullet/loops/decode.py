@@ -33,6 +33,8 @@ class DecodeCore(LoopCore):
         self.paused = False
         self.pauses = 0
         self.handed_back = 0  # requests given back to prefill when the pool ran out
+        self.gave_way_after = 0  # layers the running step had done when it gave units to prefill (0: it did not)
+        self.gave_way = 0  # steps that did
 
     @property
     def idle(self) -> bool:
@@ -107,15 +109,35 @@ class DecodeCore(LoopCore):
         except OutOfPages:
             return False  # skip this step; pages come back as other requests finish
 
+    def between_layers(self, layers_done: int) -> None:
+        """Inside a running step (the executor calls this between layers, where it can): when the
+        policy says so — prefill has started on units this step holds — go on with fewer units now
+        rather than at the next step. Reading the state buffer must never fail the step."""
+        try:
+            units = self.policy.units_mid_step(self.read_peer(), self.env.partition.current_units)
+        except Exception as exc:  # e.g. the peer died inside a publish; the next step re-reads
+            log.debug("mid-step state read failed: %s", exc)
+            return
+        if units is not None:
+            self.apply_units(units)
+            if not self.gave_way_after:
+                self.gave_way_after = layers_done
+                self.gave_way += 1
+
     def _step_done(self, view: DecodeView, decision: DecodeDecision, batch: list[Request], seconds: float) -> None:
         for r in batch:
             r.num_cached += 1
         self.last_step_ms = seconds * 1e3
-        self.policy.observe(decision, seconds, view)
+        reason = decision.reason
+        if self.gave_way_after:  # the step ran on two shares: its time fits neither, nothing to learn from
+            reason += f"; gave units to prefill after layer {self.gave_way_after}"
+            self.gave_way_after = 0
+        else:
+            self.policy.observe(decision, seconds, view)
         self.steps += 1
         self.record(view.now, self.env.partition.current_units, run=True, batch=len(batch),
                     context=sum(r.seq_len for r in batch), prefill_units=view.peer.compute_units,
-                    pred_ms=decision.predicted_s * 1e3, obs_ms=seconds * 1e3, reason=decision.reason)
+                    pred_ms=decision.predicted_s * 1e3, obs_ms=seconds * 1e3, reason=reason)
         done = [r for r in batch if r.finished]
         if done:
             finished = set(done)
@@ -146,7 +168,7 @@ class DecodeCore(LoopCore):
 
     # -- state ------------------------------------------------------------------------------------
     def counters(self) -> dict:
-        return {"decode_pauses": self.pauses, "recomputed": self.handed_back}
+        return {"decode_pauses": self.pauses, "recomputed": self.handed_back, "decode_gave_way_mid_step": self.gave_way}
 
     def publish(self) -> None:
         self.flags = self.flags | WorkerFlags.PAUSED if self.paused else self.flags & ~WorkerFlags.PAUSED

@@ -22,6 +22,9 @@ IDLE_UNITS_RULES = ("all", "efficient")
 IDLE_SLACK = 0.10  # "efficient": a step at most 10 % slower than on every unit
 
 
+YIELD_AT_RULES = ("step", "layer")  # when decode gives up units prefill has claimed: at its next step or layer
+
+
 def prefill_active(peer) -> bool:
     return peer.remaining_layers > 0 or peer.queued_requests > 0
 
@@ -29,10 +32,14 @@ def prefill_active(peer) -> bool:
 class BulletDecodePolicy(DecodePolicy):
     name = "bullet"
 
-    def __init__(self, est: Predictor, slo: SLO, feasible_units: list[int], idle_units: str = "all"):
+    def __init__(self, est: Predictor, slo: SLO, feasible_units: list[int], idle_units: str = "all",
+                 yield_at: str = "layer"):
         if idle_units not in IDLE_UNITS_RULES:
             raise ValueError(f"idle_units must be one of {IDLE_UNITS_RULES}, not {idle_units!r}")
+        if yield_at not in YIELD_AT_RULES:
+            raise ValueError(f"yield_at must be one of {YIELD_AT_RULES}, not {yield_at!r}")
         self.est, self.slo, self.feasible, self.idle_units = est, slo, sorted(feasible_units), idle_units
+        self.yield_at = yield_at
         self.learner: LearningPredictor | None = est if hasattr(est, "observe_decode") else None
         self.total = self.feasible[-1]
 
@@ -64,6 +71,19 @@ class BulletDecodePolicy(DecodePolicy):
             units, reason = self.feasible[0], "pause budget spent: run on a shared unit"
         units = next((f for f in self.feasible if f >= units), self.total)
         return DecodeDecision(run=True, units=units, predicted_s=step, reason=reason, predictions=predictions)
+
+    def units_mid_step(self, peer, current_units: int) -> int | None:
+        """`yield_at="layer"`: prefill has started (a prompt arrived) on units this step holds — decode
+        took every unit while prefill was idle — so decode goes on with the complement of prefill's
+        share from the next layer, as its next step would; the prompt does not share a unit with the
+        rest of a decode step (on a CPU core that halves both)."""
+        if self.yield_at != "layer" or not prefill_active(peer) or not peer.compute_units:
+            return None
+        if peer.compute_units + current_units <= self.total:
+            return None  # no unit is held twice
+        units = max(self.total - peer.compute_units, self.feasible[0])
+        units = next((f for f in self.feasible if f >= units), self.total)
+        return units if units < current_units else None
 
     def efficient_units(self, lens: list[int]) -> int | None:
         """The fewest units short of every unit whose step is within IDLE_SLACK of the step on all (None:

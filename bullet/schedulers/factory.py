@@ -65,5 +65,6 @@ def make_decode_policy(args: ServerArgs, feasible_units: list[int], estimator=No
     if args.uses_estimator:
         cls = {"partition-only": PartitionOnlyDecode, "scheduler-only": SchedulerOnlyDecode}.get(
             args.policy_name, BulletDecodePolicy)
-        return cls(estimator, slo_of(args), feasible_units, idle_units=args.idle_decode_units)
+        return cls(estimator, slo_of(args), feasible_units, idle_units=args.idle_decode_units,
+                   yield_at=args.decode_yield_at)
     raise ValueError(f"policy {args.policy!r} has no decode worker")

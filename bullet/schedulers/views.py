@@ -123,6 +123,11 @@ class DecodePolicy(ABC):
     def observe(self, decision: DecodeDecision, seconds: float, view: DecodeView) -> None:
         """Feedback: how long the decided step took."""
 
+    def units_mid_step(self, peer: WorkerState, current_units: int) -> int | None:
+        """Between two layers of a running step, with the peer's state as it is now:
+        the units to go on with, or None to keep the step's share to its end (the default)."""
+        return None
+
 
 def admit_fcfs(queue: Sequence[Request], token_budget: int, free_pages: int, page_size: int,
                reserve_pages: int = 0, max_requests: int = 1 << 30) -> list[Request]:

@@ -28,6 +28,10 @@ class ModelExecutor:
         self.runner, self.finish = runner, finish
         self.stream = stream  # None: a CPU worker, nothing to bind
         self.decode_forward = decode_forward or runner.forward
+        # called between the layers of a decode step (the decode core's `between_layers`), where the
+        # step runs layer by layer on the runner; a CUDA-graph replay is one whole step
+        self.between_layers: Callable[[int], None] | None = None
+        self.layerwise_decode = decode_forward is None
 
     def _on_stream(self):
         return self.stream.step() if self.stream is not None else nullcontext()
@@ -69,7 +73,10 @@ class ModelExecutor:
         with self._on_stream():
             chunks = [SeqChunk([r.output_ids[-1]], r.seq_len - 1, r.page_table) for r in batch]
             t0 = time.perf_counter()
-            out = self.decode_forward(chunks)
+            if self.between_layers is not None and self.layerwise_decode:
+                out = self.runner.forward(chunks, self.between_layers)
+            else:
+                out = self.decode_forward(chunks)
             sample_next(out.last_logits, list(batch), self.finish)
             self._wait()
             seconds = time.perf_counter() - t0

@@ -107,6 +107,8 @@ def build_worker(spec: WorkerSpec, stopped: Callable[[], bool]) -> Worker:
                   timeline=timeline, executor=executor, outbox=MessageOutbox(io, role.value),
                   pid=os.getpid())
     core = build_core(env, args, model.num_layers, estimator, limit)
+    if role is Role.DECODE and args.decode_yield_at == "layer":  # else a step runs its layers in one go
+        executor.between_layers = core.between_layers
 
     def should_stop() -> bool:
         return stopped() or os.getppid() != spec.launcher_pid or bool(state.control() & ControlFlags.SHUTDOWN)

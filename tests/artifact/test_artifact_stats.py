@@ -119,3 +119,13 @@ def test_every_point_of_a_sweep_samples_other_prompts():
     seeds = {point_seed(1, rate, rep) for rate in range(6) for rep in range(3)}
     assert len(seeds) == 18  # a prefix cache never sees a point's prompts again at a later point
     assert point_seed(1, 2, 1) == point_seed(1, 2, 1)  # and every system gets the same ones
+
+
+def test_interleaved_systems_take_turns_in_a_rotating_order():
+    from artifact.cpu_comparison import turns
+
+    systems = ["bullet", "sglang:1024", "static"]
+    orders = [turns(systems, point) for point in range(6)]
+    assert all(sorted(o) == sorted(systems) for o in orders)  # everyone runs at every point
+    # none always goes first: on a machine that slows down over the run, first is an advantage
+    assert [o[0] for o in orders] == systems * 2

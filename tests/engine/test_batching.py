@@ -4,11 +4,12 @@ pressure preempts and recomputes — and greedy outputs never change."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from bullet.core.finish import Abort, FinishChecker
 from bullet.llm import OfflineEngine
 from engines.kv_pool import KVPool
-from engines.runner import ModelRunner
+from engines.runner import ModelRunner, SeqChunk
 from engines.sampling_params import SamplingParams
 from tests.engine.conftest import PROMPTS
 
@@ -66,3 +67,18 @@ def test_abort_frees_pages(llm32):
     while eng.has_work():
         eng.step()
     assert len(b.output_ids) == 12 and eng.scheduler.allocator.num_free() == 64
+
+
+def test_a_step_run_layer_by_layer_calls_back_between_layers_and_computes_the_same(llm32):
+    # how a decode worker gives cores to an arriving prompt mid-step: the same step, with a callback
+    # between its layers, must compute exactly what it computes in one go
+    runner = ModelRunner(llm32.runner.model, KVPool(llm32.config, 8, 16, llm32.dtype))
+    prompt = llm32.tokenizer.encode(PROMPTS[4])[:40]
+    pages = list(range(-(-(len(prompt) + 1) // 16)))
+    whole = runner.forward([SeqChunk(prompt, 0, pages)]).last_logits
+    next_id = int(whole[0].argmax())
+    one_go = runner.forward([SeqChunk([next_id], len(prompt), pages)]).last_logits
+    calls = []
+    layered = runner.forward([SeqChunk([next_id], len(prompt), pages)], between_layers=calls.append).last_logits
+    assert calls == list(range(1, runner.model.num_layers))
+    assert torch.equal(one_go, layered)

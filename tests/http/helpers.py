@@ -25,7 +25,10 @@ SECURED_ARGS = ("--max-total-tokens", str(SMALL_POOL_TOKENS), "--api-key", API_K
                 # fp32: a request recomputed after the pool ran out continues token for token as it would
                 # have run alone only where prefill and decode compute the same numbers; the int8 model
                 # requantizes activations, so a near-tie can flip (test_http_kv_full compares outputs)
-                "--quantization", "none")
+                "--quantization", "none",
+                # auth, limits and a full pool behave alike under every policy; `static` needs no estimator
+                # profile, so this fp32 server starts without measuring one (~90 s on a fresh 2-core machine)
+                "--policy", "static")
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 

@@ -235,8 +235,9 @@ def test_decision_publishes_predictions_and_feedback_reaches_the_estimator():
 
 # -- the decode scheduler ---------------------------------------------------------------------------
 
-def dpolicy(tpot="100ms", idle_units="all"):
-    return BulletDecodePolicy(FakePredictor(), SLO.parse("10s", tpot), list(range(1, TOTAL + 1)), idle_units)
+def dpolicy(tpot="100ms", idle_units="all", yield_at="layer", feasible=None):
+    return BulletDecodePolicy(FakePredictor(), SLO.parse("10s", tpot), feasible or list(range(1, TOTAL + 1)),
+                              idle_units, yield_at=yield_at)
 
 
 def test_decode_takes_every_unit_while_prefill_is_idle():
@@ -256,6 +257,23 @@ def test_efficient_idle_decode_takes_only_the_units_that_speed_it_up():
     assert d.units == TOTAL - 3
     with pytest.raises(ValueError, match="idle_units"):
         dpolicy(idle_units="some")
+
+
+def test_mid_step_decode_gives_prefill_the_units_it_claimed_at_the_next_layer():
+    arrived = WorkerState(remaining_layers=30, compute_units=3)  # prefill started on 3 of the 8 units
+    layer = dpolicy()
+    assert layer.units_mid_step(arrived, current_units=TOTAL) == TOTAL - 3  # what its next step would take
+    assert layer.units_mid_step(arrived, current_units=TOTAL - 3) is None  # no unit held twice: go on
+    assert layer.units_mid_step(WorkerState(), current_units=TOTAL) is None  # prefill idle
+    # prefill takes every unit (a burst): decode goes on with its smallest share rather than stop mid-step
+    assert layer.units_mid_step(WorkerState(remaining_layers=4, compute_units=TOTAL), current_units=TOTAL) == 1
+    # units come in steps (GPC or TPC granularity): the complement is rounded up to one
+    coarse = dpolicy(yield_at="layer", feasible=[2, 4, 6, 8])
+    assert coarse.units_mid_step(WorkerState(remaining_layers=30, compute_units=5), current_units=8) == 4
+    # "step" (the rule before) keeps a step's share to its end
+    assert dpolicy(yield_at="step").units_mid_step(arrived, current_units=TOTAL) is None
+    with pytest.raises(ValueError, match="yield_at"):
+        dpolicy(yield_at="token")
 
 
 def test_decode_follows_prefills_share_and_pauses_when_it_takes_everything():

@@ -192,3 +192,49 @@ def test_a_short_prompt_preempts_a_long_prefill_and_both_keep_their_output(cpu_p
     long_groups = [r for r in rows if r["role"] == "prefill" and r.get("run") and r.get("tokens", 0) > 100]
     assert sum(r["layers"] for r in long_groups) == llm.config.num_hidden_layers
     assert results["short"]["meta_info"]["e2e_latency"] < results["long"]["meta_info"]["e2e_latency"]
+
+
+def test_decode_gives_a_core_to_an_arriving_prompt_mid_step(cpu_profile_fp32, tmp_path):
+    """`--decode-yield-at layer` (the default): a long generation decodes alone on both cores; prompts that arrive
+    during one of its steps get their core from the next layer on (the decode timeline says after
+    which layer), and every output is still the offline engine's greedy one."""
+    import os
+    import threading
+    import time
+
+    import bullet
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two cores: one for each worker once prefill starts")
+    long_params = {"temperature": 0, "max_new_tokens": 160, "ignore_eos": True}
+    short_params = {"temperature": 0, "max_new_tokens": 4, "ignore_eos": True}
+    shorts = PROMPTS[:3]
+    llm = bullet.LLM(dtype="float32", max_total_tokens=4096)
+    expected_long = llm.generate(PROMPTS[1], long_params)[0].output_ids
+    expected_short = [o.output_ids for o in llm.generate(shorts, short_params)]
+    timeline = tmp_path / "timeline"
+    with ServerProcess("--policy", "bullet", "--dtype", "float32", "--max-total-tokens", "4096",
+                       "--estimator-profile", cpu_profile_fp32, "--timeline-dir", str(timeline),
+                       "--ttft-slo", "10s", "--tpot-slo", "10s") as server:
+        results = {}
+
+        def one(key, text, params):
+            status, body = server.post("/generate", {"text": text, "sampling_params": params})
+            assert status == 200, body
+            results[key] = body["output_ids"]
+
+        long_thread = threading.Thread(target=one, args=("long", PROMPTS[1], long_params))
+        long_thread.start()
+        deadline = time.monotonic() + 60
+        while server.state()["decode"]["batch_size"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)  # the long request decodes, alone
+        for i, text in enumerate(shorts):  # one at a time, each arriving while the long one decodes
+            time.sleep(0.2)
+            one(i, text, short_params)
+        long_thread.join()
+        wait_pages_accounted(server)
+    assert results["long"] == expected_long and [results[i] for i in range(len(shorts))] == expected_short
+    rows = _timeline(timeline)
+    gave = [r for r in rows if r["role"] == "decode" and "gave units to prefill" in r.get("reason", "")]
+    assert gave, sorted({r.get("reason", "") for r in rows if r["role"] == "decode"})
+    assert all(r["units"] == 1 for r in gave)  # it went on with the core prefill left it
