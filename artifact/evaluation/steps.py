@@ -1,8 +1,9 @@
 """What the artifact evaluation runs, step by step, in each mode.
 
-* full  — the reference configuration (estimated from its parts at about 2 hours on 2 quiet cores; the
-          served comparison, 150 prompts a point over two seeds, the five systems taking turns at 2, 3 and
-          4 req/s — on fresh prompts 2 cores serve about 3 — ~40 minutes, and the simulations dominate);
+* full  — the reference configuration (about 1.5 hours on 2 cores: the served comparison, 150 prompts a
+          point over two seeds, the five systems taking turns at 2, 3 and 4 req/s — on fresh prompts 2 cores
+          serve about 3 — ~45 minutes; the simulations, 150 s of arrivals a run, two seeds for Fig. 15 and
+          one for Figs. 22-23, ~30 minutes; the rest ~20 minutes);
 * quick — every step on a reduced workload, at most 20 minutes on 2 cores;
 * smoke — every step that finishes in seconds on a minimal workload, the others skipped with the
           reason (what the test suite runs).
@@ -106,14 +107,14 @@ def cpu_comparison(mode: str, out: Path) -> Plan:
 
 SIM_SMOKE = ["--workloads", "azure-code", "--duration", "10", "--jobs", "1"]
 SIM_QUICK = ["--duration", "60", "--jobs", "2"]
-SIM_FULL = ["--duration", "300", "--jobs", "2"]
+SIM_FULL = ["--duration", "150", "--jobs", "2"]  # 150 s of arrivals a run, as docs/policy.md's crossings
 
 
 def sim_comparison(mode: str, out: Path) -> Plan:
     args = _pick(mode, [*SIM_SMOKE, "--systems", "bullet", "chunked:1024", "--rates", "azure-code:2"],
                  [*SIM_QUICK, "--systems", "bullet", "chunked:1024", "static:84", "naive",
                   "--rates", "sharegpt:5,10,15,20", "azure-code:1,2,3,4,5", "arxiv:1,2,3,4"],
-                 [*SIM_FULL, "--repeats", "3"])
+                 [*SIM_FULL, "--repeats", "2"])
     parts = ["comparison"] if mode != "full" else ["comparison", "sensitivity"]
     return Plan([[PY, "-m", "artifact.sim_comparison", *args, "--parts", *parts, "--out", str(out)]],
                 tables=["results.md"], expect=["results.json", "results.md", "comparison.png"])
@@ -132,7 +133,7 @@ def static_splits(mode: str, out: Path) -> Plan:
     args = _pick(mode, [*SIM_SMOKE, "--systems", "bullet", "static:54", "naive", "--rates", "azure-code:2"],
                  [*SIM_QUICK, "--workloads", "azure-code", "--systems", "bullet", *STATIC_SPLITS, "naive",
                   "--rates", "azure-code:1,3,5"],
-                 [*SIM_FULL, "--systems", "bullet", *STATIC_SPLITS, "naive", "--repeats", "2"])
+                 [*SIM_FULL, "--systems", "bullet", *STATIC_SPLITS, "naive"])
     return Plan([[PY, "-m", "artifact.sim_comparison", *args, "--parts", "comparison", "--title",
                   "Fig. 22: static prefill splits", "--out", str(out)]],
                 tables=["results.md"], expect=["results.md", "comparison.png"])
@@ -145,7 +146,7 @@ def ablation(mode: str, out: Path) -> Plan:
     policies = list(ABLATION_POLICIES.values())
     args = _pick(mode, [*SIM_SMOKE, "--rates", "azure-code:2"],
                  [*SIM_QUICK, "--workloads", "azure-code", "sharegpt", "--rates", "azure-code:1,3,5", "sharegpt:5,10,15"],
-                 [*SIM_FULL, "--repeats", "2"])
+                 SIM_FULL)
     return Plan([[PY, "-m", "artifact.sim_comparison", *args, "--systems", "naive", *policies, "bullet",
                   "--parts", "comparison", "--title", "Fig. 23: ablation", "--out", str(out)]],
                 tables=["results.md"], expect=["results.md", "comparison.png"])
