@@ -107,7 +107,9 @@ def build_worker(spec: WorkerSpec, stopped: Callable[[], bool]) -> Worker:
                   timeline=timeline, executor=executor, outbox=MessageOutbox(io, role.value),
                   pid=os.getpid())
     core = build_core(env, args, model.num_layers, estimator, limit)
-    if role is Role.DECODE and args.decode_yield_at == "layer":  # else a step runs its layers in one go
+    # the SLO-aware decode policies may change a step's share between layers (fixed splits never do):
+    # otherwise a step runs its layers in one go
+    if role is Role.DECODE and args.uses_estimator and args.decode_yield_at == "layer":
         executor.between_layers = core.between_layers
 
     def should_stop() -> bool:
