@@ -48,10 +48,13 @@ def run_bench_serving(url: str, tokenizer_dir: str, dataset: Path | None, rate: 
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     if proc.returncode != 0 or not out_file.exists():
         raise RuntimeError(f"bench_serving failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    result = json.loads(out_file.read_text().splitlines()[-1])
-    records = []
-    for i, o, t, itl, err in zip(result["input_lens"], result["output_lens"], result["ttfts"], result["itls"],
-                                 result["errors"]):
-        ok = not err and t > 0
-        records.append(RequestRecord(i, o, t, sum(itl) / len(itl) if itl else None, ok))
+    return read_bench_file(out_file)
+
+
+def read_bench_file(path: Path) -> tuple[dict, list[RequestRecord]]:
+    """The last result `bench_serving --output-details` wrote to `path`, and a record per request."""
+    result = json.loads(path.read_text().splitlines()[-1])
+    records = [RequestRecord(i, o, t, sum(itl) / len(itl) if itl else None, not err and t > 0)
+               for i, o, t, itl, err in zip(result["input_lens"], result["output_lens"], result["ttfts"],
+                                            result["itls"], result["errors"])]
     return result, records

@@ -15,17 +15,10 @@ import collections
 import json
 from pathlib import Path
 
-from artifact.bench_client import RequestRecord
+from artifact.bench_client import RequestRecord, read_bench_file
 from artifact.miss_breakdown import prompt_bucket
 from artifact.server import system_slug
 from bullet.core.slo import SLO
-
-
-def load_records(path: Path) -> list[RequestRecord]:
-    result = json.loads(path.read_text().splitlines()[-1])
-    return [RequestRecord(i, o, t, sum(itl) / len(itl) if itl else None, not err and t > 0)
-            for i, o, t, itl, err in zip(result["input_lens"], result["output_lens"], result["ttfts"],
-                                         result["itls"], result["errors"])]
 
 
 def misses(records: list[RequestRecord], slo: SLO) -> dict:
@@ -80,7 +73,7 @@ def breakdown(run_dir: Path) -> dict:
         per_rate = {}
         for rate in res["per_rate"]:
             files = sorted(run_dir.glob(f"bench-{slug}-{float(rate)}-*.jsonl"))
-            per_rate[rate] = misses([r for f in files for r in load_records(f)], slo)
+            per_rate[rate] = misses([r for f in files for r in read_bench_file(f)[1]], slo)
         out[system] = {"per_rate": per_rate, "timeline": timeline_shares(run_dir / "timeline" / slug)}
     return {"slo": slo.describe(), "systems": out}
 
