@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engines.decode_groups import DecodePlan
+from engines.model.paged_attention import PagedKernels, PagedTables
 
 
 @dataclass
@@ -32,6 +33,10 @@ class ForwardContext:
     rope_cos: torch.Tensor | None = None  # [T, 1, D] RoPE tables of `positions`, gathered once per step
     rope_sin: torch.Tensor | None = None
     decode_plan: DecodePlan | None = None  # every q_len == 1 sequence, in groups of one context width
+    # The GPU path (engines.model.paged_attention): kernels read K/V from the pool's pages through
+    # these tables; when set, attention takes it and the gather tables above stay None.
+    paged: PagedTables | None = None
+    kernels: PagedKernels | None = None
 
     def __post_init__(self):
         if not self.q_starts:

@@ -14,6 +14,7 @@ from engines.decode_groups import plan_decode
 from engines.forward_context import ForwardContext
 from engines.kv_pool import KVPool
 from engines.model.llama import LlamaModel
+from engines.model.paged_attention import PagedKernels, build_tables, kernels_for
 
 
 @dataclass
@@ -45,10 +46,17 @@ class LayerwiseState:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, kv: KVPool, device: torch.device | str = "cpu"):
+    """`paged`: attention reads the pool's pages through page tables (`paged_attention`) instead of
+    gathering each step's context — the default on CUDA; `kernels` picks the implementation (default
+    `kernels_for(device)`)."""
+
+    def __init__(self, model: LlamaModel, kv: KVPool, device: torch.device | str = "cpu", paged: bool | None = None,
+                 kernels: PagedKernels | None = None):
         self.model, self.kv, self.device = model, kv, torch.device(device)
         self.page_size = kv.page_size
         self.max_context = model.config.max_position_embeddings
+        self.paged = self.device.type == "cuda" if paged is None else paged
+        self.kernels = (kernels or kernels_for(self.device)) if self.paged else None
 
     # -- batch preparation -------------------------------------------------------------------
     def _context(self, chunks: list[SeqChunk]) -> tuple[torch.Tensor, ForwardContext]:
@@ -76,7 +84,10 @@ class ModelRunner:
             q_lens=q_lens, ctx_lens=ctx_lens, all_decode=all(n == 1 for n in q_lens),
         )
         ctx.rope_cos, ctx.rope_sin = self.model.rope.tables(ctx.positions)
-        if ctx.all_decode or any(c.start > 0 for c in chunks):
+        if self.paged:
+            ctx.paged = build_tables([c.page_table for c in chunks], ctx_lens, q_lens, ps, dev)
+            ctx.kernels = self.kernels
+        elif ctx.all_decode or any(c.start > 0 for c in chunks):
             table, valid = self._context_slots(chunks, ctx_lens)
             ctx.kv_slots = torch.from_numpy(table).to(dev)
             ctx.kv_valid = torch.from_numpy(valid).to(dev).view(len(chunks), 1, 1, table.shape[1])

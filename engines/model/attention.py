@@ -10,7 +10,8 @@ Three shapes of work, chosen per sequence from the ForwardContext:
   whole batch is one group;
 * plain prefill (a sequence's whole context is new): causal SDPA over its fresh K/V, no gather;
 * continued prefill (a chunk after cached tokens): gather its context, bottom-right causal mask.
-Only torch ops, so the same code runs on CUDA tensors."""
+Only torch ops, so the same code runs on CUDA tensors. On a GPU the runner sets `ctx.paged`
+instead: kernels then read K/V from the pool's pages (`engines.model.paged_attention`)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,9 @@ def paged_attention(
     ctx: ForwardContext, scale: float,
 ) -> torch.Tensor:
     """q: [T, H, D]; k/v: [T, KVH, D] (already written to the cache). Returns [T, H, D]."""
+    if ctx.paged is not None:
+        attend = ctx.kernels.decode if ctx.all_decode else ctx.kernels.extend
+        return attend(q, k_cache, v_cache, ctx.paged, scale)
     plan = ctx.decode_plan
     if plan is None and ctx.all_decode:
         plan = padded_plan(ctx.kv_slots, ctx.kv_valid, k_cache.shape[0], k_cache.shape[1], q.dtype)

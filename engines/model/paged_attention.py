@@ -1,0 +1,125 @@
+"""Attention read straight from the KV pool's pages — the GPU path — behind one interface.
+
+The CPU path (`engines.model.attention`) gathers each step's context slots into dense tensors: on
+a CPU that gather is cheap next to the matmuls. On a GPU it dominates a decode step (every layer
+copies every sequence's whole context, padded to the longest), so the GPU path hands kernels the
+step's *page tables* instead and they read K/V where they lie:
+
+* `PagedTables`: per step, per sequence, the pool pages it owns, its context length after the step
+  and where its new tokens start in the packed batch. Fixed-width integer tensors on the device —
+  a CUDA graph owns one set per batch bucket and rewrites them before each replay.
+* `decode(q, ...)`: one new token per sequence (GQA, ragged contexts).
+* `extend(q, ...)`: `q_len` new tokens per sequence after a cached prefix, causal (a plain prefill
+  is the case of an empty prefix).
+
+Both expect the step's new K/V already written to the pool (`attention.write_kv`), so every key a
+query sees comes from the pages. Two implementations: `torch` (this module: a loop per sequence,
+exact and slow — the reference) and `triton` (`engines.model.triton_attention`, on CUDA tensors,
+or on CPU tensors under `TRITON_INTERPRET=1` in the tests). `kernels_for(device)` picks one;
+`BULLET_ATTENTION_KERNELS=torch|triton` overrides it."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import numpy as np
+import torch
+
+KERNELS_ENV = "BULLET_ATTENTION_KERNELS"
+log = logging.getLogger("engines.attention")
+
+
+@dataclass
+class PagedTables:
+    page_table: torch.Tensor  # [B, max_pages] int32: the pool pages of each sequence, in order (unused: any page)
+    seq_lens: torch.Tensor  # [B] int32: tokens in the sequence's context after this step (cached + new)
+    q_starts: torch.Tensor  # [B + 1] int32: sequence b's new tokens are rows q_starts[b] .. q_starts[b+1] of q
+    page_size: int
+    max_q_len: int  # the most new tokens of any sequence (1 for a decode step): sizes the extend grid
+
+    @property
+    def batch(self) -> int:
+        return int(self.seq_lens.shape[0])
+
+
+def build_tables(page_tables: Sequence[Sequence[int]], ctx_lens: Sequence[int], q_lens: Sequence[int],
+                 page_size: int, device: torch.device | str, width: int | None = None) -> PagedTables:
+    """The tables of one step from host lists. `width`: pages per row (default: the longest
+    context's); rows are padded with page 0, which no kernel reads past `seq_lens`."""
+    need = [-(-n // page_size) for n in ctx_lens]
+    width = max(need) if width is None else width
+    if max(need, default=0) > width:
+        raise ValueError(f"a context needs {max(need)} pages, the table holds {width}")
+    table = np.zeros((len(ctx_lens), max(width, 1)), dtype=np.int32)
+    for i, (pages, n) in enumerate(zip(page_tables, need)):
+        if len(pages) < n:
+            raise ValueError(f"sequence {i}: {len(pages)} pages cover fewer than its {ctx_lens[i]} tokens")
+        table[i, :n] = pages[:n]
+    starts = np.zeros(len(q_lens) + 1, dtype=np.int32)
+    np.cumsum(q_lens, out=starts[1:])
+    dev = torch.device(device)
+    return PagedTables(torch.from_numpy(table).to(dev), torch.tensor(list(ctx_lens), dtype=torch.int32, device=dev),
+                       torch.from_numpy(starts).to(dev), page_size, max(q_lens, default=0))
+
+
+class PagedKernels(Protocol):
+    """q: [T, H, D]; k_cache/v_cache: [KV heads, slots, D] (one layer); returns [T, H, D] in q's dtype."""
+
+    def decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: PagedTables,
+               scale: float, out: torch.Tensor | None = None) -> torch.Tensor: ...
+
+    def extend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: PagedTables,
+               scale: float, out: torch.Tensor | None = None) -> torch.Tensor: ...
+
+
+class TorchPagedKernels:
+    """The reference: per sequence, gather its slots and attend in float32. Exact, slow, any device."""
+
+    name = "torch"
+
+    def decode(self, q, k_cache, v_cache, tables, scale, out=None):
+        return self.extend(q, k_cache, v_cache, tables, scale, out)  # a decode row is a 1-token extend
+
+    def extend(self, q, k_cache, v_cache, tables, scale, out=None):
+        out = torch.empty_like(q) if out is None else out
+        kvh, group = k_cache.shape[0], q.shape[1] // k_cache.shape[0]
+        ps = tables.page_size
+        starts, lens = tables.q_starts.tolist(), tables.seq_lens.tolist()
+        for b, n_ctx in enumerate(lens):
+            q0, q1 = starts[b], starts[b + 1]
+            if q1 == q0:
+                continue
+            pages = tables.page_table[b, : -(-n_ctx // ps)].long()
+            slots = (pages[:, None] * ps + torch.arange(ps, device=pages.device)).reshape(-1)[:n_ctx]
+            k = k_cache.index_select(1, slots).float()  # [KVH, n_ctx, D]
+            v = v_cache.index_select(1, slots).float()
+            qb = q[q0:q1].float().view(q1 - q0, kvh, group, -1)  # [n_q, KVH, G, D]
+            scores = torch.einsum("qhgd,hkd->hgqk", qb, k) * scale
+            # new token j (0-based) sits at position n_ctx - n_q + j and sees keys up to it
+            pos = torch.arange(n_ctx - (q1 - q0), n_ctx, device=q.device)[:, None]
+            scores = scores.masked_fill(torch.arange(n_ctx, device=q.device)[None, :] > pos, float("-inf"))
+            o = torch.einsum("hgqk,hkd->qhgd", torch.softmax(scores, dim=-1), v)
+            out[q0:q1] = o.reshape(q1 - q0, -1, o.shape[-1]).to(out.dtype)
+        return out
+
+
+def kernels_for(device: torch.device | str) -> PagedKernels:
+    """Triton kernels on a CUDA device (when triton imports), the torch reference otherwise;
+    `BULLET_ATTENTION_KERNELS` forces one (`triton` on CPU tensors needs `TRITON_INTERPRET=1`)."""
+    choice = os.environ.get(KERNELS_ENV, "auto").lower()
+    if choice not in ("auto", "torch", "triton"):
+        raise ValueError(f"{KERNELS_ENV} must be auto, torch or triton, got {choice!r}")
+    if choice == "torch" or (choice == "auto" and torch.device(device).type != "cuda"):
+        return TorchPagedKernels()
+    try:
+        from engines.model.triton_attention import TritonPagedKernels
+    except ImportError as e:
+        if choice == "triton":
+            raise RuntimeError(f"{KERNELS_ENV}=triton but triton does not import: {e}") from e
+        # the reference still computes the right thing, but slowly and with a host sync per layer
+        log.warning("triton does not import (%s): paged attention on %s runs the slow torch reference", e, device)
+        return TorchPagedKernels()
+    return TritonPagedKernels()
