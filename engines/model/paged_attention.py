@@ -115,7 +115,7 @@ def kernels_for(device: torch.device | str) -> PagedKernels:
     if choice == "torch" or (choice == "auto" and torch.device(device).type != "cuda"):
         return TorchPagedKernels()
     try:
-        from engines.model.triton_attention import TritonPagedKernels
+        from engines.model.triton_attention import TritonPagedKernels  # deferred: triton is optional
     except ImportError as e:
         if choice == "triton":
             raise RuntimeError(f"{KERNELS_ENV}=triton but triton does not import: {e}") from e
