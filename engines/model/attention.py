@@ -11,7 +11,8 @@ Three shapes of work, chosen per sequence from the ForwardContext:
 * plain prefill (a sequence's whole context is new): causal SDPA over its fresh K/V, no gather;
 * continued prefill (a chunk after cached tokens): gather its context, bottom-right causal mask.
 Only torch ops, so the same code runs on CUDA tensors. On a GPU the runner sets `ctx.paged`
-instead: kernels then read K/V from the pool's pages (`engines.model.paged_attention`)."""
+instead: kernels then read K/V from the pool's pages (`engines.model.paged_attention`), except
+in a step of fresh prompts only, which SDPA serves from its new K/V as above."""
 
 from __future__ import annotations
 
@@ -34,8 +35,17 @@ def paged_attention(
 ) -> torch.Tensor:
     """q: [T, H, D]; k/v: [T, KVH, D] (already written to the cache). Returns [T, H, D]."""
     if ctx.paged is not None:
-        attend = ctx.kernels.decode if ctx.all_decode else ctx.kernels.extend
-        return attend(q, k_cache, v_cache, ctx.paged, scale)
+        if ctx.all_decode:
+            return ctx.kernels.decode(q, k_cache, v_cache, ctx.paged, scale)
+        if all(n == c for n, c in zip(ctx.q_lens, ctx.ctx_lens)):
+            # Every sequence is a fresh prompt: its keys are this step's k/v, contiguous already, and
+            # SDPA's flash kernel is the fastest causal attention torch has (measured fine for GPU
+            # prefill); the paged kernels are for chunks that attend to a cached prefix.
+            out = torch.empty_like(q)
+            for start, q_len in zip(ctx.q_starts, ctx.q_lens):
+                out[start : start + q_len] = _causal_sdpa(q, k, v, start, q_len, scale)
+            return out
+        return ctx.kernels.extend(q, k_cache, v_cache, ctx.paged, scale)
     plan = ctx.decode_plan
     if plan is None and ctx.all_decode:
         plan = padded_plan(ctx.kv_slots, ctx.kv_valid, k_cache.shape[0], k_cache.shape[1], q.dtype)
@@ -62,6 +72,15 @@ def paged_attention(
             oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=cols <= rows, scale=scale, enable_gqa=True)
         out[start : start + q_len] = oi.squeeze(0).transpose(0, 1)
     return out
+
+
+def _causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, q_len: int,
+                 scale: float) -> torch.Tensor:
+    """Causal attention of one fresh sequence (rows start .. start + q_len) over its own new K/V
+    (the paged path's prefill; the gather path above inlines the same call)."""
+    qi, ki, vi = (x[start : start + q_len].transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # [1, heads, n, D]
+    oi = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scale, enable_gqa=True)
+    return oi.squeeze(0).transpose(0, 1)
 
 
 def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: DecodePlan, scale: float,

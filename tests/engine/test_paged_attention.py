@@ -81,3 +81,36 @@ def test_engine_on_page_tables_generates_what_the_gather_path_does(llm32):
             eng.step()
         outputs[paged] = [r.output_ids for r in reqs]
     assert outputs[True] == outputs[False]
+
+
+def test_paged_step_of_fresh_prompts_takes_sdpa_and_any_cached_prefix_the_kernels():
+    """On the paged path a step whose sequences are all fresh prompts attends with SDPA over its new
+    K/V (no kernel call); a step where some sequence has cached tokens goes to `extend`. Both equal
+    the reference."""
+    from engines.forward_context import ForwardContext
+    from engines.model.attention import paged_attention, write_kv
+
+    class Recording(TorchPagedKernels):
+        calls: list = []
+
+        def extend(self, *args, **kwargs):
+            self.calls.append("extend")
+            return super().extend(*args, **kwargs)
+
+    ps, heads, kvh, d = 4, 6, 2, 16
+    for ctx_lens, want_calls in (([3, 5], []), ([3, 9], ["extend"])):
+        q_lens = [3, 5]
+        k_cache, v_cache = random_pool(kvh, d, pages=8, page_size=ps)
+        tables = [[0, 1], [2, 3, 4]]
+        slots = torch.tensor([pages[pos // ps] * ps + pos % ps for pages, n_q, n in zip(tables, q_lens, ctx_lens)
+                              for pos in range(n - n_q, n)])  # the new tokens' slots
+        q, k, v = torch.randn(8, heads, d), torch.randn(8, kvh, d), torch.randn(8, kvh, d)
+        write_kv(k_cache, v_cache, k, v, slots)
+        ctx = ForwardContext(positions=torch.zeros(8, dtype=torch.long), slot_mapping=slots, q_lens=q_lens,
+                             ctx_lens=ctx_lens, paged=build_tables(tables, ctx_lens, q_lens, ps, "cpu"),
+                             kernels=Recording())
+        Recording.calls = []
+        out = paged_attention(q, k, v, k_cache, v_cache, ctx, 0.25)
+        assert Recording.calls == want_calls
+        torch.testing.assert_close(out, TorchPagedKernels().extend(q, k_cache, v_cache, ctx.paged, 0.25),
+                                   atol=1e-5, rtol=1e-5)
