@@ -120,6 +120,12 @@ def test_extend_fresh_prompt_page_size_1():
     check("extend", [20], [20], 3, 3, 64, 1, torch.float32)
 
 
+@pytest.mark.parametrize("kind", ["decode", "extend"])
+def test_head_dim_not_a_power_of_two(kind):
+    """D = 96 runs in a 128-wide tile with the extra lanes masked."""
+    check(kind, [1, 1] if kind == "decode" else [1, 7], [9, 40], 4, 2, 96, 16, torch.float32, num_splits=2)
+
+
 def test_out_buffer_is_filled_in_place():
     q, k, v, tables = make_case([1, 1], [10, 30], 4, 2, 64, 16, torch.float32)
     buf = torch.zeros(q.shape[0], q.shape[1] + 2, q.shape[2], device=DEVICE)
