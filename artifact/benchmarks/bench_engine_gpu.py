@@ -1,0 +1,245 @@
+"""The engine's prefill and decode steps on a device, against what the device allows.
+
+  python -m artifact.benchmarks.bench_engine_gpu --device cuda --load-format dummy --model-path llama-3.1-8b \
+      --dtype bfloat16 [--output FILE] [--repeats N] [--prefill-tokens 2048] [--decode 1x1024,32x1024,128x512]
+  python -m artifact.benchmarks.bench_engine_gpu --device cpu --load-format dummy --model-path smollm2-135m
+
+First the device's own rates (`artifact.benchmarks.device_rates`): copy bandwidth and the GEMM rate in
+the serving dtype. Then, through the engine's runner — `ModelRunner.forward`, and for graphs on
+`DecodeGraphs.forward` over `TorchCudaGraphs`, what a decode worker replays:
+* prefill of one prompt (2048 tokens): its model FLOPs (2 x projection parameters x tokens, causal
+  attention 2 x layers x n^2 x heads x head_dim, one LM-head row) / time, as a share of the GEMM rate;
+* decode steps at 1x1024, 32x1024 and 128x512 (batch x context), graphs off and on, each against its
+  memory floor: (weight bytes + KV bytes read) / copy bandwidth, the weights every projection and the
+  LM head (the embedding rows a step reads are negligible), the KV every sequence's context.
+A step is timed on the host clock from the call to the end of its kernels (what a worker pays:
+Python, launches, the graph's table copies), the median of `--repeats`.
+
+The goals of issue 24 (8B bf16 on a GPU, graphs on): decode <= 1.5x its floor at 1x1024 and <= 2x at
+32x1024 and 128x512; prefill of 2048 tokens >= 70 % of the GEMM rate. They are judged (met / not met)
+for the steps of those sizes.
+
+On a CPU the default sizes are tiny (prefill 32; decode 1x32, 2x32, 4x16) so a test runs it end to
+end in seconds, and graphs on runs `DecodeGraphs` over a stand-in that re-runs the captured body (no
+CUDA graph: it exercises the padding and static tables; its time means nothing).
+
+Dummy weights are drawn here, on the device, in the shapes of the engine's model (`LlamaModel` on
+the meta device): the same model the server builds, without drawing 8 G random numbers on a CPU."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+from pathlib import Path
+
+import torch
+
+from artifact.benchmarks.bench_engine import model_shape
+from artifact.benchmarks.device_rates import copy_bandwidth, gemm_rate, median, synchronize, wall_seconds
+from engines.cuda_graphs import DecodeGraphs, TorchCudaGraphs
+from engines.kv_pool import KVPool
+from engines.model.build import build_model
+from engines.model.llama import LlamaModel
+from engines.runner import ModelRunner, SeqChunk
+from engines.weights.resolve import dummy_config
+
+PAGE_SIZE = 16
+DECODE_GOALS = {(1, 1024): 1.5, (32, 1024): 2.0, (128, 512): 2.0}  # x the memory floor, graphs on
+PREFILL_GOAL = 0.70, 2048  # share of the GEMM rate, at this many tokens
+SIZES = {"cuda": {"prefill": 2048, "decode": "1x1024,32x1024,128x512", "copy_mib": 1024, "gemm_n": 8192, "repeats": 10},
+         "cpu": {"prefill": 32, "decode": "1x32,2x32,4x16", "copy_mib": 32, "gemm_n": 256, "repeats": 3}}
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+
+
+class RerunGraphs:
+    """A `GraphApi` for the CPU: a 'graph' re-runs the body it captured on whatever its static tables
+    hold — what a replay computes, without CUDA."""
+
+    def capture(self, body):
+        body()  # the warm-up run TorchCudaGraphs makes too
+
+        class Graph:
+            def replay(self):
+                return body()
+
+            def release(self):
+                pass
+
+        return Graph()
+
+
+def device_state(config, dtype: torch.dtype, device: torch.device, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random weights in the model's own shapes, drawn on `device` (norms 1, the rest N(0, 0.02))."""
+    with torch.device("meta"):
+        shapes = {name: t.shape for name, t in LlamaModel(config).state_dict().items()}
+    gen = torch.Generator(device=device).manual_seed(seed)
+    state = {}
+    for name, shape in shapes.items():
+        if name.endswith("norm.weight"):
+            state[name] = torch.ones(shape, dtype=dtype, device=device)
+        else:
+            state[name] = torch.randn(shape, dtype=dtype, device=device, generator=gen).mul_(0.02)
+    return state
+
+
+def parse_decode(spec: str) -> list[tuple[int, int]]:
+    try:
+        cases = [tuple(int(x) for x in item.lower().split("x")) for item in spec.split(",") if item.strip()]
+    except ValueError:
+        cases = []
+    if not cases or any(len(c) != 2 or min(c) < 1 for c in cases):
+        raise argparse.ArgumentTypeError(f"--decode wants BATCHxCONTEXT[,...], e.g. 1x1024,32x1024; got {spec!r}")
+    return cases
+
+
+class Bench:
+    def __init__(self, model_path: str, dtype: torch.dtype, device: torch.device, prefill: int,
+                 decode: list[tuple[int, int]], seed: int = 0):
+        self.config = dummy_config(model_path)
+        self.device, self.dtype = device, dtype
+        pages = max([-(-prefill // PAGE_SIZE)] + [b * -(-(c + 1) // PAGE_SIZE) for b, c in decode]) + 1
+        model = build_model(self.config, device_state(self.config, dtype, device, seed), device)
+        self.runner = ModelRunner(model, KVPool(self.config, pages, PAGE_SIZE, dtype, device), device)
+        # pages in a shuffled order, as a pool hands them out after a while; the last one is the graphs' scratch
+        order = torch.randperm(pages - 1, generator=torch.Generator().manual_seed(seed)).tolist()
+        self.pages, self.scratch_slot = order, (pages - 1) * PAGE_SIZE
+        self.max_batch = max(b for b, _ in decode)
+        self.rng = torch.Generator().manual_seed(seed + 1)
+
+    def ids(self, n: int) -> list[int]:
+        return torch.randint(100, self.config.vocab_size, (n,), generator=self.rng).tolist()
+
+    def prefill_chunks(self, n: int) -> list[SeqChunk]:
+        return [SeqChunk(self.ids(n), 0, self.pages[: -(-n // PAGE_SIZE)])]
+
+    def decode_chunks(self, batch: int, context: int) -> list[SeqChunk]:
+        chunks, k = [], 0
+        for token in self.ids(batch):
+            need = -(-(context + 1) // PAGE_SIZE)
+            chunks.append(SeqChunk([token], context, self.pages[k : k + need]))
+            k += need
+        return chunks
+
+    def graphs(self) -> DecodeGraphs:
+        api = TorchCudaGraphs() if self.device.type == "cuda" else RerunGraphs()
+        return DecodeGraphs(self.runner, self.scratch_slot, api, max_batch=self.max_batch)
+
+
+def prefill_flops(shape: dict, n: int) -> float:
+    h = shape["heads"] * shape["head_dim"]
+    return 2.0 * shape["projection_params"] * n + 2.0 * shape["layers"] * n * n * h + 2.0 * shape["head_params"]
+
+
+def decode_bytes(shape: dict, batch: int, context: int, elem: int) -> float:
+    weights = (shape["projection_params"] + shape["head_params"]) * elem
+    kv = batch * (context + 1) * shape["layers"] * 2 * shape["kv_size"] * elem
+    return float(weights + kv)
+
+
+def measure(bench: Bench, prefill: int, decode: list[tuple[int, int]], repeats: int, rates: dict) -> dict:
+    shape, dev = model_shape(bench.config), bench.device
+    elem = torch.empty((), dtype=bench.dtype).element_size()
+    chunks = bench.prefill_chunks(prefill)
+    seconds = median(wall_seconds(lambda: bench.runner.forward(chunks), dev, max(3, repeats // 2)))
+    flops = prefill_flops(shape, prefill)
+    out = {"prefill": {"tokens": prefill, "ms": seconds * 1e3, "model_tflop": flops / 1e12,
+                       "tflops": flops / seconds / 1e12, "of_gemm": flops / seconds / rates["gemm_flops"]}, "decode": []}
+    print(f"[bench] prefill {prefill}: {seconds * 1e3:.2f} ms, {out['prefill']['of_gemm']:.0%} of the GEMM rate", flush=True)
+    graphs = bench.graphs()
+    for batch, context in decode:
+        floor = decode_bytes(shape, batch, context, elem) / rates["copy_bytes_s"]
+        for mode in ("off", "on"):
+            row = {"batch": batch, "context": context, "graphs": mode, "floor_ms": floor * 1e3}
+            chunks = bench.decode_chunks(batch, context)
+            if mode == "on" and graphs.shape_for(chunks) is None:
+                row["error"] = "no graph bucket for this step (runs eagerly)"
+            else:
+                step = (lambda: graphs.forward(chunks)) if mode == "on" else (lambda: bench.runner.forward(chunks))
+                seconds = median(wall_seconds(step, dev, repeats, warmup=2))
+                row.update(ms=seconds * 1e3, tok_s=batch / seconds, over_floor=seconds / floor)
+            out["decode"].append(row)
+            print(f"[bench] decode {batch}x{context} graphs {mode}: "
+                  + (f"{row['ms']:.2f} ms, {row['over_floor']:.2f}x the floor ({row['floor_ms']:.2f} ms)" if "ms" in row
+                     else row["error"]), flush=True)
+    graphs.release()
+    return out
+
+
+def goals(result: dict) -> list[dict]:
+    """The issue's goals for the steps of their sizes in `result` (none for other sizes)."""
+    out = []
+    for row in result["decode"]:
+        limit = DECODE_GOALS.get((row["batch"], row["context"]))
+        if limit is not None and row["graphs"] == "on":
+            ratio = row.get("over_floor")
+            out.append({"goal": f"decode {row['batch']}x{row['context']}, graphs on", "measured": ratio,
+                        "target": f"<= {limit:g}x floor", "met": ratio is not None and ratio <= limit, "unit": "x"})
+    p = result["prefill"]
+    if p["tokens"] == PREFILL_GOAL[1]:
+        out.append({"goal": f"prefill {p['tokens']} tokens", "measured": p["of_gemm"] * 100,
+                    "target": f">= {PREFILL_GOAL[0]:.0%} of GEMM rate", "met": p["of_gemm"] >= PREFILL_GOAL[0], "unit": "%"})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--model-path", default="llama-3.1-8b", help="a built-in config name or config.json (dummy weights)")
+    ap.add_argument("--load-format", default="dummy", choices=["dummy"], help="dummy only: the weights' values do not matter")
+    ap.add_argument("--dtype", default="bfloat16", choices=list(DTYPES))
+    ap.add_argument("--prefill-tokens", type=int, default=None)
+    ap.add_argument("--decode", type=parse_decode, default=None, help="BATCHxCONTEXT,... (default: per device)")
+    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (a CPU run; default: torch's)")
+    ap.add_argument("--output", type=Path, default=None, help="JSON file (default: artifact/results/engine_gpu.json)")
+    args = ap.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("bench_engine_gpu: --device cuda but torch sees no CUDA device (use --device cpu for the tiny run)")
+        return 2
+    from artifact.benchmarks.common import machine, print_table, write_results  # deferred: rich, only to report
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    sizes, device, dtype = SIZES[args.device], torch.device(args.device), DTYPES[args.dtype]
+    prefill = args.prefill_tokens or sizes["prefill"]
+    decode = args.decode or parse_decode(sizes["decode"])
+    repeats = args.repeats or sizes["repeats"]
+    stream = torch.cuda.Stream() if device.type == "cuda" else None  # graphs cannot be captured on the default stream
+    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        rates = {"copy_bytes_s": copy_bandwidth(device, sizes["copy_mib"] << 20),
+                 "gemm_flops": gemm_rate(device, dtype, sizes["gemm_n"])}
+        print(f"[bench] copy {rates['copy_bytes_s'] / 1e9:.0f} GB/s, "
+              f"{args.dtype} GEMM {rates['gemm_flops'] / 1e12:.1f} TFLOP/s", flush=True)
+        bench = Bench(args.model_path, dtype, device, prefill, decode, args.seed)
+        result = measure(bench, prefill, decode, repeats, rates)
+        synchronize(device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    payload = {"config": {"model": args.model_path, "dtype": args.dtype, "device": name, "page_size": PAGE_SIZE,
+                          "repeats": repeats, "threads": torch.get_num_threads()},
+               "rates": {"copy_gbs": rates["copy_bytes_s"] / 1e9, "copy_mib": sizes["copy_mib"],
+                         "gemm_tflops": rates["gemm_flops"] / 1e12, "gemm_n": sizes["gemm_n"]},
+               "model": model_shape(bench.config), **result, "goals": goals(result),
+               "graphs_note": "" if device.type == "cuda" else
+               "Graphs on, on a CPU: the captured body re-run (no CUDA graph); its time means nothing."}
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps({"machine": machine(), **payload}, indent=1))
+        path = args.output
+    else:
+        path = write_results("engine_gpu", payload)
+    rows = [{"step": f"prefill {prefill}", "graphs": "-", "ms": result["prefill"]["ms"], "floor ms": "-",
+             "ratio": f"{result['prefill']['of_gemm']:.0%} of GEMM"}]
+    rows += [{"step": f"decode {r['batch']}x{r['context']}", "graphs": r["graphs"], "ms": r.get("ms", "-"),
+              "floor ms": r["floor_ms"], "ratio": f"{r['over_floor']:.2f}x floor" if "over_floor" in r else r.get("error")}
+             for r in result["decode"]]
+    print_table(rows, ["step", "graphs", "ms", "floor ms", "ratio"], title=f"{args.model_path} {args.dtype} on {name} ({path})")
+    for g in payload["goals"]:
+        measured = "-" if g["measured"] is None else f"{g['measured']:.2f} {g['unit']}"
+        print(f"[bench] goal {g['goal']}: {measured} ({g['target']}): {'met' if g['met'] else 'NOT met'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
