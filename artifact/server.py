@@ -27,6 +27,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def live_group_members(pgid: int) -> list[int]:
+    """Processes of process group `pgid` that are not zombies (from /proc: state and group follow
+    the command name in /proc/<pid>/stat)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(stat.parent.name))
+    return members
+
+
 def system_launch(system: str) -> list[str]:
     """`bullet launch` flags of a compared system: a policy (`default` = the server's default) optionally
     followed by launch flags in the same string, e.g. "bullet --split-rule aggregate"."""
@@ -48,7 +62,8 @@ def system_slug(system: str) -> str:
 
 
 class BulletServer:
-    def __init__(self, *args: str, startup_timeout: float = 600.0, env: dict | None = None, log_path: str | None = None):
+    def __init__(self, *args: str, startup_timeout: float = 600.0, env: dict | None = None, log_path: str | None = None,
+                 new_session: bool = False):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.args = ["--port", str(self.port), *args]
@@ -58,13 +73,17 @@ class BulletServer:
         self.log_path = log_path
         self._own_log = log_path is None  # a temporary log of ours: removed once the server stopped cleanly
         self.info: dict = {}
+        # its own process group: the launcher and its workers can then be told apart from the caller
+        # and killed together (`kill_group`) when a launcher dies without stopping its workers
+        self.new_session = new_session
 
     def start(self) -> "BulletServer":
         if self.log_path is None:
             self.log_path = tempfile.NamedTemporaryFile("w+", prefix="bullet-server-", suffix=".log", delete=False).name
         log = open(self.log_path, "w")
         self.proc = subprocess.Popen([sys.executable, "-m", "bullet.cli", "launch", *self.args], cwd=ROOT,
-                                     stdout=log, stderr=subprocess.STDOUT, env=self.env)
+                                     stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                     start_new_session=self.new_session)
         try:
             return self._wait_healthy()
         except BaseException:  # whatever went wrong after Popen, leave no server behind
@@ -141,6 +160,17 @@ class BulletServer:
         if self.proc.returncode in (0, -signal.SIGTERM):
             self.drop_log()  # a crashed server's log stays, for reading
         return self.proc.returncode
+
+    def kill_group(self) -> list[int]:
+        """SIGKILL what is still alive of a `new_session` server's process group (workers that outlived
+        their launcher); their pids (zombies waiting to be reaped do not count)."""
+        if self.proc is None or not self.new_session:
+            return []
+        alive = live_group_members(self.proc.pid)
+        if alive:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        return alive
 
     def drop_log(self) -> None:
         """Remove the temporary log this object created (a log_path given by the caller stays)."""
