@@ -1,0 +1,3 @@
+from artifact.gpu_check.cli import main
+
+raise SystemExit(main())

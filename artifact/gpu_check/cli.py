@@ -1,0 +1,222 @@
+"""One prepared device run: `bash scripts/gpu_check.sh [--dry-run] [--cpu-smoke] [--steps a,b]`.
+
+On a session lent a GPU machine (the device tool), first here:
+  bash scripts/gpu_wheels.sh            # the wheels the GPU image lacks -> .gpu-wheels/ (~7 MiB)
+  bash scripts/gpu_check.sh --dry-run   # every step with its budget; every carried wheel present?
+then one call of the device tool's `run`:
+  command:   BULLET_COMMIT=<git rev-parse HEAD> bash scripts/gpu_check.sh
+  carry:     [".gpu-wheels"]
+  timeout_s: 600
+and copy what comes back into the repository and commit it:
+  cp -r <files_at>/gpu/<gpu>-<date> docs/gpu/
+
+It installs the carried wheels (pip --no-index --no-deps --target, then PYTHONPATH), builds the C
+extension, runs `bullet doctor -v --json` with MPS off, the engine micro-benchmark
+(artifact.benchmarks.bench_engine_gpu), starts MPS (`nvidia-cuda-mps-control -d`), runs the doctor
+again, the GPU-marked tests, `bullet profile --quick` (the bullet policy's profile, measured once)
+and the served comparison (artifact.gpu_check.serve), stops MPS (`echo quit | nvidia-cuda-mps-control`),
+all within 8 minutes: every step has a deadline and the served comparison fits itself to what is
+left, so a slow step shortens what follows and partial results still come back. It writes
+$OUT/gpu/<gpu>-<date>/ (or docs/gpu/<gpu>-<date>/ without $OUT, or --out DIR): report.md,
+results.json, logs.tgz and progress.log, rewritten after every step. (The device tool returns files
+at most two folders below $OUT: hence $OUT/gpu/..., mirrored as docs/gpu/... in the repository.)
+
+--cpu-smoke runs every step that can run on a CPU, on dummy SmolLM2-135M (--device cpu): proves the
+orchestration, measures nothing about a GPU. Exit status: 0 when the run went through (checks that
+FAIL are in the report), 1 when a setup step failed, 2 for a dry run that found wheels missing."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tarfile
+import time
+import traceback
+from pathlib import Path
+
+from artifact.gpu_check import procs, report, steps, wheels
+from artifact.gpu_check.plan import CPU_SMOKE, GPU, NAMES, Plan, Step, budget_lines, select
+from artifact.gpu_check.procs import progress
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN_TOOL = 'run(command="BULLET_COMMIT=<git rev-parse HEAD> bash scripts/gpu_check.sh", carry=[".gpu-wheels"], timeout_s=600)'
+
+
+def step_functions() -> dict:
+    from artifact.gpu_check.serve import serve_step  # deferred: imports numpy and the control plane's SLO
+
+    return {"env": steps.env_step, "install": steps.install_step, "build": steps.build_step,
+            "doctor-nomps": steps.doctor_step("nomps"), "bench": steps.bench_step, "mps-start": steps.mps_start_step,
+            "doctor-mps": steps.doctor_step("mps"), "gpu-tests": steps.gpu_tests_step, "profile": steps.profile_step,
+            "serve": serve_step, "mps-stop": steps.mps_stop_step}
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="scripts/gpu_check.sh", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dry-run", action="store_true", help="list the steps and budgets, check the carried wheels; run nothing")
+    ap.add_argument("--cpu-smoke", action="store_true", help="every step that can run on a CPU (dummy SmolLM2-135M)")
+    ap.add_argument("--steps", default=None, help=f"comma-separated subset of: {','.join(NAMES)} (setup steps run too)")
+    ap.add_argument("--no-setup", action="store_true", help="with --steps: do not add env/install/build")
+    ap.add_argument("--wheels-dir", type=Path, default=wheels.DEFAULT_DIR)
+    ap.add_argument("--out", type=Path, default=None, help="report folder's parent (default: $OUT/gpu, else docs/gpu)")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/bullet-gpu-check"), help="logs, installed wheels, profile")
+    ap.add_argument("--budget", type=float, default=None, help="seconds for the whole run (default: the plan's)")
+    ap.add_argument("--estimator-profile", type=Path, default=None,
+                    help="the bullet policy's profile, measured before (e.g. by an earlier run: logs.tgz): not measured again")
+    return ap.parse_args(argv)
+
+
+def dry_run(plan: Plan, chosen: list[Step], wheel_dir: Path) -> int:
+    for line in budget_lines(plan, chosen):
+        print(line)
+    print(f"device tool: {RUN_TOOL}")
+    if plan.device == "cuda" and _dummy_drawn_on_device() is False:
+        print("warning: engines.weights.dummy.dummy_weights takes no device, so a server draws its dummy weights on "
+              "the CPU: an 8B one then takes minutes to start (one random draw at a time), and the served "
+              "comparison fits fewer systems in its time")
+    needs_wheels = any(s.name == "install" for s in chosen) and "install" not in plan.skipped
+    if not needs_wheels:
+        print("wheels: not needed by this plan")
+        return 0
+    gone = wheels.missing(wheel_dir)
+    if gone:
+        print(f"wheels missing from {wheel_dir}: {' '.join(map(str, gone))}")
+        print(f"fetch them (here, with internet): {wheels.FETCH_COMMAND}")
+        return 2
+    print(f"wheels: all {len(wheels.read_pins())} pinned wheels in {wheel_dir} "
+          f"({wheels.total_bytes(wheel_dir) / 2**20:.1f} MiB to carry); {wheels.source_stamp(wheel_dir) or 'no SOURCE stamp'}")
+    return 0
+
+
+def _dummy_drawn_on_device() -> bool | None:
+    """Whether the engine's dummy loader can draw on the serving device (None: torch is not here)."""
+    import inspect
+
+    try:
+        from engines.weights.dummy import dummy_weights  # deferred: the dry run's one look at the engine (torch)
+    except ImportError:
+        return None
+    return "device" in inspect.signature(dummy_weights).parameters
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    plan = CPU_SMOKE if args.cpu_smoke else GPU
+    try:
+        chosen = select(plan, args.steps.split(",") if args.steps else None, setup=not args.no_setup)
+    except ValueError as exc:
+        print(f"gpu_check: {exc}")
+        return 2
+    if args.dry_run:
+        return dry_run(plan, chosen, args.wheels_dir)
+    return Run(plan, chosen, args).go()
+
+
+class Run:
+    def __init__(self, plan: Plan, chosen: list[Step], args: argparse.Namespace):
+        self.plan, self.chosen, self.args = plan, chosen, args
+        self.budget = args.budget or plan.total_s
+        work = args.work.resolve()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+               "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+               "BULLET_CACHE_DIR": str(work / "cache")}  # a profile cached by an earlier run is not this run's
+        self.ctx = steps.Context(ROOT, plan, work, args.wheels_dir.resolve(), env,
+                                 given_profile=args.estimator_profile.resolve() if args.estimator_profile else None)
+        out = args.out or (Path(os.environ["OUT"]) / "gpu" if os.environ.get("OUT") else ROOT / "docs" / "gpu")
+        self.out_parent = out.resolve()
+        self.folder: Path | None = None
+        run = {"plan": plan.name, "device": plan.device, "model": f"{plan.model_path} ({plan.dtype}, dummy)",
+               "budget_s": self.budget, "command": "scripts/gpu_check.sh " + " ".join(argv_of(args))}
+        self.results: dict = {"run": run, "machine": {}, "steps": {}}
+
+    def go(self) -> int:
+        for line in budget_lines(self.plan, self.chosen):
+            progress(line)
+        self.ctx.logs.mkdir(parents=True, exist_ok=True)
+        began = time.monotonic()
+        deadline = began + self.budget
+        functions = step_functions()
+        setup_failed = False
+        try:
+            for i, step in enumerate(self.chosen):
+                if step.name == "mps-stop":
+                    continue  # in `finally`: MPS is stopped whatever happened
+                if step.name in self.plan.skipped:
+                    self._record(step, steps.result("skipped", self.plan.skipped[step.name]), 0.0)
+                    continue
+                # what every later step needs at least is kept back; the setup steps, which everything
+                # after stands on, run whatever is left
+                later = 0.0 if step.setup else sum(s.min_s for s in self.chosen[i + 1:] if s.name not in self.plan.skipped)
+                available = deadline - time.monotonic() - later - self.plan.report_s
+                if available < step.min_s and not (step.setup and available > 0):
+                    why = f"{max(0.0, available):.0f} s left after keeping {later:.0f} s for the later steps"
+                    self._record(step, steps.result("skipped", why), 0.0)
+                    continue
+                out, seconds = self._run(step, functions[step.name], min(step.cap_s, available))
+                setup_failed |= step.setup and out["status"] in ("error", "fail", "timeout")
+                if setup_failed and step.setup:
+                    self.results["run"]["ended_early"] = f"setup step {step.name} failed"
+                    break
+        finally:
+            if any(s.name == "mps-stop" for s in self.chosen) and "mps-stop" not in self.plan.skipped:
+                self._run(self.plan.step("mps-stop"), functions["mps-stop"], 15)
+            self.results["run"]["elapsed_s"] = time.monotonic() - began
+            self._write(final=True)
+        progress(f"done in {time.monotonic() - began:.0f} s: {self.folder}")
+        return 1 if setup_failed else 0
+
+    def _run(self, step: Step, function, timeout: float) -> tuple[dict, float]:
+        progress(f"{step.name}: start (up to {timeout:.0f} s): {step.what}")
+        mps = self.ctx.mps_on
+        began = time.monotonic()
+        try:
+            out = function(self.ctx, timeout)
+        except Exception as exc:  # noqa: BLE001 — a step's bug is that step's error; the run goes on
+            out = steps.result("error", f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc()[-3000:])
+        seconds = time.monotonic() - began
+        out["mps"] = self.ctx.mps_on if step.name == "mps-start" else mps
+        self._record(step, out, seconds)
+        progress(f"{step.name}: {out['status']} in {seconds:.1f} s: {out['summary'][:400]}")
+        return out, seconds
+
+    def _record(self, step: Step, out: dict, seconds: float) -> None:
+        out.update(seconds=round(seconds, 2), cap_s=step.cap_s)
+        out.setdefault("mps", self.ctx.mps_on)
+        self.results["steps"][step.name] = out
+        if out["status"] == "skipped":
+            progress(f"{step.name}: skipped: {out['summary']}")
+        if step.name == "env":
+            self.results["machine"] = self.ctx.info
+        self._write()
+
+    def _write(self, final: bool = False) -> None:
+        if self.folder is None:
+            if not self.results["machine"] and not final:
+                return  # the folder is named after the GPU: known once `env` ran
+            from artifact.gpu_check.machine import slug  # deferred: the name needs the env step's answer
+
+            info = self.results["machine"] or {"date": time.strftime("%Y-%m-%d", time.gmtime())}
+            self.folder = self.out_parent / slug(info, self.plan.name)
+            procs.copy_progress_to(self.folder / "progress.log")
+        if final:
+            self._pack_logs()
+        report.write(self.results, self.folder)
+
+    def _pack_logs(self) -> None:
+        with tarfile.open(self.folder / "logs.tgz", "w:gz") as tar:
+            if self.ctx.logs.exists():
+                tar.add(self.ctx.logs, arcname="logs")
+            if self.ctx.profile and self.ctx.profile.exists():
+                tar.add(self.ctx.profile, arcname=f"logs/{self.ctx.profile.name}")
+
+
+def argv_of(args: argparse.Namespace) -> list[str]:
+    out = []
+    if args.cpu_smoke:
+        out.append("--cpu-smoke")
+    if args.steps:
+        out += ["--steps", args.steps]
+    if args.budget:
+        out += ["--budget", f"{args.budget:g}"]
+    return out

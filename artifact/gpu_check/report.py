@@ -1,0 +1,183 @@
+"""The device run's report: `results.json` (everything measured, with what it was measured on) and
+`report.md` (the same for a reader: steps, the issue's goals met or not, the engine benchmark, the
+served comparison, the doctor's verdicts, the GPU tests). Both are rewritten after every step, so a
+run cut short still leaves what it measured. Written from the results dict alone."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+# the issue's served goals: 4x the first GPU run's saturated static throughput, light-load TPOT
+SERVED_GOAL_REQ_S = 18.0
+SERVED_GOAL_TPOT_S = 8e-3
+LIGHT_RATE = 1.0
+
+
+def write(results: dict, folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    results["goals"] = goals(results)
+    (folder / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    (folder / "report.md").write_text(markdown(results))
+
+
+def _step(results: dict, name: str) -> dict:
+    return results.get("steps", {}).get(name) or {}
+
+
+def served_goals(results: dict) -> list[dict]:
+    """The served goals, for the GPU plan's load (dummy Llama-3.1-8B) only."""
+    if results.get("run", {}).get("plan") != "gpu":
+        return []
+    systems = _step(results, "serve").get("systems", {})
+    ran = {name: s for name, s in systems.items() if s.get("per_rate")}
+    if not ran:
+        return []
+    saturated = {n: max(p["req_per_s"] for p in s["per_rate"].values()) for n, s in ran.items()}
+    best = max(saturated, key=saturated.get)
+    out = []
+    for label, name in (("best policy", best), ("bullet", "bullet")):
+        if name not in ran:
+            continue
+        out.append({"goal": f"served throughput, {label} ({name})", "measured": saturated[name],
+                    "target": f">= {SERVED_GOAL_REQ_S:g} req/s", "met": saturated[name] >= SERVED_GOAL_REQ_S,
+                    "unit": "req/s"})
+        light = ran[name]["per_rate"].get(f"{LIGHT_RATE:g}", {}).get("tpot_p50_s")
+        if light is not None:
+            out.append({"goal": f"TPOT p50 at {LIGHT_RATE:g} req/s, {label} ({name})", "measured": light * 1e3,
+                        "target": f"<= {SERVED_GOAL_TPOT_S * 1e3:g} ms", "met": light <= SERVED_GOAL_TPOT_S, "unit": "ms"})
+    return out
+
+
+def goals(results: dict) -> list[dict]:
+    engine = _step(results, "bench").get("engine", {})
+    return [*engine.get("goals", []), *served_goals(results)]
+
+
+def _fmt(x, unit: str = "") -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.3g}{unit}" if abs(x) < 100 else f"{x:.0f}{unit}"
+    return f"{x}{unit}"
+
+
+def _ms(seconds) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.1f}"
+
+
+def _table(header: list[str], rows: list[list]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c).replace("|", "/").replace("\n", " ") for c in row) + " |" for row in rows]
+    return lines + [""]
+
+
+def markdown(results: dict) -> str:
+    m, run = results.get("machine", {}), results.get("run", {})
+    t = m.get("torch", {})
+    gpu = m.get("gpu") or "no GPU"
+    lines = [f"# Device run: {gpu}, {m.get('date', '?')} ({run.get('plan', '?')} plan)", "",
+             f"- **GPU** {gpu} ({t.get('sms', '-')} SMs, {t.get('memory_gib', '-')} GiB, compute capability "
+             f"{t.get('capability', '-')}), driver {m.get('driver', '-')}, compute mode {m.get('compute_mode', '-')}",
+             f"- **software** Python {t.get('python', '-')}, torch {t.get('torch', '-')} (CUDA {t.get('torch_cuda', '-')}), "
+             f"{m.get('nvcc') or 'no nvcc'}; host {m.get('host', '-')} ({m.get('cpus', '-')} CPUs, {m.get('cpu_model', '-')})",
+             f"- **commit** `{m.get('commit', 'unknown')}` ({m.get('commit_source', '-')})",
+             f"- **run** `{run.get('command', 'scripts/gpu_check.sh')}`: {run.get('model', '-')} on {run.get('device', '-')}, "
+             f"started {m.get('started_utc', '-')}, {_fmt(run.get('elapsed_s'))} s of its {_fmt(run.get('budget_s'))} s budget"
+             f"{' (ended early: ' + run['ended_early'] + ')' if run.get('ended_early') else ''}",
+             "", "Every number below was measured in this run, on this machine and commit; MPS is the state the "
+             "step ran under.", ""]
+    lines += ["## Steps", ""]
+    lines += _table(["step", "MPS", "status", "seconds (cap)", "summary"],
+                    [[name, "on" if s.get("mps") else "off", s.get("status", "-"),
+                      f"{_fmt(s.get('seconds'))} ({_fmt(s.get('cap_s'))})", s.get("summary", "")[:300]]
+                     for name, s in results.get("steps", {}).items()])
+    lines += _goals_section(results.get("goals") or goals(results))
+    lines += _engine_section(_step(results, "bench"))
+    lines += _served_section(_step(results, "serve"))
+    lines += _doctor_section(_step(results, "doctor-nomps"), _step(results, "doctor-mps"))
+    lines += _tests_section(_step(results, "gpu-tests"))
+    lines += ["## Files", "", "`results.json` (all of the above, machine-readable); `logs.tgz`: every step's log, "
+              "the doctor's JSON reports, the servers' logs, the load generator's per-request files "
+              "(`bench-<system>.jsonl`, `sglang.bench_serving --output-details` shape), the engine benchmark's "
+              "JSON and the bullet policy's GPU profile.", ""]
+    return "\n".join(lines)
+
+
+def _goals_section(items: list[dict]) -> list[str]:
+    if not items:
+        return ["## Goals (issue 24)", "", "No goal measured in this run.", ""]
+    return ["## Goals (issue 24)", "", *_table(["goal", "measured", "target", "verdict"],
+            [[g["goal"], _fmt(g["measured"], " " + g.get("unit", "")), g["target"], "met" if g["met"] else "**not met**"]
+             for g in items])]
+
+
+def _not_measured(title: str, step: dict) -> list[str]:
+    return [f"## {title}", "", f"Not measured ({step.get('status', 'not run')}: {step.get('summary', '')}).", ""]
+
+
+def _engine_section(step: dict) -> list[str]:
+    e = step.get("engine")
+    if not e:
+        return _not_measured("Engine micro-benchmark", step)
+    r, c = e["rates"], e["config"]
+    lines = ["## Engine micro-benchmark", "",
+             f"{c['model']} ({c['dtype']}, dummy weights) on {c['device']} through `ModelRunner` / `DecodeGraphs`; "
+             f"measured copy bandwidth {r['copy_gbs']:.0f} GB/s (read + write of {r['copy_mib']:.0f} MiB), "
+             f"{c['dtype']} GEMM {r['gemm_tflops']:.1f} TFLOP/s ({r['gemm_n']}^3). Floor = (weights + KV read) / bandwidth; "
+             f"prefill against model FLOPs / GEMM rate. {e.get('graphs_note', '')}", ""]
+    p = e["prefill"]
+    rows = [[f"prefill {p['tokens']}", "-", f"{p['ms']:.2f}", f"{p['model_tflop']:.2f} TFLOP", f"{p['tflops']:.1f} TFLOP/s",
+             f"{p['of_gemm']:.0%} of GEMM"]]
+    for d in e["decode"]:
+        rows.append([f"decode {d['batch']}x{d['context']}", d["graphs"], f"{d['ms']:.2f}" if d.get("ms") else d.get("error", "-"),
+                     f"{d['floor_ms']:.2f} ms floor", f"{d['tok_s']:.0f} tok/s" if d.get("tok_s") else "-",
+                     f"{d['over_floor']:.2f}x floor" if d.get("over_floor") else "-"])
+    return lines + _table(["step", "graphs", "ms", "floor / work", "rate", "ratio"], rows)
+
+
+def _served_section(step: dict) -> list[str]:
+    systems = step.get("systems")
+    if not systems:
+        return _not_measured("Served comparison", step)
+    w = step.get("workload", {})
+    lines = ["## Served comparison", "",
+             f"Open-loop Poisson arrivals, random token-id prompts of {w.get('prompt_tokens')} tokens, "
+             f"{w.get('output_tokens')} output tokens (ignore_eos), streamed `/generate` with `input_ids`; the same prompts "
+             f"and arrival times per point for every system (seed per point). SLO: {step.get('slo')}. Goodput: the highest "
+             "rate with >= 90 % attainment.", ""]
+    rows = []
+    for name, s in systems.items():
+        if not s.get("per_rate"):
+            rows.append([name, s.get("backend", "-"), "-", s.get("skipped") or s.get("error", "-")[:200], *["-"] * 7])
+            continue
+        for rate, p in s["per_rate"].items():
+            rows.append([name, s["backend"], rate, f"{p['completed']}/{p['requests']}", f"{p['req_per_s']:.2f}",
+                         f"{p['output_tok_per_s']:.0f}", f"{_ms(p['ttft_p50_s'])} / {_ms(p['ttft_p90_s'])}",
+                         f"{_ms(p['tpot_p50_s'])} / {_ms(p['tpot_p90_s'])}", _ms(p["itl_p99_s"]),
+                         f"{p['attainment']:.0%}", _fmt(s.get("goodput_req_s"))])
+    lines += _table(["system", "backend", "req/s offered", "done", "req/s", "out tok/s", "TTFT p50/p90 ms",
+                     "TPOT p50/p90 ms", "P99 gap ms", "SLO attained", "goodput"], rows)
+    notes = [f"- {n}: started in {_fmt(s.get('launch_s'))} s, MPS {'on' if s.get('mps') else 'off'}, tokenizer "
+             f"{s.get('tokenizer') or 'none'}"
+             f"{' (token ids without one failed: ' + s['tokenless_error'] + ')' if s.get('tokenless_error') else ''}; "
+             f"stopped with exit {s.get('exit')}, leftover processes killed: {s.get('killed_leftover_pids') or 'none'}, "
+             f"GPU memory held after: {s.get('gpu_memory_held_after') or 'none'}"
+             for n, s in systems.items() if s.get("launch_s") is not None]
+    return lines + notes + [""]
+
+
+def _doctor_section(off: dict, on: dict) -> list[str]:
+    if not off.get("checks") and not on.get("checks"):
+        return []
+    names = list(dict.fromkeys([c["name"] for c in off.get("checks", [])] + [c["name"] for c in on.get("checks", [])]))
+    by = [{c["name"]: c for c in s.get("checks", [])} for s in (off, on)]
+    rows = [[n, *(f"{d[n]['status']}: {d[n]['summary'][:140]}" if n in d else "-" for d in by)] for n in names]
+    return ["## bullet doctor", "", *_table(["check", "MPS off", "MPS on"], rows)]
+
+
+def _tests_section(step: dict) -> list[str]:
+    if not step.get("cases"):
+        return [] if not step else ["## GPU tests", "", f"{step.get('status')}: {step.get('summary')}", ""]
+    rows = [[c["test"], c["outcome"], (c.get("message") or "")[:200]] for c in step["cases"]]
+    return ["## GPU tests (`pytest -m gpu`)", "", *_table(["test", "outcome", "message"], rows)]
