@@ -16,22 +16,32 @@ from bullet.partition import format_id_list, parse_id_list
 from bullet.partition.cpu import THREAD_BINDING_ENV
 
 
-class CpuProbeChild:
-    """Drives `python -m bullet.doctor.cpu_probe_child` over its stdin/stdout."""
+class JsonLineChild:
+    """A child process spoken to over its stdin (one command a line) and stdout (one JSON object a
+    line), with a deadline on every answer."""
 
-    def __init__(self, role: str, cores: str | None = None, size: int = 128, preexec_fn=None,
-                 timeout: float = 60.0):
-        cmd = [sys.executable, "-m", "bullet.doctor.cpu_probe_child", "--role", role, "--size", str(size)]
-        if cores:
-            cmd += ["--cores", cores]
+    def __init__(self, cmd: list[str], timeout: float = 60.0, preexec_fn=None, env: dict | None = None,
+                 wait: bool = True):
+        """`wait=False`: return at once; `wait_ready()` reads the first answer (start several first)."""
         self.timeout = timeout
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     preexec_fn=preexec_fn)
-        self.ready = self._read()
+                                     preexec_fn=preexec_fn, env=env)
         self.pid = self.proc.pid
+        self.ready: dict = {}
+        if wait:
+            self.wait_ready()
 
-    def _read(self) -> dict:
-        deadline = time.monotonic() + self.timeout
+    def wait_ready(self) -> dict:
+        try:
+            self.ready = self._read()
+        except BaseException:  # never leave a child behind that did not start properly
+            self.proc.kill()
+            self.proc.wait()
+            raise
+        return self.ready
+
+    def _read(self, timeout: float | None = None) -> dict:
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         while time.monotonic() < deadline:
             r, _, _ = select.select([self.proc.stdout], [], [], 0.5)
             if r:
@@ -41,12 +51,16 @@ class CpuProbeChild:
                 return json.loads(line)
             if self.proc.poll() is not None:
                 break
-        raise RuntimeError(f"cpu probe child (pid {self.proc.pid}) gave no answer; exit code {self.proc.poll()}")
+        raise RuntimeError(f"child {self.proc.args[2:4]} (pid {self.proc.pid}) gave no answer; "
+                           f"exit code {self.proc.poll()}")
 
-    def send(self, command: str) -> dict:
+    def post(self, command: str) -> None:
         self.proc.stdin.write(command + "\n")
         self.proc.stdin.flush()
-        return self._read()
+
+    def send(self, command: str, timeout: float | None = None) -> dict:
+        self.post(command)
+        return self._read(timeout)
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -63,6 +77,17 @@ class CpuProbeChild:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class CpuProbeChild(JsonLineChild):
+    """Drives `python -m bullet.doctor.cpu_probe_child` over its stdin/stdout."""
+
+    def __init__(self, role: str, cores: str | None = None, size: int = 128, preexec_fn=None,
+                 timeout: float = 60.0):
+        cmd = [sys.executable, "-m", "bullet.doctor.cpu_probe_child", "--role", role, "--size", str(size)]
+        if cores:
+            cmd += ["--cores", cores]
+        super().__init__(cmd, timeout, preexec_fn)
 
 
 def thread_affinities(pid: int) -> dict[int, set[int]]:

@@ -13,7 +13,8 @@ Per backend:
   `apply` rewrites the mask of that one stream; steps keep running on it.
 * `green-ctx`: the backend owns one stream per share; `apply` selects one and the next `step()`
   makes it current, so a repartition between two steps switches streams.
-* `none` on a GPU: the worker's own stream, unrestricted. `cpu`: no stream; `step()` does nothing.
+* `none` on a GPU: the worker's own stream, unrestricted. `mps-percentage`: the worker's own stream;
+  the whole process is capped by MPS. `cpu`: no stream; `step()` does nothing.
 
 `step()` ends by synchronizing its stream: the step time the executor reports is what the policy
 observes (launches return before kernels finish), and the next step may run on another stream (a
@@ -29,6 +30,7 @@ from contextlib import contextmanager
 from typing import ContextManager, Hashable, Iterator, Protocol
 
 from bullet.partition import PartitionBackend, make_backend
+from bullet.partition.backend_choice import choose_for_device
 
 # backends that restrict the stream they are given, rather than providing their own streams
 _MASKS_GIVEN_STREAM = {"libsmctrl"}
@@ -144,6 +146,8 @@ def open_worker_partition(name: str, role: str, device, options: dict | None = N
     green-ctx brings its own streams. `device`: a torch.device (or anything with `.type`/`.index`);
     `api` replaces torch.cuda (tests)."""
     options = dict(options or {})
+    if name == "auto":  # what `--partition-backend auto` resolves to on this machine
+        name = choose_for_device(device).backend
     if getattr(device, "type", device) != "cuda":
         backend = make_backend(name, role, **options)
         return backend, WorkerStream(backend)
@@ -154,7 +158,7 @@ def open_worker_partition(name: str, role: str, device, options: dict | None = N
     if name in _MASKS_GIVEN_STREAM:
         options.setdefault("device", index)
         options["stream"] = api.handle(own)
-    elif name in _OWNS_STREAMS:
+    elif name in _OWNS_STREAMS or name == "mps-percentage":
         options.setdefault("device", index)
     elif name == "none" and "total_units" not in options:  # the naive baseline shares every SM
         options.update(total_units=_sm_count(index), unit_kind="SM")
