@@ -27,7 +27,7 @@ the stream the steps run on."""
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import ContextManager, Hashable, Iterator, Protocol
+from typing import ContextManager, Hashable, Iterable, Iterator, Protocol
 
 from bullet.partition import PartitionBackend, make_backend
 from bullet.partition.backend_choice import choose_for_device
@@ -132,6 +132,20 @@ class WorkerStream:
         stream = self.current()
         if stream is not None:
             self.api.synchronize(stream)
+
+    def each_share(self, units: Iterable[int] | None = None) -> Iterator[Hashable]:
+        """Each share in turn (default: every share the backend grants), applied and with its stream
+        current inside `step()`; yields the share's key. The hook for whatever a share needs before
+        serving — per-share CUDA graphs captured at start-up rather than in a step of the serving path
+        (a capture costs a few eager steps). The share in force before is restored afterwards."""
+        before = self.partition.current_units
+        try:
+            for count in (self.partition.feasible_units() if units is None else units):
+                self.partition.apply(count)
+                with self.step():
+                    yield self.share_key()
+        finally:
+            self.partition.apply(before)
 
     def share_key(self) -> Hashable:
         """Names the current share: (stream handle, units). A CUDA graph that keeps the partition it

@@ -17,6 +17,7 @@ from bullet.config import ServerArgs
 from bullet.core.roles import Role
 from bullet.core.worker_state import ControlFlags, WorkerFlags
 from bullet.partition.backend_choice import choose_for_device
+from bullet.partition.graph_policy import decide_for_worker
 from bullet.partition.libsmctrl import LIBRARY_ENV
 from bullet.partition.mps_share import environment, fixed_split, worker_environment
 from bullet.partition.share_control import share_factory
@@ -198,8 +199,11 @@ class Launcher:
             # mps-percentage cannot vary a share within one process: SM scaling is profiled on green contexts
             backend = "green-ctx" if args.partition_backend == "mps-percentage" else args.partition_backend
             factory = share_factory(backend, os.environ.get(LIBRARY_ENV))
+            # decode timed as the workers will run it: CUDA-graph replays where the backend allows them (an
+            # eager step is launch-bound — flat in SMs on an H200 — and 1.5-2x slower than a replay)
+            graphs = decide_for_worker(args.partition_backend, torch.device(self.shared.device)).enabled
             return ensure_cuda_profile(args.model_path, args.load_format, self.shared.dtype, factory,
-                                       backend, quick=True)
+                                       backend, quick=True, decode_graphs=graphs)
         log.info("the bullet policy needs an estimator profile of this model on %d cores: measuring "
                  "(once; cached for later runs)", len(self.cores))
         return ensure_profile(args.model_path, args.load_format, self.shared.dtype, self.cores, quick=True,

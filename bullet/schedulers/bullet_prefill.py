@@ -231,9 +231,14 @@ class BulletPrefillPolicy(PrefillPolicy):
         """Fewest units (leaving prefill at least its minimum) with a decode step within target."""
         candidates = [self.total - f for f in self.feasible if self.total - f > 0]
         for d in sorted(candidates):
-            if self.est.decode_time(batch, context, d, co_prefill_tokens=co_tokens) <= target:
+            if self.est.decode_time(batch, context, self.decode_gets(d), co_prefill_tokens=co_tokens) <= target:
                 return d
         return None
+
+    def decode_gets(self, rest: int) -> int:
+        """The share decode takes when `rest` units are left to it: the largest that fits
+        (`BulletDecodePolicy.complement`; the same pool sizes serve both roles)."""
+        return max((f for f in self.feasible if f <= rest), default=rest)
 
     def hand_back(self, view: PrefillView, inflight, batch: int, context: int, usual: int) -> int:
         """Prefill's share for the last layer group: the fewest units that keep its requests' TTFT
@@ -270,7 +275,8 @@ class BulletPrefillPolicy(PrefillPolicy):
             if d <= 0:
                 continue
             over_p = prefill_seconds(self.est, batch_lens, p, cached, co_decode_batch=batch) / target_p
-            over_d = self.est.decode_time(batch, context, d, co_prefill_tokens=sum(batch_lens)) / self.slo.tpot
+            over_d = self.est.decode_time(batch, context, self.decode_gets(d),
+                                          co_prefill_tokens=sum(batch_lens)) / self.slo.tpot
             worst = max(over_p, over_d)
             if worst < best:
                 best, best_p = worst, p
