@@ -4,7 +4,7 @@ judged by `isolation`). The outcome of each is recorded per GPU, driver and MPS 
 (`bullet.partition.backend_choice`), which is what `--partition-backend auto` serves with.
 
 Needs no SM ids, so it decides what %smid cannot under MPS (where every pool reports ids 0..N-1).
-Each backend costs two process start-ups and 2 rounds of 3 x PHASE_S seconds: about 10 s."""
+Each backend costs two process start-ups (at once) and 2 rounds of 3 x PHASE_S seconds: about 10 s."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from bullet.partition.mps import THREAD_PERCENTAGE_ENV, detect_mps
 from bullet.partition.mps_share import percentage_for
 
 NAME = "cross-process isolation (timing)"
-PHASE_S = 0.5
+PHASE_S = 0.3  # 30 synchronised bursts of ~10 ms per phase
 ALIGN = 8  # both halves a multiple of 8 SMs: whole green-context groups (8 on 9.0+, 2 on 8.x) and TPCs
 
 

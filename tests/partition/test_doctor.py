@@ -86,4 +86,4 @@ def test_help_says_what_the_gpu_checks_need_and_record(capsys):
         main(["doctor", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "without a GPU they report SKIP" in text and "--json" in text
-    assert "cross-process isolation by timing" in text and "MPS state and date" in text
+    assert "isolation by timing" in text and "MPS state and date" in text
