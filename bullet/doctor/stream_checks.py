@@ -2,8 +2,8 @@
 
 * **worker stream**: a backend opened the way a worker opens it (`open_worker_partition`), a step
   entered the way the executor enters one (`WorkerStream.step`): the current CUDA stream inside must
-  be the partitioned one, and the %smid probe launched on *the current stream* must stay inside the
-  share — before and after a repartition.
+  be the partitioned one, and the %smid probe launched on *the current stream* must run on the SMs
+  the share's own stream runs on (physical ids, observed directly) — before and after a repartition.
 * **decode graphs**: what decode will do under each backend on this GPU and driver (from the
   verdicts the mask checks recorded), and a tiny model's decode step replayed as a CUDA graph
   (`engines.cuda_graphs`) must produce the eager step's logits.

@@ -392,3 +392,29 @@ def test_with_decode_flat_in_sms_the_split_gives_decode_its_fewest_units_on_the_
     d = p.decide(view)
     assert d.units == 112 and "fewest units" in d.reason  # decode keeps 16 SMs (20 left, rounded down)
     assert p.decode_gets(132 - d.units) == 16 and 16 in H200_COARSE
+
+
+def test_with_the_h200_profile_decode_gets_few_sms_and_prefill_the_rest():
+    """The estimator `--policy bullet` calibrates from the H200's profile (decode flat in SMs, prefill
+    scaling 4x from 24 to 132 SMs), the run's SLOs (3 ms/token, 50 ms) and the servers' coarse pool. With
+    TPOT holding and a prompt queued, no share is predicted to keep decode within 45 ms beside a prefill,
+    so decode takes the fewest SMs near its best step — at most half of the 132 (beside a 1000-token
+    prefill the calibrated contention makes small shares dearer), not the 112 it took before."""
+    from tests.schedulers.h200_profile import h200_estimator
+
+    est = h200_estimator()
+    assert est.prefill_time([2048], 24) > 3.5 * est.prefill_time([2048], 132)
+    for batch, ctx in ((8, 2048), (32, 1024)):
+        times = [est.decode_time(batch, batch * ctx, u) for u in (24, 40, 72, 132)]
+        assert max(times) < 1.3 * min(times), times  # flat: launch-bound eager steps
+    p = BulletPrefillPolicy(est, SLO.parse("3ms/token", "50ms"), H200_COARSE, K, LAYERS, 4096, lambda units: 4096)
+    for batch in (1, 8, 17):
+        peer = decode_state(batch=batch, context=batch * 1100, tpot_p90_ms=30.0, pause_budget_ms=5.0)
+        view = PrefillView(now=1.0, queue=[req("q", 1000, 0.9)], inflight=None, peer=peer, total_units=132,
+                           current_units=132, free_pages=100_000, page_size=16)
+        d = p.decide(view)
+        decode_units = p.decode_gets(132 - d.units)
+        assert d.admit and decode_units <= 64 and d.units >= 64, (batch, d.units, d.reason)
+        assert "near its best" in d.reason
+        best = min(est.decode_time(batch, batch * 1100, u, co_prefill_tokens=1000) for u in H200_COARSE[:-1])
+        assert est.decode_time(batch, batch * 1100, decode_units, co_prefill_tokens=1000) <= 1.1 * best
