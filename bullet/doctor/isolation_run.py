@@ -109,7 +109,7 @@ def _rounds(children: dict[str, JsonLineChild], rates: dict[str, list[float]], p
         for child in children.values():
             child.post(f"run {phase_s}")
         for name, child in children.items():
-            rates[f"together_{name.lower()}"].append(_rate(child._read(answer_s)))
+            rates[f"together_{name.lower()}"].append(_rate(child.read(answer_s)))
 
 
 def main(argv=None) -> int:
