@@ -41,11 +41,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("--allow-untested-driver", action="store_true",
                         help="check libsmctrl masks even on a driver newer than its known-working range")
     parser.add_argument("--min-shm-mb", type=int, default=512, help="free /dev/shm space required (MiB)")
+    parser.add_argument("--no-isolation", action="store_true",
+                        help="skip the cross-process timing check (it starts two processes per GPU backend)")
 
 
 def run(args) -> int:
     opts = DoctorOptions(min_shm_mb=args.min_shm_mb, libsmctrl=args.libsmctrl,
-                         allow_untested_driver=args.allow_untested_driver)
+                         allow_untested_driver=args.allow_untested_driver, isolation=not args.no_isolation)
     results, context = run_checks(opts)
     if args.json:
         print(render_json(results, context))

@@ -18,6 +18,7 @@ class DoctorOptions:
     min_shm_mb: int = 512
     libsmctrl: str | None = None
     allow_untested_driver: bool = False
+    isolation: bool = True  # the cross-process timing check (about 10 s per GPU backend)
 
 
 def _guarded(name: str, fn, *args) -> CheckResult:
@@ -49,8 +50,8 @@ def run_checks(opts: DoctorOptions) -> tuple[list[CheckResult], dict]:
          opts.allow_untested_driver),
         ("CUDA IPC zero-copy", gpu_checks.check_cuda_ipc, no_gpu),
         # last: it starts processes of its own, and records which backend serves (--partition-backend auto)
-        (isolation_check.NAME, isolation_check.check_cross_process_isolation, no_gpu, opts.libsmctrl,
-         opts.allow_untested_driver),
+        (isolation_check.NAME, isolation_check.check_cross_process_isolation,
+         no_gpu or (None if opts.isolation else "--no-isolation"), opts.libsmctrl, opts.allow_untested_driver),
     ]
     results = [_guarded(name, fn, *args) for name, fn, *args in plan]
     context = {"bullet": __version__, "host": platform.node(), "gpu": no_gpu or "available",
