@@ -51,8 +51,15 @@ class ServerArgs(BaseModel):
                         "prefill chunks first, decode otherwise) | partition-only / scheduler-only (Bullet's "
                         "dynamic split alone / its request scheduling alone: the paper's ablation)")
     prefill_layers_per_step: int = Field(4, ge=1, description="layers a prefill step runs before the scheduler runs again")
-    partition_backend: Literal["cpu", "libsmctrl", "green-ctx", "none"] = Field(
-        "cpu", description="how compute units are divided between the workers")
+    partition_backend: Literal["auto", "cpu", "libsmctrl", "green-ctx", "mps-percentage", "none"] = Field(
+        "auto", description="how compute units are divided between the workers: auto (cpu on a CPU; on a GPU the "
+        "first of green-ctx, libsmctrl, mps-percentage that `bullet doctor` measured keeping the two workers on "
+        "disjoint SMs on this GPU, driver and MPS state, else green-ctx) | cpu | libsmctrl | green-ctx | "
+        "mps-percentage (MPS's per-worker SM cap, fixed at start) | none")
+    partition_pool: Literal["coarse", "all"] = Field(
+        "coarse", description="green-ctx: the SM shares each worker's pool offers — coarse (splits at 1/8, 1/4, 1/2 "
+        "and 3/4 of the groups from either side: few shares, so decode's per-share CUDA graphs can all be captured "
+        "at start) or all (every multiple of the driver's group)")
     cores: str | None = Field(None, description="CPU cores the server may use, e.g. '0-3' (default: all allowed)")
     ttft_slo: str = Field("3.0ms/token", description="TTFT target: absolute ('2s', '500ms') or per input token ('3ms/token')")
     tpot_slo: str = Field("150ms", description="TPOT target ('150ms', '0.2s')")

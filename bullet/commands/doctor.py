@@ -19,12 +19,18 @@ version against libsmctrl's known-working range (CUDA <= 12.8), libsmctrl masks 
 pool streams checked with an %smid probe kernel (built with nvcc) — directly and inside CUDA graph
 replays; the verdicts are recorded and decide whether decode runs as CUDA graphs under each backend —,
 a worker's steps running on its partitioned stream across a repartition, decode graph replays
-matching the eager step, the profiler's CUDA-event timing seeing a share's SMs, and CUDA IPC
-zero-copy sharing with a spawned child.
+matching the eager step, the profiler's CUDA-event timing seeing a share's SMs, CUDA IPC
+zero-copy sharing with a spawned child, and — last — cross-process isolation by timing: for each
+backend that loads (green-ctx, libsmctrl when given, mps-percentage), two processes on opposite
+halves of the SMs loop a GEMM alone and together; disjoint shares keep >= 90 % of their alone rate.
+Its verdicts are recorded per GPU, driver and MPS on/off and pick `--partition-backend auto`.
+
+Every report carries the GPU model, driver, MPS state and date it was measured on (`--json`:
+"measured_on"); run it once with MPS off and once with it on.
 
 The GPU checks are written against official APIs (torch.cuda, the CUDA driver API, the MPS control
-daemon) but have not been run by this project on hardware: on a machine without a GPU they report
-SKIP with the reason. Run `bullet doctor` on the target GPU before trusting the GPU path."""
+daemon); on a machine without a GPU they report SKIP with the reason. Run `bullet doctor` on the
+target GPU before trusting the GPU path."""
 
 
 def add_arguments(parser) -> None:
@@ -35,16 +41,20 @@ def add_arguments(parser) -> None:
     parser.add_argument("--allow-untested-driver", action="store_true",
                         help="check libsmctrl masks even on a driver newer than its known-working range")
     parser.add_argument("--min-shm-mb", type=int, default=512, help="free /dev/shm space required (MiB)")
+    parser.add_argument("--no-isolation", action="store_true",
+                        help="skip the cross-process timing check (it starts two processes per GPU backend)")
 
 
 def run(args) -> int:
     opts = DoctorOptions(min_shm_mb=args.min_shm_mb, libsmctrl=args.libsmctrl,
-                         allow_untested_driver=args.allow_untested_driver)
+                         allow_untested_driver=args.allow_untested_driver, isolation=not args.no_isolation)
     results, context = run_checks(opts)
     if args.json:
         print(render_json(results, context))
     else:
         print(f"bullet doctor {context['bullet']} on {context['host']}")
+        on = context["measured_on"]
+        print(f"GPU {on['gpu'] or '-'}, driver {on['driver']}, MPS {on['mps']}, {on['date']}")
         if context["gpu"] != "available":
             print(f"GPU checks: {context['gpu']} — {context['gpu_checks_note']}")
         print(render_text(results, verbose=args.verbose))

@@ -3,20 +3,17 @@ every one of its threads' allowed cores from /proc — the kernel's view, not th
 
 from __future__ import annotations
 
-import json
 import os
-import select
-import subprocess
 import sys
-import time
 from pathlib import Path
 
+from bullet.doctor.child import JsonLineChild
 from bullet.doctor.report import CheckResult, failed, passed, skipped
 from bullet.partition import format_id_list, parse_id_list
 from bullet.partition.cpu import THREAD_BINDING_ENV
 
 
-class CpuProbeChild:
+class CpuProbeChild(JsonLineChild):
     """Drives `python -m bullet.doctor.cpu_probe_child` over its stdin/stdout."""
 
     def __init__(self, role: str, cores: str | None = None, size: int = 128, preexec_fn=None,
@@ -24,45 +21,7 @@ class CpuProbeChild:
         cmd = [sys.executable, "-m", "bullet.doctor.cpu_probe_child", "--role", role, "--size", str(size)]
         if cores:
             cmd += ["--cores", cores]
-        self.timeout = timeout
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     preexec_fn=preexec_fn)
-        self.ready = self._read()
-        self.pid = self.proc.pid
-
-    def _read(self) -> dict:
-        deadline = time.monotonic() + self.timeout
-        while time.monotonic() < deadline:
-            r, _, _ = select.select([self.proc.stdout], [], [], 0.5)
-            if r:
-                line = self.proc.stdout.readline()
-                if not line:
-                    break
-                return json.loads(line)
-            if self.proc.poll() is not None:
-                break
-        raise RuntimeError(f"cpu probe child (pid {self.proc.pid}) gave no answer; exit code {self.proc.poll()}")
-
-    def send(self, command: str) -> dict:
-        self.proc.stdin.write(command + "\n")
-        self.proc.stdin.flush()
-        return self._read()
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.write("quit\n")
-                self.proc.stdin.flush()
-                self.proc.wait(timeout=10)
-            except (BrokenPipeError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        super().__init__(cmd, timeout, preexec_fn)
 
 
 def thread_affinities(pid: int) -> dict[int, set[int]]:

@@ -10,6 +10,7 @@ from pathlib import Path
 from bullet.doctor.report import CheckResult, failed, passed, skipped
 from bullet.partition.cuda_driver import cuda_driver_version, format_cuda_version
 from bullet.partition.libsmctrl import KNOWN_WORKING_MAX_DRIVER
+from bullet.partition.mps import detect_mps
 
 ARTIFACT_MAX_DRIVER = 12060  # Bullet's artifact requires CUDA <= 12.6
 NOT_RUN = "written against official APIs; not run on this machine"
@@ -47,34 +48,18 @@ def check_cuda(no_gpu: str | None) -> CheckResult:
                   visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
-def _processes_named(*names: str) -> dict[int, str]:
-    found = {}
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                comm = (proc / "comm").read_text().strip()
-            except OSError:
-                continue
-            if comm in names:
-                found[int(proc.name)] = comm
-    return found
-
-
-def check_mps(no_gpu: str | None) -> CheckResult:
+def check_mps(no_gpu: str | None, proc_root: Path = Path("/proc"), env=None) -> CheckResult:
     """Two CUDA processes run kernels concurrently only under MPS; without it they time-slice and
-    partitioning SMs between them buys nothing."""
+    partitioning SMs between them buys nothing. Found by its control pipe or its full command line
+    (`bullet.partition.mps`)."""
     name = "MPS daemon"
     if no_gpu:
         return skip_gpu(name, no_gpu)
-    pipe_dir = Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps"))
-    daemons = _processes_named("nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
-    details = {"pipe_directory": str(pipe_dir), "control_pipe": (pipe_dir / "control").exists(),
-               "processes": daemons}
-    if "nvidia-cuda-mps-control" not in daemons.values():
+    status = detect_mps(proc_root, env)
+    if not status.running:
         return failed(name, "MPS control daemon not running: the two workers would time-slice; "
-                            "start it with `nvidia-cuda-mps-control -d`", **details)
-    return passed(name, f"control daemon running (pid {min(p for p, n in daemons.items() if n.endswith('control'))})",
-                  **details)
+                            "start it with `nvidia-cuda-mps-control -d`", **status.as_dict())
+    return passed(name, f"running: {status.evidence()}", **status.as_dict())
 
 
 def check_driver_for_libsmctrl(no_gpu: str | None) -> CheckResult:

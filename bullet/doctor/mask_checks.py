@@ -19,6 +19,7 @@ from bullet.partition import PartitionUnavailable, format_id_list
 from bullet.partition.graph_policy import ReplayVerdict, current_device_identity, record_replay_verdict
 from bullet.partition.green_ctx import GreenContextBackend
 from bullet.partition.libsmctrl import LIBRARY_ENV, LibSmCtrlBackend
+from bullet.partition.mps import detect_mps
 
 
 def _probe():
@@ -95,6 +96,14 @@ def check_libsmctrl_masks(no_gpu: str | None, library: str | None, allow_unteste
                         "follow the mask in force", **details)
 
 
+def ids_look_virtualised(seen: dict[tuple[str, int], set[int]]) -> bool:
+    """Whether every pool stream of N SMs, of both roles, reported exactly the ids 0..N-1: what MPS
+    showed on an H200 (driver 13.0), where %smid then says nothing about which physical SMs two
+    pools hold — disjointness is for the cross-process timing check to judge."""
+    partial = [ids for (_, sms), ids in seen.items() if ids and len(ids) < max(s for _, s in seen)]
+    return bool(partial) and all(ids == set(range(len(ids))) for ids in seen.values() if ids)
+
+
 def check_green_ctx_pools(no_gpu: str | None) -> CheckResult:
     name = "green-context pools confine kernels (incl. graph replay)"
     if no_gpu:
@@ -110,7 +119,8 @@ def check_green_ctx_pools(no_gpu: str | None) -> CheckResult:
         pools = {role: GreenContextBackend(role, counts=counts) for role in ("prefill", "decode")}
     except PartitionUnavailable as e:
         return skipped(name, str(e))
-    seen, problems, replayed = {}, [], set()
+    seen, problems, overlaps, replayed = {}, [], [], set()
+    virtualised = False
     direct = replay_ok = False
     try:
         for role, backend in pools.items():
@@ -120,10 +130,13 @@ def check_green_ctx_pools(no_gpu: str | None) -> CheckResult:
                 if not ids or len(ids) > sms:
                     problems.append(f"{role} pool stream of {sms} SMs ran on {len(ids)} SMs")
         direct = not problems
+        virtualised = ids_look_virtualised(seen) and detect_mps().running
         for (role_a, a), ids_a in seen.items():
             for (role_b, b), ids_b in seen.items():
                 if role_a == "prefill" and role_b == "decode" and a + b <= total and ids_a & ids_b:
-                    problems.append(f"prefill {a} and decode {b} share SMs {format_id_list(ids_a & ids_b)}")
+                    overlaps.append(f"prefill {a} and decode {b} share SMs {format_id_list(ids_a & ids_b)}")
+        if not virtualised:
+            problems += overlaps
         sms, handle = sorted(pools["decode"].pool_streams().items())[0]
         stream = torch.cuda.ExternalStream(handle)
         buffer = probe.buffer(total)
@@ -144,5 +157,10 @@ def check_green_ctx_pools(no_gpu: str | None) -> CheckResult:
                "graph_replay": format_id_list(replayed), "verdict_record": str(record)}
     if problems:
         return failed(name, "; ".join(problems), **details)
+    if virtualised:
+        return skipped(name, f"{len(seen)} pool streams stayed within their SM counts, but under MPS every pool of "
+                             "N SMs reports SM ids 0..N-1: %smid cannot tell whether the prefill and decode pools "
+                             "are disjoint here (the cross-process isolation check times it)",
+                       unjudged_overlaps=overlaps, **details)
     return passed(name, f"{len(seen)} pool streams stayed within their SM counts, prefill/decode pools "
                         "disjoint, graph replay confined", **details)

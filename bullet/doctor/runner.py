@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import platform
+import time
 from dataclasses import dataclass
 
 from bullet import __version__
-from bullet.doctor import cpu_check, gpu_checks, host_checks, mask_checks, stream_checks
+from bullet.doctor import cpu_check, gpu_checks, host_checks, isolation_check, mask_checks, stream_checks
 from bullet.doctor.report import CheckResult, failed
+from bullet.partition.cuda_driver import cuda_driver_version, format_cuda_version
+from bullet.partition.mps import detect_mps
 
 
 @dataclass
@@ -15,6 +18,7 @@ class DoctorOptions:
     min_shm_mb: int = 512
     libsmctrl: str | None = None
     allow_untested_driver: bool = False
+    isolation: bool = True  # the cross-process timing check (about 10 s per GPU backend)
 
 
 def _guarded(name: str, fn, *args) -> CheckResult:
@@ -45,8 +49,25 @@ def run_checks(opts: DoctorOptions) -> tuple[list[CheckResult], dict]:
         ("profiler timing follows the partition", stream_checks.check_profiler_timing, no_gpu, opts.libsmctrl,
          opts.allow_untested_driver),
         ("CUDA IPC zero-copy", gpu_checks.check_cuda_ipc, no_gpu),
+        # last: it starts processes of its own, and records which backend serves (--partition-backend auto)
+        (isolation_check.NAME, isolation_check.check_cross_process_isolation,
+         no_gpu or (None if opts.isolation else "--no-isolation"), opts.libsmctrl, opts.allow_untested_driver),
     ]
     results = [_guarded(name, fn, *args) for name, fn, *args in plan]
     context = {"bullet": __version__, "host": platform.node(), "gpu": no_gpu or "available",
-               "gpu_checks_note": gpu_checks.NOT_RUN if no_gpu else "run on this machine"}
+               "gpu_checks_note": gpu_checks.NOT_RUN if no_gpu else "run on this machine",
+               "measured_on": measured_on(no_gpu)}
     return results, context
+
+
+def measured_on(no_gpu: str | None) -> dict:
+    """What every number of this report holds for: GPU model, driver, MPS on/off and the date (each
+    check's details name its backend)."""
+    gpu = None
+    if not no_gpu:
+        import torch
+
+        gpu = torch.cuda.get_device_name(0)
+    driver = cuda_driver_version()
+    return {"gpu": gpu, "driver": format_cuda_version(driver), "driver_version": driver, "mps": detect_mps().label,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}

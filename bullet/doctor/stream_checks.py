@@ -2,8 +2,8 @@
 
 * **worker stream**: a backend opened the way a worker opens it (`open_worker_partition`), a step
   entered the way the executor enters one (`WorkerStream.step`): the current CUDA stream inside must
-  be the partitioned one, and the %smid probe launched on *the current stream* must stay inside the
-  share — before and after a repartition.
+  be the partitioned one, and the %smid probe launched on *the current stream* must run on the SMs
+  the share's own stream runs on (physical ids, observed directly) — before and after a repartition.
 * **decode graphs**: what decode will do under each backend on this GPU and driver (from the
   verdicts the mask checks recorded), and a tiny model's decode step replayed as a CUDA graph
   (`engines.cuda_graphs`) must produce the eager step's logits.
@@ -34,6 +34,28 @@ def _gpu_backends(library: str | None, allow_untested: bool) -> list[tuple[str, 
     return backends
 
 
+def judge_worker_step(units: int, pool_seen: set[int], step_seen: set[int], on_partitioned_stream: bool) -> str | None:
+    """None when a worker step stayed inside its own share, else what went wrong.
+
+    `pool_seen`: the SM ids (%smid, physical) the share's stream ran the probe on when launched on
+    directly; `step_seen`: where the probe ran when launched from inside `WorkerStream.step()` on the
+    current stream. The step must run on the stream's own SMs — never compared with the backend's
+    logical positions (`unit_set()`), which the driver never promised to equal physical SM ids (a
+    green context of 40 SMs ran on 68-77,82-91,96-105,110-119 of an H200, not on 92-131)."""
+    if not on_partitioned_stream:
+        return "its current stream is not the partitioned stream"
+    if not pool_seen:
+        return f"the {units}-SM share's stream ran the probe on no SM"
+    if len(pool_seen) > units:
+        return f"the {units}-SM share's stream ran on {len(pool_seen)} SMs ({format_id_list(pool_seen)})"
+    if not step_seen:
+        return "the step's probe ran on no SM"
+    outside = step_seen - pool_seen
+    if outside:
+        return f"a step's kernel ran on {format_id_list(outside)}, outside its share's SMs {format_id_list(pool_seen)}"
+    return None
+
+
 def check_worker_stream(no_gpu: str | None, library: str | None = None, allow_untested: bool = False) -> CheckResult:
     name = "worker steps run on the partitioned stream"
     if no_gpu:
@@ -55,19 +77,17 @@ def check_worker_stream(no_gpu: str | None, library: str | None = None, allow_un
         try:
             for fraction in (4, 2):  # a quarter, then a repartition to half
                 backend.apply(backend.round_units(max(1, total // fraction)))
+                pool_seen = probe.run(stream.handle(), total)  # the share's own stream, launched on directly
                 with stream.step():
                     current = torch.cuda.current_stream().cuda_stream
                     seen = probe.run(current, total)
-                outside = seen - backend.unit_set()
+                on_stream = current == stream.handle() and current != 0
+                problem = judge_worker_step(backend.current_units, pool_seen, seen, on_stream)
                 findings.append({"backend": backend_name, "units": backend.current_units,
-                                 "current_is_partitioned": current == stream.handle(),
-                                 "seen": format_id_list(seen), "outside": format_id_list(outside)})
-                if current != stream.handle() or current == 0:
-                    problems.append(f"{backend_name}: a step's current stream {current:#x} is not the partitioned "
-                                    f"stream {stream.handle():#x}")
-                elif not seen or outside:
-                    problems.append(f"{backend_name} at {backend.current_units} SMs: a step's kernel ran on "
-                                    f"{format_id_list(outside) or 'no SM'} outside its share")
+                                 "current_is_partitioned": on_stream, "share_stream_ran_on": format_id_list(pool_seen),
+                                 "step_ran_on": format_id_list(seen), "outside": format_id_list(seen - pool_seen)})
+                if problem:
+                    problems.append(f"{backend_name} at {backend.current_units} SMs: {problem}")
         finally:
             backend.close()
     if problems:
@@ -75,7 +95,7 @@ def check_worker_stream(no_gpu: str | None, library: str | None = None, allow_un
     if not findings:
         return skipped(name, "no SM-restricting backend available: " + "; ".join(unavailable))
     checked = sorted({f["backend"] for f in findings})
-    return passed(name, f"{', '.join(checked)}: steps launch on the partitioned stream and stay in their share "
+    return passed(name, f"{', '.join(checked)}: steps launch on the partitioned stream and stay on its SMs "
                         "across a repartition", findings=findings, unavailable=unavailable)
 
 

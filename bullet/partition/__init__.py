@@ -9,6 +9,7 @@
 | `cpu`       | CPU    | every thread pinned to a core set + matching torch thread count      |
 | `libsmctrl` | NVIDIA | TPC disable-mask on the worker's stream via a user-built libsmctrl.so |
 | `green-ctx` | NVIDIA | pool of green-context streams, one per SM count (official CUDA API)   |
+| `mps-percentage` | NVIDIA | MPS's per-client SM cap, fixed when the worker starts (coarse) |
 | `none`      | any    | no partition: the naive concurrent baseline                           |
 
 Backends whose module needs CUDA pieces are imported only when asked for."""
@@ -33,6 +34,7 @@ BACKENDS = {
     "cpu": ("bullet.partition.cpu", "CpuCoreBackend"),
     "libsmctrl": ("bullet.partition.libsmctrl", "LibSmCtrlBackend"),
     "green-ctx": ("bullet.partition.green_ctx", "GreenContextBackend"),
+    "mps-percentage": ("bullet.partition.mps_share", "MpsPercentageBackend"),
     "none": ("bullet.partition.unpartitioned", "NoPartitionBackend"),
 }
 

@@ -20,14 +20,13 @@ update invalidates it."""
 
 from __future__ import annotations
 
-import json
 import os
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bullet.partition.cuda_driver import cuda_driver_version
 from bullet.partition.gpu_helper import cache_dir
+from bullet.partition.records import device_key, read_entries, write_entry
 
 OVERRIDE_ENV = "BULLET_DECODE_GRAPHS"
 RECORD_NAME = "graph-replay-verdicts.json"
@@ -62,36 +61,19 @@ def record_path() -> Path:
     return cache_dir() / RECORD_NAME
 
 
-def _device_key(device_name: str, driver: int | None) -> str:
-    return f"{device_name}|driver {driver}"
-
-
 def record_replay_verdict(backend: str, device_name: str, driver: int | None, verdict: ReplayVerdict,
                           path: Path | None = None) -> Path:
     """Store the doctor's verdict for `backend` on this GPU and driver (other entries are kept)."""
-    path = Path(path) if path is not None else record_path()
-    try:
-        records = json.loads(path.read_text())
-    except (OSError, ValueError):
-        records = {}
-    entry = records.setdefault(_device_key(device_name, driver), {})
-    entry[backend] = {**asdict(verdict), "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(records, indent=2) + "\n")
-    os.replace(tmp, path)  # a worker reading concurrently sees the old record or the new, never half
-    return path
+    return write_entry(Path(path) if path is not None else record_path(), device_key(device_name, driver), backend,
+                       asdict(verdict))
 
 
 def read_replay_verdict(backend: str, device_name: str, driver: int | None,
                         path: Path | None = None) -> ReplayVerdict | None:
     """The doctor's verdict for `backend` on this GPU and driver, or None if it never measured it."""
     path = Path(path) if path is not None else record_path()
-    try:
-        entry = json.loads(path.read_text()).get(_device_key(device_name, driver), {}).get(backend)
-    except (OSError, ValueError, AttributeError):
-        return None
-    if not isinstance(entry, dict):
+    entry = read_entries(path, device_key(device_name, driver)).get(backend)
+    if entry is None:
         return None
     try:
         return ReplayVerdict(bool(entry["direct"]), bool(entry["replay_same_partition"]),

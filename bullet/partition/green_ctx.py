@@ -14,8 +14,14 @@ split actually returned, never from assumed ones.
 
 Two processes each make their own split; their sets are disjoint only if the driver splits the same
 device identically in both (deterministic, but not a documented guarantee) — `bullet doctor` checks
-the SM ids each pool stream really runs on. Whether green contexts work inside MPS clients is not
-established either; the doctor is the place to find out."""
+the SM ids each pool stream really runs on. Under MPS those ids say nothing: on an H200 (driver 13.0,
+2026-11-26) every pool of N SMs reported ids 0..N-1 in each process, so whether two processes' pools
+are disjoint is for the doctor's cross-process timing check (`bullet.doctor.isolation`) to tell.
+
+A server builds the `coarse` pool (`GroupLayout.coarse_counts`: splits at 1/8, 1/4, 1/2, 3/4 from
+either side, six shares on an H200) rather than every multiple of the group (seventeen): each share
+the decode policy picks needs its own CUDA graphs, captured before they are needed
+(`launch_stream.WorkerStream.each_share`)."""
 
 from __future__ import annotations
 
@@ -23,6 +29,10 @@ from dataclasses import dataclass
 
 from bullet.partition.base import Granularity, PartitionBackend, PartitionUnavailable
 from bullet.partition.gpu_helper import load_helper
+
+
+COARSE_FRACTIONS = (1 / 8, 1 / 4, 1 / 2, 3 / 4)
+POOLS = ("all", "coarse")
 
 
 @dataclass(frozen=True)
@@ -61,6 +71,16 @@ class GroupLayout:
     def full(self) -> PoolShare:
         return PoolShare(self.total, 0, len(self.group_sms), self.remainder_sms > 0, range(0, self.total))
 
+    def coarse_counts(self, role: str) -> list[int]:
+        """SM counts of a small pool that still splits the device at 1/8, 1/4, 1/2 and 3/4 from
+        either side: each fraction of the groups and its complement, so a share and the complement
+        of another are both in it. Fewer shares mean fewer CUDA graphs to capture (one per share
+        and batch bucket) and fewer switches to pay for."""
+        n = len(self.group_sms)
+        groups = {max(1, min(n, round(n * f))) for f in COARSE_FRACTIONS}
+        groups |= {n - g for g in groups if 0 < n - g}
+        return sorted(self.share(role, g).sms for g in groups)
+
     def plan(self, role: str, counts: list[int] | None = None) -> list[PoolShare]:
         """Pool entries, ascending by SM count. `counts` limits the pool to the smallest share
         covering each requested count (fewer green contexts, less memory); the full share is
@@ -86,11 +106,14 @@ class GreenContextBackend(PartitionBackend):
     unit_kind = "SM"
 
     def __init__(self, role: str, device: int = 0, group_sms: int | None = None,
-                 counts: list[int] | None = None, split_flags: int = 0, driver=None):
+                 counts: list[int] | None = None, split_flags: int = 0, driver=None, pool: str = "all"):
         """`group_sms`: SMs per split group (default: the driver's co-scheduling alignment, which
         the driver raises to its minimum partition if needed). `counts`: SM counts the pool must
-        cover (default: every multiple of the group). `split_flags`: CUdevSmResourceSplit_flags.
+        cover (default: every multiple of the group; `pool="coarse"`: `GroupLayout.coarse_counts`, what
+        a server uses). `split_flags`: CUdevSmResourceSplit_flags.
         `driver`: the object making driver calls (default: the C helper, `gpu_helper`)."""
+        if pool not in POOLS:
+            raise ValueError(f"green-ctx pool must be one of {POOLS}, got {pool!r}")
         self._pool: dict[int, _PoolEntry] = {}
         self._split = None
         try:
@@ -105,6 +128,8 @@ class GreenContextBackend(PartitionBackend):
         self._split = driver.split(device, group, split_flags)
         try:
             self._layout = GroupLayout(self._split.group_sms, self._split.remainder_sms)
+            if counts is None and pool == "coarse":
+                counts = self._layout.coarse_counts(role)
             for share in self._layout.plan(role, counts):
                 ctx, stream = driver.create_stream(self._split, share.first, share.count, share.with_remainder)
                 self._pool[share.sms] = _PoolEntry(share, ctx, stream)

@@ -13,7 +13,8 @@ Per backend:
   `apply` rewrites the mask of that one stream; steps keep running on it.
 * `green-ctx`: the backend owns one stream per share; `apply` selects one and the next `step()`
   makes it current, so a repartition between two steps switches streams.
-* `none` on a GPU: the worker's own stream, unrestricted. `cpu`: no stream; `step()` does nothing.
+* `none` on a GPU: the worker's own stream, unrestricted. `mps-percentage`: the worker's own stream;
+  the whole process is capped by MPS. `cpu`: no stream; `step()` does nothing.
 
 `step()` ends by synchronizing its stream: the step time the executor reports is what the policy
 observes (launches return before kernels finish), and the next step may run on another stream (a
@@ -26,9 +27,10 @@ the stream the steps run on."""
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import ContextManager, Hashable, Iterator, Protocol
+from typing import ContextManager, Hashable, Iterable, Iterator, Protocol
 
 from bullet.partition import PartitionBackend, make_backend
+from bullet.partition.backend_choice import choose_for_device
 
 # backends that restrict the stream they are given, rather than providing their own streams
 _MASKS_GIVEN_STREAM = {"libsmctrl"}
@@ -131,6 +133,20 @@ class WorkerStream:
         if stream is not None:
             self.api.synchronize(stream)
 
+    def each_share(self, units: Iterable[int] | None = None) -> Iterator[Hashable]:
+        """Each share in turn (default: every share the backend grants), applied and with its stream
+        current inside `step()`; yields the share's key. The hook for whatever a share needs before
+        serving — per-share CUDA graphs captured at start-up rather than in a step of the serving path
+        (a capture costs a few eager steps). The share in force before is restored afterwards."""
+        before = self.partition.current_units
+        try:
+            for count in (self.partition.feasible_units() if units is None else units):
+                self.partition.apply(count)
+                with self.step():
+                    yield self.share_key()
+        finally:
+            self.partition.apply(before)
+
     def share_key(self) -> Hashable:
         """Names the current share: (stream handle, units). A CUDA graph that keeps the partition it
         was captured under must be captured once per share and replayed only under it."""
@@ -144,6 +160,8 @@ def open_worker_partition(name: str, role: str, device, options: dict | None = N
     green-ctx brings its own streams. `device`: a torch.device (or anything with `.type`/`.index`);
     `api` replaces torch.cuda (tests)."""
     options = dict(options or {})
+    if name == "auto":  # what `--partition-backend auto` resolves to on this machine
+        name = choose_for_device(device).backend
     if getattr(device, "type", device) != "cuda":
         backend = make_backend(name, role, **options)
         return backend, WorkerStream(backend)
@@ -154,7 +172,7 @@ def open_worker_partition(name: str, role: str, device, options: dict | None = N
     if name in _MASKS_GIVEN_STREAM:
         options.setdefault("device", index)
         options["stream"] = api.handle(own)
-    elif name in _OWNS_STREAMS:
+    elif name in _OWNS_STREAMS or name == "mps-percentage":
         options.setdefault("device", index)
     elif name == "none" and "total_units" not in options:  # the naive baseline shares every SM
         options.update(total_units=_sm_count(index), unit_kind="SM")

@@ -4,7 +4,7 @@ libsmctrl (Bakita & Anderson, RTAS'23) is not on PyPI; users build it and point 
 the `library=` option or `BULLET_LIBSMCTRL`. It writes the mask into CUDA's private stream struct
 at a driver-version-specific offset, so it is known to work only on some drivers (CUDA <= 12.8,
 compute capability 3.5–8.9; Hopper "untested" upstream). A newer driver is refused unless the
-caller opts in, because a wrong offset corrupts the stream silently. `bullet doctor` launches an
+caller opts in (`allow_untested_driver=True`, or `BULLET_LIBSMCTRL_ALLOW_UNTESTED=1` for a server's workers), because a wrong offset corrupts the stream silently. `bullet doctor` launches an
 %smid probe on a masked stream (and inside a CUDA graph replay) to check it on the real machine.
 
 Units are SMs; one TPC holds `sms_per_tpc` (2 on Volta and later) so a share is rounded up to whole
@@ -37,6 +37,7 @@ from bullet.partition.base import Granularity, PartitionBackend, PartitionUnavai
 from bullet.partition.tpc_mask import LOW64, disable_mask, format_mask, split_u128
 
 LIBRARY_ENV = "BULLET_LIBSMCTRL"
+ALLOW_UNTESTED_ENV = "BULLET_LIBSMCTRL_ALLOW_UNTESTED"  # "1": the opt-in for a server's workers
 KNOWN_WORKING_MAX_DRIVER = 12080  # CUDA 12.8: the newest driver libsmctrl knows the offsets of
 
 # argument slots for (stream, mask) after `stream`: each entry says what goes in that slot
@@ -122,7 +123,7 @@ class LibSmCtrlBackend(PartitionBackend):
                 "libsmctrl: a stream handle is required: a stream the worker created and runs its steps on"
                 " (bullet.partition.launch_stream.open_worker_partition); the legacy default stream (0)"
                 " cannot carry a mask")
-        self._check_driver(allow_untested_driver)
+        self._check_driver(allow_untested_driver or untested_driver_allowed())
         self._lib = LibSmCtrl(_library_path(library))
         self._num_tpcs = num_tpcs if num_tpcs is not None else self._lib.num_tpcs(device)
         if not 0 < self._num_tpcs <= 128:
@@ -183,6 +184,12 @@ class LibSmCtrlBackend(PartitionBackend):
             "call": "global" if self._scope == "global" else
                     ("stream_mask" if self._num_tpcs <= 64 else "stream_mask_ext (128-bit)"),
         }
+
+
+def untested_driver_allowed() -> bool:
+    """Whether the environment opts in to a driver past libsmctrl's known range (after `bullet
+    doctor --libsmctrl PATH --allow-untested-driver` passed on this machine)."""
+    return os.environ.get(ALLOW_UNTESTED_ENV) == "1"
 
 
 def _library_path(library: str | None) -> str:

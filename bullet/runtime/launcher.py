@@ -16,7 +16,10 @@ import torch.multiprocessing as mp
 from bullet.config import ServerArgs
 from bullet.core.roles import Role
 from bullet.core.worker_state import ControlFlags, WorkerFlags
+from bullet.partition.backend_choice import choose_for_device
+from bullet.partition.graph_policy import decide_for_worker
 from bullet.partition.libsmctrl import LIBRARY_ENV
+from bullet.partition.mps_share import environment, fixed_split, worker_environment
 from bullet.partition.share_control import share_factory
 from bullet.runtime.endpoints import Endpoints, make_runtime_dir, remove_runtime_dir, stale_runtime_dirs
 from bullet.runtime.shared_model import load_shared_model
@@ -80,6 +83,7 @@ class Launcher:
                  self.shared.num_pages, time.monotonic() - t0)
         if self.shared.device.startswith("cuda"):
             self.total_units = torch.cuda.get_device_properties(torch.device(self.shared.device)).multi_processor_count
+        self._resolve_partition_backend()
         if self.args.uses_estimator and self.estimator_profile is None:
             self.estimator_profile = str(self._profile())
         self.runtime_dir = make_runtime_dir(self.instance_id)
@@ -88,12 +92,24 @@ class Launcher:
         self.allocator = SharedPageAllocator.create(self.instance_id, self.shared.num_pages, self.shared.page_size)
         self.spawn_workers()
 
+    def _resolve_partition_backend(self) -> None:
+        """`--partition-backend auto`: the backend the doctor proved on this GPU, driver and MPS state."""
+        if self.args.partition_backend != "auto":
+            return
+        choice = choose_for_device(torch.device(self.shared.device))
+        if self.shared.device.startswith("cuda"):
+            log.log(logging.INFO if choice.proven else logging.WARNING, "partition backend %s: %s", choice.backend,
+                    choice.reason)
+        self.args = self.args.model_copy(update={"partition_backend": choice.backend})
+
     def spawn_workers(self) -> None:
         self.incarnation += 1
         self.endpoints = Endpoints.in_dir(self.runtime_dir, self.incarnation)
         self.state.clear_control(ControlFlags.SHUTDOWN)
         ctx = mp.get_context("spawn")
         prefill_units, decode_units = initial_units(self.args, self.total_units)
+        if self.args.partition_backend == "mps-percentage":  # fixed for the workers' lives: a split, not overlap
+            prefill_units, decode_units = fixed_split(prefill_units, decode_units, self.total_units)
         units = {Role.PREFILL: prefill_units, Role.DECODE: decode_units, Role.UNIFIED: self.total_units}
         for role in self.roles:
             spec = WorkerSpec(role=role, instance_id=self.instance_id, incarnation=self.incarnation, args=self.args,
@@ -101,7 +117,9 @@ class Launcher:
                               cores=self.cores, launcher_pid=os.getpid(), initial_units=units[role],
                               estimator_profile=self.estimator_profile)
             proc = ctx.Process(target=worker_main, args=(spec,), name=f"bullet-{role}-{self.instance_id}", daemon=False)
-            proc.start()
+            # mps-percentage: the worker's SM cap must be in its environment before it initialises CUDA
+            with environment(worker_environment(self.args.partition_backend, units[role], self.total_units)):
+                proc.start()
             self.procs[role] = proc
 
     async def wait_ready(self, timeout: float = 300.0) -> None:
@@ -178,9 +196,14 @@ class Launcher:
         if self.shared.device.startswith("cuda"):
             log.info("the bullet policy needs a GPU profile of this model under %s: measuring (once; cached)",
                      args.partition_backend)
-            factory = share_factory(args.partition_backend, os.environ.get(LIBRARY_ENV))
+            # mps-percentage cannot vary a share within one process: SM scaling is profiled on green contexts
+            backend = "green-ctx" if args.partition_backend == "mps-percentage" else args.partition_backend
+            factory = share_factory(backend, os.environ.get(LIBRARY_ENV))
+            # decode timed as the workers will run it: CUDA-graph replays where the backend allows them (an
+            # eager step is launch-bound — flat in SMs on an H200 — and 1.5-2x slower than a replay)
+            graphs = decide_for_worker(args.partition_backend, torch.device(self.shared.device)).enabled
             return ensure_cuda_profile(args.model_path, args.load_format, self.shared.dtype, factory,
-                                       args.partition_backend, quick=True)
+                                       backend, quick=True, decode_graphs=graphs)
         log.info("the bullet policy needs an estimator profile of this model on %d cores: measuring "
                  "(once; cached for later runs)", len(self.cores))
         return ensure_profile(args.model_path, args.load_format, self.shared.dtype, self.cores, quick=True,

@@ -57,7 +57,7 @@ class BulletDecodePolicy(DecodePolicy):
                 units = fewer
                 reason = "prefill idle: decode takes the units that speed it up, the rest wait for prompts"
         else:
-            units, reason = self.total - peer.compute_units, "complement of prefill's share"
+            units, reason = self.complement(peer.compute_units), "complement of prefill's share"
         co_tokens = peer.tokens_in_flight if active else 0
         step = self.est.decode_time_for(lens, units if units > 0 else self.feasible[0], co_prefill_tokens=co_tokens)
         budget = pause_budget(running, view.now, step, self.slo)
@@ -81,9 +81,16 @@ class BulletDecodePolicy(DecodePolicy):
             return None
         if peer.compute_units + current_units <= self.total:
             return None  # no unit is held twice
-        units = max(self.total - peer.compute_units, self.feasible[0])
-        units = next((f for f in self.feasible if f >= units), self.total)
+        units = max(self.complement(peer.compute_units), self.feasible[0])
         return units if units < current_units else None
+
+    def complement(self, peer_units: int) -> int:
+        """Decode's share beside prefill's `peer_units`: the largest share that fits in the rest (0:
+        none). Rounded down, not up: where shares are groups of SMs plus a remainder only the whole
+        device holds (green contexts: 16 x 8 + 4 on an H200), rounding the rest up would reach into
+        prefill's groups (prefill 8 leaves 124; 128 = the last 16 groups, one of them prefill's)."""
+        rest = self.total - peer_units
+        return max((f for f in self.feasible if f <= rest), default=0)
 
     def efficient_units(self, lens: list[int]) -> int | None:
         """The fewest units short of every unit whose step is within IDLE_SLACK of the step on all (None:

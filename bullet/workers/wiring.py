@@ -126,4 +126,6 @@ def _backend_options(spec: WorkerSpec) -> dict:
         return {"cores": spec.cores}
     if name == "none" and spec.model.device.type != "cuda":  # on a GPU: its SMs (open_worker_partition)
         return {"total_units": len(spec.cores)}
-    return {}  # libsmctrl and green-ctx get their stream (and device) from open_worker_partition
+    if name == "green-ctx":
+        return {"pool": spec.args.partition_pool}  # its streams and device come from open_worker_partition
+    return {}  # libsmctrl gets its stream (and device) from open_worker_partition

@@ -132,7 +132,9 @@ def ensure_cuda_profile(model_path: str | None, load_format: str, dtype, share_f
     two servers starting together measure once). `options` go to `measure_cuda_profile`."""
     est_dtype = estimator_dtype(dtype)
     name, gpu = model_cache_name(model_path, load_format), gpu_identity()
-    path = Path(output) if output else cuda_profile_path(name, est_dtype, gpu, backend)
+    # a profile whose decode steps were graph replays is another profile than an eager one
+    label = f"{backend}-graphs" if options.get("decode_graphs") else backend
+    path = Path(output) if output else cuda_profile_path(name, est_dtype, gpu, label)
     if path.exists() and cuda_reusable(path, name, est_dtype, gpu, backend, quick):
         return path
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -96,8 +96,8 @@ def test_none_backend_records_the_request_and_keeps_everything():
     assert d["backend"] == "none" and d["unit_kind"] == "SM" and d["requested_units"] == 30
 
 
-def test_factory_knows_the_four_backends_and_rejects_others():
-    assert set(BACKENDS) == {"cpu", "libsmctrl", "green-ctx", "none"}
+def test_factory_knows_the_five_backends_and_rejects_others():
+    assert set(BACKENDS) == {"cpu", "libsmctrl", "green-ctx", "mps-percentage", "none"}
     with pytest.raises(ValueError, match="unknown partition backend 'mps'"):
         make_backend("mps", "prefill")
     with pytest.raises(ValueError, match="role"):

@@ -16,7 +16,7 @@ GPU_CHECKS = {"CUDA device", "MPS daemon", "driver within libsmctrl's range",
               "libsmctrl masks confine kernels (incl. graph replay)",
               "green-context pools confine kernels (incl. graph replay)", "CUDA IPC zero-copy",
               "worker steps run on the partitioned stream", "decode CUDA graphs",
-              "profiler timing follows the partition"}
+              "profiler timing follows the partition", "cross-process isolation (timing)"}
 
 
 def run_doctor(capsys, *argv) -> tuple[int, str]:
@@ -33,6 +33,9 @@ def test_json_report_on_this_machine(capsys):
                                                                   else "SKIP")
     assert checks["/dev/shm writable"]["status"] == "PASS"
     assert code == (0 if report["ok"] else 1)
+    # what every GPU number of the report holds for
+    assert set(report["measured_on"]) >= {"gpu", "driver", "driver_version", "mps", "date"}
+    assert report["measured_on"]["mps"] in ("on", "off")
     if NO_GPU:
         for name in GPU_CHECKS:
             assert checks[name]["status"] == "SKIP" and checks[name]["needs_gpu"]
@@ -78,8 +81,9 @@ def test_leftover_segments_are_listed_as_stale_when_their_creator_is_gone():
     assert result.details["stale"][f"{dead}x0badc0de"] == [path.name]
 
 
-def test_help_says_gpu_checks_have_not_been_run(capsys):
+def test_help_says_what_the_gpu_checks_need_and_record(capsys):
     with pytest.raises(SystemExit):
         main(["doctor", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "have not been run by this project on hardware" in text and "--json" in text
+    assert "without a GPU they report SKIP" in text and "--json" in text
+    assert "isolation by timing" in text and "MPS state and date" in text

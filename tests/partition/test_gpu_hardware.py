@@ -32,3 +32,4 @@ def test_worker_stream_graphs_and_profiler_timing():
     for result in (stream_checks.check_worker_stream(None), stream_checks.check_decode_graphs(None),
                    stream_checks.check_profiler_timing(None)):
         assert result.status != "FAIL", (result.name, result.summary, result.details)
+

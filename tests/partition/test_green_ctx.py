@@ -156,3 +156,20 @@ def test_layout_shares_overlap_only_past_the_group_count(groups, size, rest, dat
     plan = layout.plan("decode")
     assert plan[-1].sms == layout.total == groups * size + rest
     assert [s.sms for s in plan] == sorted({s.sms for s in plan})
+
+
+def test_the_coarse_pool_splits_at_eighths_quarters_halves_from_either_side():
+    drv = h100()  # 16 groups of 8 SMs + a remainder of 4
+    p = make_backend("green-ctx", "prefill", driver=drv, pool="coarse")
+    d = make_backend("green-ctx", "decode", driver=drv, pool="coarse")
+    assert p.feasible_units() == d.feasible_units() == [16, 32, 64, 96, 112, 132]
+    assert len(drv.streams) == 12  # 6 shares per role instead of 17
+    for ps in p.feasible_units()[:-1]:  # every prefill share leaves a decode share in the pool, disjoint
+        rest = max(u for u in d.feasible_units() if u <= 132 - ps)
+        p.apply(ps)
+        d.apply(rest)
+        assert not drv.streams[p.launch_stream()] & drv.streams[d.launch_stream()], (ps, rest)
+    a = make_backend("green-ctx", "decode", driver=a100(), pool="coarse")  # 27 groups of 4 (cc 8.0)
+    assert a.feasible_units() == [12, 28, 52, 56, 80, 96, 108]
+    with pytest.raises(ValueError, match="pool"):
+        make_backend("green-ctx", "decode", driver=h100(), pool="some")

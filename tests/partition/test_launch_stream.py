@@ -321,3 +321,20 @@ def test_decode_graphs_are_captured_and_replayed_on_the_masked_stream(smctrl):
     run_prefill_then_decode(executor, reqs, audit)
     assert decode.graph_steps == 2 and decode.graphs.captures == 1  # capture in the first step, then replay
     assert audit.streams() == {smctrl.last()[1]} == {stream.handle()}
+
+
+def test_each_share_makes_every_pool_stream_current_in_turn_and_restores_the_share():
+    """The hook a graph owner captures per-share graphs through at start-up."""
+    drv = FakeDriver(132, min_partition=8, alignment=8)
+    api = RecordingStreams()
+    backend, stream = open_worker_partition("green-ctx", "decode", GPU, {"driver": drv, "pool": "coarse"}, api=api)
+    backend.apply(64)
+    keys, current = [], []
+    for key in stream.each_share():
+        keys.append(key)
+        current.append(api.current_handle())
+    assert [units for _, units in keys] == [16, 32, 64, 96, 112, 132]
+    assert [handle for handle, _ in keys] == current  # inside, the share's own stream is current
+    assert len(set(current)) == 6 and all(drv.streams[h] for h in current)
+    assert backend.current_units == 64 and api.current_handle() == LEGACY_DEFAULT_STREAM
+    assert [units for _, units in stream.each_share([16, 112])] == [16, 112]

@@ -176,6 +176,9 @@ def test_drivers_newer_than_known_working_are_refused_unless_allowed(fake, monke
     with pytest.raises(PartitionUnavailable, match="12.9 is newer"):
         backend(fake, "prefill", A100_TPCS)
     backend(fake, "prefill", A100_TPCS, allow_untested_driver=True).apply(2)
+    monkeypatch.setenv("BULLET_LIBSMCTRL_ALLOW_UNTESTED", "1")  # a server's workers opt in through the environment
+    backend(fake, "prefill", A100_TPCS).apply(2)
+    monkeypatch.delenv("BULLET_LIBSMCTRL_ALLOW_UNTESTED")
     monkeypatch.setattr(cuda_driver, "cuda_driver_version", lambda: 12060)
     backend(fake, "prefill", A100_TPCS).apply(2)
 

@@ -8,6 +8,7 @@ import pytest
 from bullet.schedulers.bullet_decode import BulletDecodePolicy
 from bullet.schedulers.bullet_prefill import TPOT_MARGIN, BulletPrefillPolicy
 from bullet.core.slo import SLO
+from bullet.schedulers.views import PrefillView
 from bullet.shm.state_buffer import WorkerState
 from tests.schedulers.fakes import (LAYERS, TOTAL, FakePredictor, decode_state, decode_view, inflight,
                                     prefill_view, req)
@@ -267,9 +268,10 @@ def test_mid_step_decode_gives_prefill_the_units_it_claimed_at_the_next_layer():
     assert layer.units_mid_step(WorkerState(), current_units=TOTAL) is None  # prefill idle
     # prefill takes every unit (a burst): decode goes on with its smallest share rather than stop mid-step
     assert layer.units_mid_step(WorkerState(remaining_layers=4, compute_units=TOTAL), current_units=TOTAL) == 1
-    # units come in steps (GPC or TPC granularity): the complement is rounded up to one
+    # units come in steps (GPC or TPC granularity): the complement is rounded down to one, never into
+    # prefill's units
     coarse = dpolicy(yield_at="layer", feasible=[2, 4, 6, 8])
-    assert coarse.units_mid_step(WorkerState(remaining_layers=30, compute_units=5), current_units=8) == 4
+    assert coarse.units_mid_step(WorkerState(remaining_layers=30, compute_units=5), current_units=8) == 2
     # "step" (the rule before) keeps a step's share to its end
     assert dpolicy(yield_at="step").units_mid_step(arrived, current_units=TOTAL) is None
     with pytest.raises(ValueError, match="yield_at"):
@@ -347,3 +349,72 @@ def test_only_prompts_that_preemption_saves_preempt():
     assert not d.preempt
     d = policy(ttft="3ms/token", preemption=False).decide(prefill_view(0.05, [req("short", 50, 0.04)], inflight=batch))
     assert not d.preempt
+
+
+# -- an H200's green-context pool: 16 groups of 8 SMs + 4 the whole device only holds ---------------
+
+H200_POOL = list(range(8, 129, 8)) + [132]
+H200_COARSE = [16, 32, 64, 96, 112, 132]  # GroupLayout.coarse_counts on 16 groups of 8 (+ 4)
+
+
+class H200Decode(FakePredictor):
+    """Decode flat in SMs, as the H200's eager profile measured it (2026-11-26, driver 13.0:
+    decode[32x1024] 71 ms on 24 SMs, 72 ms on 132)."""
+
+    def decode_time(self, batch, context, units, co_prefill_tokens=0):
+        return 0.020 + 0.0015 * batch
+
+
+@pytest.mark.parametrize("pool", [H200_POOL, H200_COARSE])
+def test_decode_never_reaches_into_prefills_groups_on_a_pool_with_a_remainder(pool):
+    running = [req("a", 10, 0.0, outputs=50, first_token_time=0.0)]
+    decode = BulletDecodePolicy(H200Decode(), SLO.parse("10s", "50ms"), pool)
+    for prefill_units in pool[:-1]:
+        d = decode.decide(decode_view(1.0, running, WorkerState(remaining_layers=8, compute_units=prefill_units)))
+        if 132 - prefill_units < pool[0]:  # 128 leaves 4 SMs, no share: decode pauses while its budget lasts
+            assert not d.run and "paused" in d.reason
+            continue
+        assert d.run and d.units + prefill_units <= 132 and d.units in pool, (prefill_units, d.units)
+        assert d.units == max(u for u in pool if u <= 132 - prefill_units)  # the largest that fits
+    assert decode.units_mid_step(WorkerState(remaining_layers=30, compute_units=pool[0]), 132) == \
+        max(u for u in pool if u <= 132 - pool[0])
+
+
+def test_with_decode_flat_in_sms_the_split_gives_decode_its_fewest_units_on_the_coarse_pool():
+    """A decode step that costs the same on every share holds TPOT on the smallest one: prefill takes the
+    rest, and the decode share it leaves is one of the pool's (no share outside it, so no CUDA graph
+    the decode worker did not capture at start)."""
+    p = BulletPrefillPolicy(H200Decode(), SLO.parse("3ms/token", "50ms"), H200_COARSE, K, LAYERS, 4096,
+                            lambda units: 4096)
+    peer = decode_state(batch=8, context=8 * 1100, tpot_p90_ms=30.0, pause_budget_ms=5.0)
+    view = PrefillView(now=1.0, queue=[req("q", 1000, 0.9)], inflight=None, peer=peer, total_units=132,
+                       current_units=132, free_pages=100_000, page_size=16)
+    d = p.decide(view)
+    assert d.units == 112 and "fewest units" in d.reason  # decode keeps 16 SMs (20 left, rounded down)
+    assert p.decode_gets(132 - d.units) == 16 and 16 in H200_COARSE
+
+
+def test_with_the_h200_profile_decode_gets_few_sms_and_prefill_the_rest():
+    """The estimator `--policy bullet` calibrates from the H200's profile (decode flat in SMs, prefill
+    scaling 4x from 24 to 132 SMs), the run's SLOs (3 ms/token, 50 ms) and the servers' coarse pool. With
+    TPOT holding and a prompt queued, no share is predicted to keep decode within 45 ms beside a prefill,
+    so decode takes the fewest SMs near its best step — at most half of the 132 (beside a 1000-token
+    prefill the calibrated contention makes small shares dearer), not the 112 it took before."""
+    from tests.schedulers.h200_profile import h200_estimator
+
+    est = h200_estimator()
+    assert est.prefill_time([2048], 24) > 3.5 * est.prefill_time([2048], 132)
+    for batch, ctx in ((8, 2048), (32, 1024)):
+        times = [est.decode_time(batch, batch * ctx, u) for u in (24, 40, 72, 132)]
+        assert max(times) < 1.3 * min(times), times  # flat: launch-bound eager steps
+    p = BulletPrefillPolicy(est, SLO.parse("3ms/token", "50ms"), H200_COARSE, K, LAYERS, 4096, lambda units: 4096)
+    for batch in (1, 8, 17):
+        peer = decode_state(batch=batch, context=batch * 1100, tpot_p90_ms=30.0, pause_budget_ms=5.0)
+        view = PrefillView(now=1.0, queue=[req("q", 1000, 0.9)], inflight=None, peer=peer, total_units=132,
+                           current_units=132, free_pages=100_000, page_size=16)
+        d = p.decide(view)
+        decode_units = p.decode_gets(132 - d.units)
+        assert d.admit and decode_units <= 64 and d.units >= 64, (batch, d.units, d.reason)
+        assert "near its best" in d.reason
+        best = min(est.decode_time(batch, batch * 1100, u, co_prefill_tokens=1000) for u in H200_COARSE[:-1])
+        assert est.decode_time(batch, batch * 1100, decode_units, co_prefill_tokens=1000) <= 1.1 * best
