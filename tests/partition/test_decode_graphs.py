@@ -84,13 +84,26 @@ def test_inputs_refuse_what_does_not_fit():
 
 PROMPTS = [[3, 14, 15, 92, 65], [35, 89], [79, 32, 38, 46, 26, 43, 38, 32, 79, 50, 28], [8]]
 SCRATCH = 63 * PAGE_SIZE  # the last page: owned by no prompt
-KERNELS = {"reference": (TorchPagedKernels, RerunGraphs), "host-read-free": (GatherPagedKernels, StrictGraphs)}
+
+
+def _triton_kernels():
+    """The GPU's kernels, interpreted on the CPU (tests/conftest.py turns the interpreter on)."""
+    ta = pytest.importorskip("engines.model.triton_attention", reason="the Triton kernels need triton")
+    if not torch.cuda.is_available() and not ta.INTERPRETED:
+        pytest.skip("triton was imported without TRITON_INTERPRET=1: its kernels cannot run on CPU tensors")
+    return ta.TritonPagedKernels()
+
+
+# (kernels, GraphApi): the interpreter reads tensors on the host itself, so triton runs un-strict here
+KERNELS = {"reference": (TorchPagedKernels, RerunGraphs), "host-read-free": (GatherPagedKernels, StrictGraphs),
+           "triton": (_triton_kernels, RerunGraphs)}
 
 
 @pytest.fixture(params=sorted(KERNELS))
 def setup(request):
     """A paged tiny runner with the four prompts prefilled, and a `GraphApi`: the torch reference
-    kernels under the re-running fake, and host-read-free kernels under the strict one."""
+    kernels under the re-running fake, host-read-free kernels under the strict one, the Triton
+    kernels (where triton imports) under the re-running fake."""
     kernels, api = KERNELS[request.param]
     runner = tiny_runner(pages=64, paged=True, kernels=kernels())
     tables = prefill(runner, PROMPTS)
