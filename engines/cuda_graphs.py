@@ -1,44 +1,51 @@
-"""Decode steps as CUDA graphs: captured per (batch bucket, context bucket[, share]) on the stream the
-step runs on, replayed with the step's inputs copied into the graph's static tables.
+"""Decode steps as CUDA graphs: one graph per batch bucket (per share, where the caller keys them),
+captured on the stream the step runs on, replayed after the step's inputs are copied into the
+buffer every graph reads.
 
 On a GPU an eager decode step of a small batch costs more in Python and kernel launches than in
 kernels; replaying a captured graph launches them all at once. What the graph computes is the eager
 step's own code — the model's embedding, its `DecoderLayer`s, the paged KV write and attention, the
-LM head — run on fixed-shape tables (`engines.decode_padding`). Two things differ from eager:
-* RoPE: `RotaryEmbedding.forward` reads the largest position back to the host, which capture
-  forbids, so the tables are grown once up front to every reachable position and `rotate` runs inside;
-* the logits of every row of the bucket are computed (padding rows' are dropped).
+LM head — on the paged-attention tables (`PagedTables`): their page-table width is fixed (the most
+pages a sequence can own), so one graph serves every context length; a step only rewrites the
+inputs (`engines.decode_padding.DecodeInputs`). The body reads no device value on the host, which a
+capture forbids: RoPE tables are grown once up front to every reachable position and looked up
+without a bound check, the tables are converted on the device, the logits land in a buffer the
+caller reads after the replay. The logits of every row of the bucket are computed (padding rows'
+are dropped).
 
-Where a graph may run is the caller's decision (`bullet.partition.graph_policy`): `key` names the
-share a graph is captured for when replays keep their capture partition; None shares one graph per
-bucket across shares. Graphs are captured lazily, the first time a bucket is needed, and the least
-recently used are released past `max_graphs`. The padded context tables of one graph hold
-batch x context slots; beyond `max_graph_slots` a step runs eagerly instead.
+Graphs need paged attention whose kernels never read back device values (`graph_blocker`): on CUDA
+the Triton kernels; the torch reference reads the context lengths with `.tolist()`. (A CPU never
+runs graphs: the tests stand in a `GraphApi` that re-runs the body.)
+
+Which graphs exist is the caller's decision: `capture(batches, key)` captures ahead of time (a
+serving worker captures everything it may replay at start-up, `bullet.partition.decode_graphs`);
+`forward(chunks, key)` captures a missing graph on first use unless told not to (benchmarks, the
+doctor), releasing the least recently used past `max_graphs`. `key` names the share a graph is
+captured for when replays keep their capture partition; None shares one graph per bucket.
 
 `GraphApi` is the CUDA part: `TorchCudaGraphs` (torch.cuda.CUDAGraph, one memory pool shared by all
-graphs — replays never overlap) on a GPU; the tests substitute one that re-runs the captured body,
-which exercises the padding, static tables and layer loop on the CPU against the eager step."""
+graphs — replays never overlap) on a GPU; the tests substitute one that re-runs the captured body."""
 
 from __future__ import annotations
 
+import gc
+import logging
+import time
 from collections import OrderedDict
-from typing import Callable, Hashable, Protocol, Sequence
+from typing import Callable, Hashable, Iterable, Protocol, Sequence
 
 import torch
 
-from engines.decode_padding import (
-    DEFAULT_CONTEXT_STEP,
-    DecodeShape,
-    batch_bucket,
-    context_bucket,
-    default_batch_buckets,
-    pad_decode,
-)
+from engines.decode_padding import DecodeInputs, DecodeShape, batch_bucket, default_batch_buckets
 from engines.forward_context import ForwardContext
+from engines.model.paged_attention import PagedTables
 from engines.runner import ModelRunner, SeqChunk, StepOutput
 
-DEFAULT_MAX_GRAPHS = 32
-DEFAULT_MAX_GRAPH_SLOTS = 1 << 20  # 8 MiB of int64 slot table per graph
+log = logging.getLogger("engines.cuda_graphs")
+# Graphs share one memory pool and one input buffer, so a graph costs its driver-side kernel nodes
+# (of the order of a MiB for a large model), not its activations: a green-context pool of ~16 shares
+# times ~11 batch buckets fits.
+DEFAULT_MAX_GRAPHS = 256
 
 
 class CapturedGraph(Protocol):
@@ -67,14 +74,15 @@ class _TorchGraph:
 
 class TorchCudaGraphs:
     """`GraphApi` over torch.cuda.CUDAGraph. All graphs share one memory pool: a later capture reuses
-    what earlier ones freed, which is safe because replays run one at a time."""
+    what earlier ones freed, which is safe because replays run one at a time (capture the largest
+    batch first and the pool never grows past its working set)."""
 
     def __init__(self):
         self.pool = torch.cuda.graph_pool_handle()
 
     def capture(self, body: Callable[[], torch.Tensor]) -> CapturedGraph:
         stream = torch.cuda.current_stream()
-        body()  # warm-up on this stream: lazy initialisations (cuBLAS handles, workspaces) never in a capture
+        body()  # warm-up on this stream: lazy initialisations (cuBLAS handles, Triton JIT) never in a capture
         stream.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool, stream=stream):
@@ -82,46 +90,49 @@ class TorchCudaGraphs:
         return _TorchGraph(graph, output)
 
 
-class _StaticDecode:
-    """One captured graph and the device tables it reads."""
+def graph_blocker(runner: ModelRunner) -> str | None:
+    """Why `runner`'s decode steps cannot be captured as CUDA graphs, or None when they can."""
+    if not runner.paged:
+        return "decode graphs read paged-attention tables and this runner gathers slot tables (not paged)"
+    kernels = getattr(runner.kernels, "name", type(runner.kernels).__name__)
+    if runner.device.type == "cuda" and kernels != "triton":
+        return (f"the {kernels} paged-attention kernels read device values on the host, which a CUDA graph "
+                "capture forbids: decode graphs need the triton kernels (is triton installed?)")
+    return None
 
-    def __init__(self, runner: ModelRunner, shape: DecodeShape, output: torch.Tensor, scratch_slot: int):
-        dev, b, c = runner.device, shape.batch, shape.context
-        self.shape = shape
-        self.ids = torch.zeros(b, dtype=torch.long, device=dev)
-        self.positions = torch.zeros(b, dtype=torch.long, device=dev)
-        # until loaded, every row is padding: whatever runs on these tables writes only the scratch slot
-        self.slot_mapping = torch.full((b,), scratch_slot, dtype=torch.long, device=dev)
-        self.kv_slots = torch.zeros(b, c, dtype=torch.long, device=dev)
-        self.kv_slots[:, 0] = scratch_slot
-        self.kv_valid = torch.zeros(b, 1, 1, c, dtype=torch.bool, device=dev)
-        self.kv_valid[:, 0, 0, 0] = True
-        self.ctx = ForwardContext(positions=self.positions, slot_mapping=self.slot_mapping, q_lens=[1] * b,
-                                  ctx_lens=[c] * b, kv_slots=self.kv_slots, kv_valid=self.kv_valid, all_decode=True)
-        self.output = output[:b]  # a contiguous prefix of the shared logits buffer
-        self.graph: CapturedGraph | None = None
 
-    def load(self, padded) -> None:
-        for dst, src in ((self.ids, padded.token_ids), (self.positions, padded.positions),
-                         (self.slot_mapping, padded.slot_mapping), (self.kv_slots, padded.kv_slots),
-                         (self.kv_valid, padded.kv_valid.reshape(self.kv_valid.shape))):
-            dst.copy_(torch.from_numpy(src))  # on the current stream, ordered before the replay
+def sequence_pages(runner: ModelRunner) -> int:
+    """The most pages one sequence can own: the model's context or the whole KV pool, the smaller."""
+    return -(-min(runner.max_context, runner.kv.num_slots) // runner.page_size)
 
 
 class DecodeGraphs:
-    """Runs decode steps of `runner` as CUDA graphs when their shape has a bucket."""
+    """Runs decode steps of `runner` as CUDA graphs when their batch has a bucket."""
 
     def __init__(self, runner: ModelRunner, scratch_slot: int, graphs: GraphApi, max_batch: int,
-                 batch_buckets: Sequence[int] | None = None, context_step: int = DEFAULT_CONTEXT_STEP,
-                 max_graphs: int = DEFAULT_MAX_GRAPHS, max_graph_slots: int = DEFAULT_MAX_GRAPH_SLOTS):
+                 batch_buckets: Sequence[int] | None = None, max_graphs: int = DEFAULT_MAX_GRAPHS):
+        blocker = graph_blocker(runner)
+        if blocker is not None:
+            raise ValueError(blocker)
+        ps = runner.page_size
         if not 0 <= scratch_slot < runner.kv.num_slots:
             raise ValueError(f"scratch slot {scratch_slot} is outside the KV pool ({runner.kv.num_slots} slots)")
-        self.runner, self.scratch_slot, self.api = runner, scratch_slot, graphs
-        self.batch_buckets = tuple(sorted(batch_buckets or default_batch_buckets(max_batch)))
-        self.context_step, self.max_graphs, self.max_graph_slots = context_step, max_graphs, max_graph_slots
-        self._graphs: OrderedDict[tuple, _StaticDecode] = OrderedDict()
+        if scratch_slot % ps:
+            raise ValueError(f"scratch slot {scratch_slot} must be the first slot of a page (page size {ps}) "
+                             "that no request owns")
+        if max_graphs < 1:
+            raise ValueError(f"max_graphs must be >= 1, got {max_graphs}")
+        self.runner, self.scratch_slot, self.api, self.max_graphs = runner, scratch_slot, graphs, max_graphs
+        self.all_buckets = tuple(sorted(set(batch_buckets or default_batch_buckets(max_batch))))
+        self.batch_buckets = self.all_buckets  # those in use (`use_buckets`)
+        self.width = sequence_pages(runner)
+        self.inputs = DecodeInputs(self.all_buckets[-1], self.width, ps, scratch_slot, runner.kv.num_slots,
+                                   runner.device)
+        self._graphs: OrderedDict[tuple[int, Hashable], CapturedGraph] = OrderedDict()
+        self._evicted: set[tuple[int, Hashable]] = set()
         self._logits: torch.Tensor | None = None  # [largest bucket, vocab]: every graph writes a prefix
-        self.captures = self.replays = 0
+        self.captures = self.replays = self.evictions = 0
+        self.capture_seconds = 0.0
         # A graph reads the RoPE tables at the addresses they had when it was captured: growing them
         # later would leave it reading freed memory. So they are grown once, now, to every position
         # a request can reach (no sequence is longer than the KV pool).
@@ -130,71 +141,122 @@ class DecodeGraphs:
     # -- which steps -----------------------------------------------------------------------------
     def shape_for(self, chunks: Sequence[SeqChunk]) -> DecodeShape | None:
         """The bucket a step runs in, or None when it must run eagerly: not a plain decode step
-        (a prompt chunk, prompt logprobs), more rows than the largest bucket, a context beyond the
-        model's, or a padded table larger than `max_graph_slots`."""
+        (a prompt chunk, prompt logprobs), more rows than the largest bucket, or a context beyond
+        the model's or the page tables'."""
         if not chunks or any(len(c.token_ids) != 1 or c.logits != "last" for c in chunks):
             return None
         batch = batch_bucket(len(chunks), self.batch_buckets)
         longest = max(c.start + 1 for c in chunks)
-        if batch is None or longest > self.runner.max_context:
+        if batch is None or longest > self.runner.max_context or -(-longest // self.runner.page_size) > self.width:
             return None
-        shape = DecodeShape(batch, min(context_bucket(longest, self.context_step), self.runner.max_context))
-        return shape if shape.slots <= self.max_graph_slots else None
+        return DecodeShape(batch, self.width * self.runner.page_size)
+
+    def has(self, shape: DecodeShape | int, key: Hashable = None) -> bool:
+        """Whether the graph of this bucket (a shape or a batch size) and key is captured."""
+        return (getattr(shape, "batch", shape), key) in self._graphs
+
+    # -- capturing ---------------------------------------------------------------------------------
+    def use_buckets(self, buckets: Sequence[int]) -> None:
+        """Run steps in these buckets only (a subset of `all_buckets` with the largest, so every
+        batch still fits); graphs of the others are released."""
+        buckets = tuple(sorted(set(buckets)))
+        if not buckets or not set(buckets) <= set(self.all_buckets) or buckets[-1] != self.all_buckets[-1]:
+            raise ValueError(f"buckets {buckets} must be a subset of {self.all_buckets} holding the largest")
+        self.batch_buckets = buckets
+        self.release(lambda batch, key: batch not in buckets)
+
+    @torch.inference_mode()
+    def capture(self, batches: Iterable[int], key: Hashable = None) -> int:
+        """Capture the graphs of these buckets under `key` on the current stream, the largest first
+        (smaller ones then fit in the pool memory it took); returns how many were new. Raises
+        ValueError past `max_graphs`: a caller capturing ahead plans what fits."""
+        batches = sorted(set(batches), reverse=True)
+        unknown = [b for b in batches if b not in self.batch_buckets]
+        if unknown:
+            raise ValueError(f"batches {unknown} are not buckets in use {self.batch_buckets}")
+        missing = [b for b in batches if (b, key) not in self._graphs]
+        if len(self._graphs) + len(missing) > self.max_graphs:
+            raise ValueError(f"{len(missing)} more graphs would exceed max_graphs ({len(self._graphs)} of "
+                             f"{self.max_graphs} held)")
+        gc.freeze()  # torch.cuda.graph collects garbage before each capture: over frozen objects that is cheap
+        try:
+            for batch in missing:
+                self._capture(batch, key)
+        finally:
+            gc.unfreeze()
+        return len(missing)
+
+    def _capture(self, batch: int, key: Hashable) -> CapturedGraph:
+        slot = (batch, key)
+        if slot in self._evicted:
+            log.warning("decode graph for batch %d, share %s captured again after its eviction: the steps in "
+                        "use need more than max_graphs=%d graphs", batch, key, self.max_graphs)
+        began = time.perf_counter()
+        if self._logits is None:
+            vocab = self.runner.model.config.vocab_size
+            self._logits = torch.empty(self.all_buckets[-1], vocab, dtype=torch.float32, device=self.runner.device)
+        # every row padding: the capture's warm-up really runs, and writes only the scratch slot
+        self.inputs.upload(self.inputs.fill_padding(batch))
+        graph = self.api.capture(lambda: self._body(batch))
+        self._graphs[slot] = graph
+        self.captures += 1
+        self.capture_seconds += time.perf_counter() - began
+        return graph
+
+    def _body(self, batch: int) -> torch.Tensor:
+        """The eager decode step's computation on the inputs of `batch` rows, all on the device."""
+        model, ps, device = self.runner.model, self.runner.page_size, self.runner.device
+        ids, positions, slots, lens, pages = self.inputs.views(batch)
+        positions = positions.long()
+        tables = PagedTables(pages.t().contiguous(), lens, torch.arange(batch + 1, dtype=torch.int32, device=device),
+                             ps, max_q_len=1)
+        ctx = ForwardContext(positions=positions, slot_mapping=slots.long(), q_lens=[1] * batch,
+                             ctx_lens=[self.width * ps] * batch, all_decode=True, paged=tables,
+                             kernels=self.runner.kernels)
+        ctx.rope_cos, ctx.rope_sin = model.rope.lookup(positions)
+        hidden = model.forward_layers(model.embed(ids.long()), 0, model.num_layers, ctx, self.runner.kv.tensor)
+        out = self._logits[:batch]  # a contiguous prefix of the shared buffer
+        out.copy_(model.compute_logits(hidden))
+        return out
 
     # -- running -----------------------------------------------------------------------------------
     @torch.inference_mode()
-    def forward(self, chunks: Sequence[SeqChunk], key: Hashable = None) -> StepOutput:
-        """Run a decode step by graph replay; `key` names the share when graphs are per share.
-        The logits returned are valid until the next replay (the step samples from them first)."""
+    def forward(self, chunks: Sequence[SeqChunk], key: Hashable = None, capture: bool = True) -> StepOutput:
+        """Run a decode step by graph replay; `key` names the share when graphs are per share. A
+        missing graph is captured first (`capture`), else ValueError. The logits returned are valid
+        until the next replay (the step samples from them first)."""
         shape = self.shape_for(chunks)
         if shape is None:
             raise ValueError("this step has no graph bucket: run it eagerly (check shape_for first)")
-        padded = pad_decode([c.token_ids[0] for c in chunks], [c.start for c in chunks],
-                            [c.page_table for c in chunks], shape, self.runner.page_size, self.scratch_slot)
-        entry = self._entry(shape, key, padded)
-        entry.load(padded)
-        logits = entry.graph.replay()
-        self.replays += 1
-        return StepOutput(logits[: padded.real])
-
-    def _entry(self, shape: DecodeShape, key: Hashable, padded) -> _StaticDecode:
-        slot = (shape, key)
-        entry = self._graphs.get(slot)
-        if entry is not None:
+        slot = (shape.batch, key)
+        graph = self._graphs.get(slot)
+        if graph is not None:
             self._graphs.move_to_end(slot)
-            return entry
-        while len(self._graphs) >= self.max_graphs:
-            _, old = self._graphs.popitem(last=False)
-            old.graph.release()
-        entry = _StaticDecode(self.runner, shape, self._logits_buffer(), self.scratch_slot)
-        # the capture's warm-up really runs: on this step's tables it computes this step (the replay
-        # then writes the same K/V again), never a stray write into a request's slots
-        entry.load(padded)
-        entry.graph = self.api.capture(lambda: self._body(entry))
-        self.captures += 1
-        self._graphs[slot] = entry
-        return entry
-
-    def _body(self, entry: _StaticDecode) -> torch.Tensor:
-        """The eager decode step's computation on the entry's static tables."""
-        model, kv = self.runner.model, self.runner.kv.tensor
-        hidden = model.embed(entry.ids)
-        for layer in model.layers:
-            hidden = layer(hidden, entry.ctx, model.rope.rotate, kv[layer.layer_id, 0], kv[layer.layer_id, 1])
-        entry.output.copy_(model.compute_logits(hidden))
-        return entry.output
-
-    def _logits_buffer(self) -> torch.Tensor:
-        if self._logits is None:
-            vocab = self.runner.model.config.vocab_size
-            self._logits = torch.empty(self.batch_buckets[-1], vocab, dtype=torch.float32, device=self.runner.device)
-        return self._logits
+        elif not capture:
+            raise ValueError(f"no graph captured for batch {shape.batch}, share {key}")
+        else:
+            while len(self._graphs) >= self.max_graphs:
+                old, evicted = self._graphs.popitem(last=False)
+                evicted.release()
+                self._evicted.add(old)
+                self.evictions += 1
+            graph = self._capture(shape.batch, key)
+        count = self.inputs.fill([c.token_ids[0] for c in chunks], [c.start for c in chunks],
+                                 [c.page_table for c in chunks], shape.batch)
+        self.inputs.upload(count)
+        logits = graph.replay()
+        self.replays += 1
+        return StepOutput(logits[: len(chunks)])
 
     @property
     def captured(self) -> list[tuple[DecodeShape, Hashable]]:
-        return list(self._graphs)
+        """(shape, key) of every graph held, least recently used first."""
+        context = self.width * self.runner.page_size
+        return [(DecodeShape(batch, context), key) for batch, key in self._graphs]
 
-    def release(self) -> None:
-        for entry in self._graphs.values():
-            entry.graph.release()
-        self._graphs.clear()
+    def release(self, where: Callable[[int, Hashable], bool] | None = None) -> int:
+        """Release every graph (or those whose (batch, key) `where` selects); returns how many."""
+        gone = [slot for slot in self._graphs if where is None or where(*slot)]
+        for slot in gone:
+            self._graphs.pop(slot).release()
+        return len(gone)

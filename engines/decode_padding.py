@@ -1,18 +1,21 @@
-"""Fixed shapes for decode steps that run as CUDA graphs: bucket sizes and padded input tables.
+"""Fixed shapes for decode steps that run as CUDA graphs: batch buckets, and the packed inputs that
+every graph reads.
 
-A CUDA graph replays exactly the kernels it captured, on the same addresses and shapes. A decode
-step's shape is (batch, longest context), so graphs are captured per *bucket* of both, and a step
-is padded up to its bucket:
+A CUDA graph replays exactly the kernels it captured, on the same addresses and shapes. With paged
+attention (`engines.model.paged_attention`) a decode step's shapes depend on its batch alone — each
+row's page table has one fixed width, the most pages a sequence can own — so a graph is captured per
+*batch bucket* and serves every context length. A step is padded up to its bucket: an extra row
+decodes token 0 at position 0 of a scratch page no request owns (the worker reserves it), context
+length 1, so its K/V write lands in the scratch slot and its attention reads only that slot; its
+logits are computed and dropped.
 
-* **batch**: extra rows decode a dummy token at position 0 whose K/V go to `scratch_slot`, a slot
-  no request owns (the worker reserves a page for it), so padding never overwrites a request's KV.
-  Their logits are computed and dropped.
-* **context**: the slot table of every row is padded with slot 0 and masked out (`kv_valid` False),
-  exactly as the eager step pads shorter rows up to the longest one.
+Batch buckets follow SGLang's spacing (powers of two, then steps of 8, 16, 32); `thin_buckets`
+keeps fewer when the graphs would not fit their budget.
 
-Buckets trade padding for the number of graphs: batch buckets follow SGLang's spacing (powers of
-two, then steps of 8 and 16); context buckets are multiples of `step` up to 8 steps, then grow by
-half (so at most a third of a long context's gather is padding)."""
+`DecodeInputs` packs the inputs of a step — token ids, positions, new-K/V slots, context lengths,
+page tables — into one int32 buffer on the device, shared by every graph (replays never overlap),
+with a host twin (pinned on CUDA): a step is one host-to-device copy, and only of the pages its
+rows use, because the page tables are stored column by column (`[width, rows]`)."""
 
 from __future__ import annotations
 
@@ -21,8 +24,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+import torch
 
-DEFAULT_CONTEXT_STEP = 256
+_ALIGN = 16  # rows per segment are padded to 16 int32s: every segment starts 64-byte aligned
 
 
 def default_batch_buckets(max_batch: int) -> tuple[int, ...]:
@@ -47,65 +51,108 @@ def batch_bucket(batch: int, buckets: Sequence[int]) -> int | None:
     return buckets[i] if i < len(buckets) else None
 
 
-def context_bucket(context: int, step: int = DEFAULT_CONTEXT_STEP) -> int:
-    """The padded context length for a step whose longest row has `context` tokens."""
-    if context < 1 or step < 1:
-        raise ValueError(f"context and step must be >= 1, got {context}, {step}")
-    if context <= 8 * step:
-        return -(-context // step) * step
-    size = 8 * step
-    while size < context:
-        size += max(step, size // 2 // step * step)
-    return size
+def thin_buckets(buckets: Sequence[int], keep: int) -> tuple[int, ...]:
+    """`keep` of the sorted `buckets`, evenly spread over the list and always with the largest (so
+    every batch still has a bucket, padded further)."""
+    if keep < 1:
+        raise ValueError(f"keep at least one bucket, got {keep}")
+    buckets = tuple(sorted(buckets))
+    if keep >= len(buckets):
+        return buckets
+    if keep == 1:
+        return buckets[-1:]
+    last = len(buckets) - 1
+    return tuple(sorted({buckets[round(i * last / (keep - 1))] for i in range(keep)}))
 
 
 @dataclass(frozen=True)
 class DecodeShape:
-    batch: int    # padded rows
-    context: int  # padded slot-table width
-
-    @property
-    def slots(self) -> int:
-        return self.batch * self.context
+    batch: int    # padded rows: the bucket
+    context: int  # tokens a row's page table can hold (the same for every bucket)
 
 
-@dataclass
-class PaddedDecode:
-    """Host-side inputs of one padded decode step; rows [0, real) are the requests."""
+class DecodeInputs:
+    """The inputs of padded decode steps of up to `max_batch` rows in one int32 buffer: four segments
+    of `rows` values (token ids, positions, new-K/V slots, context lengths), then the page tables
+    as `[width, rows]` — column r is row r's pages. A step of `batch` rows reads the first `batch`
+    values of each segment and the first `batch` columns."""
 
-    real: int
-    token_ids: np.ndarray     # [batch] int64
-    positions: np.ndarray     # [batch] int64
-    slot_mapping: np.ndarray  # [batch] int64: where each row's new K/V go
-    kv_slots: np.ndarray      # [batch, context] int64: each row's context, in order
-    kv_valid: np.ndarray      # [batch, context] bool
+    def __init__(self, max_batch: int, width: int, page_size: int, scratch_slot: int, num_slots: int,
+                 device: torch.device | str):
+        if num_slots >= 2**31:
+            raise ValueError(f"{num_slots} KV slots do not fit the int32 tables")
+        self.max_batch, self.width, self.page_size = max_batch, width, page_size
+        self.scratch_slot, self.scratch_page = scratch_slot, scratch_slot // page_size
+        self.rows = -(-max_batch // _ALIGN) * _ALIGN
+        size = self.rows * (4 + width)
+        dev = torch.device(device)
+        self.device_buf = torch.zeros(size, dtype=torch.int32, device=dev)
+        self.host_buf = torch.zeros(size, dtype=torch.int32, pin_memory=dev.type == "cuda")
+        self._host = self.host_buf.numpy()
+        self._copied = None  # CUDA event after the last upload: the host twin is rewritten only once it passed
 
+    def _segments(self, batch: int):
+        r, h = self.rows, self._host
+        return h[:batch], h[r : r + batch], h[2 * r : 2 * r + batch], h[3 * r : 3 * r + batch], \
+            h[4 * r :].reshape(self.width, r)
 
-def pad_decode(token_ids: Sequence[int], starts: Sequence[int], page_tables: Sequence[Sequence[int]],
-               shape: DecodeShape, page_size: int, scratch_slot: int) -> PaddedDecode:
-    """Tables for decoding `token_ids[i]` after `starts[i]` cached tokens of request i, padded to
-    `shape`. Raises ValueError if the requests do not fit the shape or a page table is too short."""
-    real = len(token_ids)
-    if not 0 < real <= shape.batch or len(starts) != real or len(page_tables) != real:
-        raise ValueError(f"{real} rows do not fit a batch of {shape.batch}")
-    ids = np.zeros(shape.batch, dtype=np.int64)
-    positions = np.zeros(shape.batch, dtype=np.int64)
-    slot_mapping = np.full(shape.batch, scratch_slot, dtype=np.int64)
-    kv_slots = np.zeros((shape.batch, shape.context), dtype=np.int64)
-    kv_valid = np.zeros((shape.batch, shape.context), dtype=bool)
-    for i, (token, start, table) in enumerate(zip(token_ids, starts, page_tables)):
-        length = start + 1
-        if length > shape.context:
-            raise ValueError(f"row {i} has {length} tokens, more than the bucket's {shape.context}")
-        if len(table) * page_size < length:
-            raise ValueError(f"page table of row {i} covers {len(table) * page_size} tokens, needs {length}")
-        pos = np.arange(length, dtype=np.int64)
-        pages = np.asarray(table, dtype=np.int64)
-        kv_slots[i, :length] = pages[pos // page_size] * page_size + pos % page_size
-        kv_valid[i, :length] = True
-        ids[i], positions[i], slot_mapping[i] = token, start, kv_slots[i, start]
-    # padding rows attend to their own dummy K/V in the scratch slot: one valid key keeps their
-    # softmax finite (all -inf would make NaNs, harmless but noisy in a debugger)
-    kv_slots[real:, 0] = scratch_slot
-    kv_valid[real:, 0] = True
-    return PaddedDecode(real, ids, positions, slot_mapping, kv_slots, kv_valid)
+    def fill(self, token_ids: Sequence[int], starts: Sequence[int], page_tables: Sequence[Sequence[int]],
+             batch: int) -> int:
+        """Write the host twin for decoding `token_ids[i]` after `starts[i]` cached tokens of row i, rows
+        `len(token_ids)` .. `batch` padding. Returns how many values `upload` must copy. Raises
+        ValueError when the rows do not fit `batch` or a page table is too short or too long."""
+        real = len(token_ids)
+        if not 0 < real <= batch <= self.max_batch or len(starts) != real or len(page_tables) != real:
+            raise ValueError(f"{real} rows do not fit a batch of {batch} (at most {self.max_batch})")
+        self._wait()
+        ps = self.page_size
+        ids, positions, slots, lens, pages = self._segments(batch)
+        start = np.asarray(starts, dtype=np.int64)
+        need = start // ps + 1  # pages holding positions 0 .. start
+        used = int(need.max())
+        if used > self.width:
+            raise ValueError(f"a row needs {used} pages, the tables hold {self.width}")
+        for i, (table, n) in enumerate(zip(page_tables, need.tolist())):
+            if len(table) < n:
+                raise ValueError(f"page table of row {i} covers {len(table) * ps} tokens, needs {starts[i] + 1}")
+            pages[:n, i] = table[:n]
+        ids[:real], ids[real:] = token_ids, 0
+        positions[:real], positions[real:] = start, 0
+        slots[:real] = pages[need - 1, np.arange(real)].astype(np.int64) * ps + start % ps
+        slots[real:] = self.scratch_slot
+        lens[:real], lens[real:] = start + 1, 1
+        pages[0, real:batch] = self.scratch_page  # stale pages of an earlier step must never be a padding row's
+        return self.rows * (4 + used)
+
+    def fill_padding(self, batch: int) -> int:
+        """Every row padding (what a capture runs on: it writes only the scratch slot)."""
+        if not 0 < batch <= self.max_batch:
+            raise ValueError(f"a batch of {batch} rows does not fit {self.max_batch}")
+        self._wait()
+        ids, positions, slots, lens, pages = self._segments(batch)
+        ids[:], positions[:], slots[:], lens[:] = 0, 0, self.scratch_slot, 1
+        pages[0, :batch] = self.scratch_page
+        return self.rows * 5
+
+    def upload(self, count: int) -> None:
+        """Copy the first `count` values to the device, on the current stream (before the replay that
+        reads them)."""
+        dst, src = self.device_buf[:count], self.host_buf[:count]
+        if self.device_buf.device.type != "cuda":
+            dst.copy_(src)
+            return
+        dst.copy_(src, non_blocking=True)
+        if self._copied is None:
+            self._copied = torch.cuda.Event()
+        self._copied.record()
+
+    def _wait(self) -> None:
+        if self._copied is not None:
+            self._copied.synchronize()
+
+    def views(self, batch: int) -> tuple[torch.Tensor, ...]:
+        """Device views for a `batch`-row step: ids, positions, slots, context lengths [batch] and the
+        page tables [width, batch] (column-major: transpose for `PagedTables`)."""
+        r, d = self.rows, self.device_buf
+        return d[:batch], d[r : r + batch], d[2 * r : 2 * r + batch], d[3 * r : 3 * r + batch], \
+            d[4 * r :].view(self.width, r)[:, :batch]

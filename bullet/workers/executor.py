@@ -4,8 +4,9 @@ iteration, a hybrid batch — then the sampling that ends them. The core's callb
 
 On a GPU every step runs inside `stream.step()`: all its kernels (layers, KV writes, sampling, the
 copies of its tables) launch on the stream the worker's partition restricts, and the step's time is
-read after that stream has finished. Decode steps go through `decode_forward` (CUDA-graph replays
-where the partition allows them, `bullet.partition.decode_graphs`)."""
+read after that stream has finished. Decode-only steps — a decode iteration, or a hybrid step whose
+items are all one-token decodes — go through `decode_forward` (CUDA-graph replays where the
+partition allows them, `bullet.partition.decode_graphs`); the rest run on the runner eagerly."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ class ModelExecutor:
         self.stream = stream  # None: a CPU worker, nothing to bind
         self.decode_forward = decode_forward or runner.forward
         # called between the layers of a decode step (the decode core's `between_layers`), where the
-        # step runs layer by layer on the runner; a CUDA-graph replay is one whole step
+        # step runs layer by layer on the runner (a CPU worker); with a `decode_forward` (a GPU worker)
+        # a decode step is one call — a CUDA-graph replay — and the hook is never called
         self.between_layers: Callable[[int], None] | None = None
         self.layerwise_decode = decode_forward is None
 
@@ -91,7 +93,8 @@ class ModelExecutor:
         chunks = [SeqChunk(i.req.all_ids[i.start : i.start + i.num_tokens], i.start, i.req.page_table, i.logits)
                   for i in items]
         t0 = time.perf_counter()
-        out = self.runner.forward(chunks)
+        decode_only = all(i.num_tokens == 1 and i.logits == "last" for i in items)
+        out = self.decode_forward(chunks) if decode_only else self.runner.forward(chunks)
         rows, to_sample = 0, []
         for k, item in enumerate(items):
             if item.logits == "all":

@@ -47,7 +47,7 @@ class Worker:
     partition: PartitionBackend
     io: WorkerIO
     timeline: Timeline
-    decode: GraphedDecode | None = None  # the decode worker's forward (CUDA graphs where allowed)
+    decode: GraphedDecode | None = None  # decode-only steps' forward on a GPU (CUDA graphs where allowed)
 
     def run(self) -> None:
         self.driver.run()
@@ -96,10 +96,12 @@ def build_worker(spec: WorkerSpec, stopped: Callable[[], bool]) -> Worker:
     allocator = SharedPageAllocator.attach(spec.instance_id)
     state = StateBuffer.attach(spec.instance_id)
     decode = None
-    if stream.on_gpu and role is Role.DECODE:
-        with stream.step():  # graphs are captured on the stream they will replay on
-            decode = build_graphed_decode(runner, stream, decide_for_worker(args.partition_backend, shared.device),
-                                          allocator, max_batch=args.max_running_requests)
+    if stream.on_gpu and role is not Role.PREFILL:  # decode steps, and the unified worker's decode-only steps
+        # every graph captured now, before the worker reports ready: for each share the decode policy
+        # may pick (a fixed split keeps the one applied above)
+        shares = partition.feasible_units() if args.uses_estimator else [partition.current_units]
+        decode = build_graphed_decode(runner, stream, decide_for_worker(args.partition_backend, shared.device),
+                                      allocator, max_batch=args.max_running_requests, shares=shares)
     executor = ModelExecutor(runner, finish, stream if stream.on_gpu else None, decode)
     io = WorkerIO(role, spec.endpoints)
     timeline = Timeline(args.timeline_dir, role.value)

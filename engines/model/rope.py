@@ -53,8 +53,9 @@ class RotaryEmbedding(torch.nn.Module):
         self.reserve(int(positions.max()) + 1 if positions.numel() else 0)
         return self.rotate(positions, q, k)
 
-    # -- for CUDA graphs (engines/cuda_graphs.py): `forward` reads the largest position back to the
-    # host, which a graph capture forbids; a captured step reserves its positions once, then rotates.
+    # -- for CUDA graphs (engines/cuda_graphs.py): `forward` and `tables` read the largest position back
+    # to the host, which a graph capture forbids; a captured step reserves its positions once, then
+    # looks them up (`lookup`) or rotates (`rotate`).
     def reserve(self, need: int) -> None:
         """Make the tables cover positions 0 .. need - 1."""
         if need > self._cos.shape[0]:
@@ -72,6 +73,11 @@ class RotaryEmbedding(torch.nn.Module):
         """cos and sin [T, 1, D] of a step's positions: gathered once per step (the runner puts them in
         the ForwardContext) instead of once per layer."""
         self.reserve(int(positions.max()) + 1 if positions.numel() else 0)
+        return self.lookup(positions)
+
+    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`tables` without the table check (no host read: a CUDA graph body may call it): positions
+        must already be reserved."""
         return self._cos[positions].unsqueeze(1), self._sin[positions].unsqueeze(1)
 
 

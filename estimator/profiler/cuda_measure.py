@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from engines.cuda_graphs import DecodeGraphs, TorchCudaGraphs
+from engines.cuda_graphs import DecodeGraphs, TorchCudaGraphs, graph_blocker
 from engines.weights import load_weights
 from estimator.profile import EstimatorProfile, Provenance
 from estimator.profiler.cache import _slug, cache_dir, estimator_dtype, model_cache_name
@@ -107,6 +107,10 @@ def measure_cuda_profile(model_path: str | None, load_format: str, dtype, share_
         hardware = gpu_hardware(torch.cuda.get_device_name(), shares.total_units, est_dtype, flops, bandwidth,
                                 min_partition=feasible[0], partition_step=step, backend=backend)
         max_batch = max(c.batch for c in plan.all_cases() if isinstance(c, DecodeCase))
+        blocker = graph_blocker(bench.runner) if decode_graphs else None
+        if blocker is not None:  # time what a worker would run: eager decode steps
+            log(f"decode steps timed eagerly: {blocker}")
+            decode_graphs = False
         step_for = _decode_steps_as_graphs(bench, max_batch) if decode_graphs else None
         other = stack.enter_context(CudaCoRunner(weights.config, state, torch_dtype, kv_tokens, share_factory)) \
             if corun else None

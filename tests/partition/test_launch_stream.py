@@ -304,22 +304,25 @@ def test_decode_graphs_are_captured_and_replayed_on_the_masked_stream(smctrl):
     from bullet.partition.decode_graphs import build_graphed_decode
     from bullet.partition.graph_policy import PER_SHARE, GraphDecision
     from bullet.shm.page_allocator import LocalPageAllocator
-    from tests.partition.test_decode_graphs import RerunGraphs
+    from tests.partition.graph_fakes import RerunGraphs
 
     smctrl.set_tpcs(54)
     api = RecordingStreams()
     backend, stream = open_worker_partition("libsmctrl", "decode", GPU, {"library": smctrl.path}, api=api)
     backend.apply(40)
-    runner = tiny_runner(pages=64)
+    runner = tiny_runner(pages=64, paged=True)
     allocator = LocalPageAllocator(64, PAGE_SIZE)
     reqs = requests([[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]])
     allocator.alloc(sum(len(r.page_table) for r in reqs), owner=1)
-    decode = build_graphed_decode(runner, stream, GraphDecision(PER_SHARE, "test"), allocator, max_batch=4,
-                                  graph_api_factory=RerunGraphs)
+    audit = StreamAudit(api)
+    with audit:  # captured at build, on the masked stream (buckets 1, 2 and 4 for the share in force)
+        decode = build_graphed_decode(runner, stream, GraphDecision(PER_SHARE, "test"), allocator, max_batch=4,
+                                      graph_api_factory=RerunGraphs, shares=[40])
+    assert decode.graphs.captures == 3 and audit.streams() == {stream.handle()}
     executor = ModelExecutor(runner, FinishChecker(None, set(), 512), stream, decode)
     audit = StreamAudit(api)
     run_prefill_then_decode(executor, reqs, audit)
-    assert decode.graph_steps == 2 and decode.graphs.captures == 1  # capture in the first step, then replay
+    assert decode.graph_steps == 2 and decode.graphs.captures == 3  # replays only
     assert audit.streams() == {smctrl.last()[1]} == {stream.handle()}
 
 

@@ -16,10 +16,12 @@ CONFIG = ModelConfig(name="tiny", hidden_size=64, intermediate_size=128, num_hid
                      num_key_value_heads=2, head_dim=16, vocab_size=97, max_position_embeddings=512)
 
 
-def tiny_runner(pages: int = 64, seed: int = 0) -> ModelRunner:
+def tiny_runner(pages: int = 64, seed: int = 0, paged: bool = False, kernels=None) -> ModelRunner:
+    """`paged`: attention through page tables (the GPU's path, which decode graphs need), with
+    `kernels` (default: the torch reference)."""
     model = build_model(CONFIG, dummy_weights(CONFIG, torch.float32, seed=seed))
     kv = KVPool(CONFIG, pages, PAGE_SIZE, torch.float32)
-    return ModelRunner(model, kv)
+    return ModelRunner(model, kv, paged=paged, kernels=kernels)
 
 
 def prefill(runner: ModelRunner, prompts: list[list[int]], first_page: int = 0) -> list[list[int]]:
