@@ -123,18 +123,12 @@ class GraphedDecode:
             with self.stream.step():  # captured on the stream they will replay on
                 graphs.capture(plan.buckets, None)
         else:
-            original, keys = partition.current_units, {}
-            try:
-                for units in plan.shares:
-                    partition.apply(units)
-                    keys[units] = self.stream.share_key()
-                graphs.release(lambda batch, key: key not in keys.values())
-                for units in plan.shares:
-                    partition.apply(units)
-                    with self.stream.step():
-                        graphs.capture(plan.buckets, keys[units])
-            finally:
-                partition.apply(original)
+            # the share keys first (applying a share is cheap), so graphs no longer wanted are released
+            # before the new ones take memory; then each share's graphs on its own stream
+            keys = set(self.stream.each_share(plan.shares))
+            graphs.release(lambda batch, key: key not in keys)
+            for key in self.stream.each_share(plan.shares):
+                graphs.capture(plan.buckets, key)
         log.info("decode graphs (%s): %d captured in %.1f s, %d held: batch buckets %s%s", self.decision.mode,
                  graphs.captures - held, time.perf_counter() - began, len(graphs.captured), list(plan.buckets),
                  f" x shares {list(plan.shares)}" if plan.shares else "")
