@@ -15,7 +15,7 @@ import math
 
 from bullet.core.slo import SLO
 from bullet.core.worker_state import Predictions
-from bullet.schedulers.predict import LearningPredictor, Predictor, p90, pause_budget, tpot_after_next_step
+from bullet.schedulers.predict import LearningPredictor, Predictor, decode_outlook, p90
 from bullet.schedulers.views import DecodeDecision, DecodePolicy, DecodeView
 
 IDLE_UNITS_RULES = ("all", "efficient")
@@ -60,8 +60,8 @@ class BulletDecodePolicy(DecodePolicy):
             units, reason = self.total - peer.compute_units, "complement of prefill's share"
         co_tokens = peer.tokens_in_flight if active else 0
         step = self.est.decode_time_for(lens, units if units > 0 else self.feasible[0], co_prefill_tokens=co_tokens)
-        budget = pause_budget(running, view.now, step, self.slo)
-        predictions = Predictions(tpot_pred_p90_ms=p90([tpot_after_next_step(r, view.now, step) for r in running]) * 1e3,
+        budget, tpots = decode_outlook(running, view.now, step, self.slo)
+        predictions = Predictions(tpot_pred_p90_ms=p90(tpots) * 1e3,
                                   pause_budget_ms=(budget if math.isfinite(budget) else 1e9) * 1e3,
                                   step_pred_ms=step * 1e3)
         if units <= 0:
