@@ -17,6 +17,7 @@ import pytest
 
 from bullet.sim import SimConfig, Simulation
 from bullet.workloads.traces import build_workload
+from estimator.reference.profiles import H200_PROFILE
 
 GOLDEN = Path(__file__).with_name("golden") / "summaries.json"
 POLICIES = ("bullet", "chunked:1024", "sglang:1024", "static", "naive", "partition-only", "scheduler-only")
@@ -28,6 +29,10 @@ CASES.update({
     "sharegpt-chunked:1024-small-pool": ("chunked:1024", "sharegpt", 20.0, 5.0, {"kv_memory_gb": 0.5}),
     # Azure code's long prompts and its own SLOs
     "azure-code-bullet": ("bullet", "azure-code", 8.0, 8.0, {}),
+    # the measured H200 profile: its rates, calibration and contention table, no fixed step overhead,
+    # the served runs' KV pool, a TBT target
+    **{f"h200-{p}": (p, "sharegpt", 6.0, 6.0, {"estimator_profile": str(H200_PROFILE), "max_total_tokens": 131072,
+                                                "tbt_slo": "100ms"}) for p in ("bullet", "chunked:1024")},
 })
 
 
