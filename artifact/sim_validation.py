@@ -79,8 +79,21 @@ def validate(runs: list[ServedRun], base: SimConfig, seeds: list[int], slo_rule:
     return rows
 
 
+def concordant(at: list[dict], metric: str) -> bool:
+    """No two systems swap places: wherever the measurement ranks one strictly better, the prediction
+    does not rank it strictly worse (ties, e.g. 0 % attainment for both, order nothing)."""
+    sign = -1.0 if LOWER_IS_BETTER.get(metric, False) else 1.0
+    for a in at:
+        for b in at:
+            if (sign * (a["measured"][metric] - b["measured"][metric]) > 0
+                    and sign * (a["predicted"][metric] - b["predicted"][metric]) < 0):
+                return False
+    return True
+
+
 def rankings(rows: list[dict]) -> list[dict]:
-    """At each rate, the systems ordered by each metric (best first), measured and predicted."""
+    """At each rate, the systems ordered by each metric (best first), measured and predicted; `same`
+    when no pair of systems swaps places (`concordant`)."""
     out = []
     for rate in sorted({r["rate"] for r in rows}):
         at = [r for r in rows if r["rate"] == rate]
@@ -93,7 +106,7 @@ def rankings(rows: list[dict]) -> list[dict]:
             measured = [r["system"] for r in sorted(at, key=lambda r: r["measured"][metric], reverse=reverse)]
             predicted = [r["system"] for r in sorted(at, key=lambda r: r["predicted"][metric], reverse=reverse)]
             out.append({"rate": rate, "metric": metric, "measured": measured, "predicted": predicted,
-                        "same": measured == predicted})
+                        "same": concordant(at, metric)})
     return out
 
 
