@@ -6,10 +6,10 @@ Three result files are read:
 
 * `sglang.bench_serving --output-details` (`read_bench_serving`): one JSON object per run with every
   request's prompt and output length, TTFT and inter-token latencies (`itls`), in the order the
-  requests were sent. It does not record when each was sent: bench_serving sends them at Poisson
-  gaps drawn with `np.random.exponential(1 / rate)` right after `np.random.seed(seed)` (nothing else
-  draws from numpy for ShareGPT), so `bench_serving_arrivals` redraws exactly those gaps from the
-  run's seed.
+  requests were sent. Files written by `artifact.loadgen` add each request's `arrivals`; bench_serving's
+  own do not record when each was sent: it sends them at Poisson gaps drawn with
+  `np.random.exponential(1 / rate)` right after `np.random.seed(seed)` (nothing else draws from numpy
+  for ShareGPT), so `bench_serving_arrivals` redraws exactly those gaps from the run's seed.
 * the one-line-per-run summary of the GPU run's load generator (`read_serve_jsonl`: label, rate,
   num, TTFT/TPOT P50 and P90, throughput; no per-request records). Its load is regenerated from the
   generator's recipe (`load_generator_requests`), which is deterministic: `random.Random(seed)` draws,
@@ -119,16 +119,22 @@ def bench_serving_arrivals(num: int, rate: float, seed: int) -> list[float]:
     return arrivals
 
 
-def read_bench_serving(path: str | Path, system: str, seed: int, rate: float | None = None) -> ServedRun:
-    """The last run in a `bench_serving --output-details` file; `seed` is the run's `--seed` (the file does
-    not keep it), `rate` its `--request-rate` (default: the file's)."""
+def read_bench_serving(path: str | Path, system: str, seed: int | None = None, rate: float | None = None) -> ServedRun:
+    """The last run in a `bench_serving --output-details` file; its arrivals as recorded (`arrivals`),
+    else redrawn from `seed`, the run's `--seed` (bench_serving's file does not keep it); `rate` its
+    `--request-rate` (default: the file's)."""
     result = json.loads(Path(path).read_text().splitlines()[-1])
     for key in ("input_lens", "output_lens", "ttfts", "itls", "errors"):
         if key not in result:
             raise ValueError(f"{path}: no per-request {key!r} (run bench_serving with --output-details)")
     rate = float(rate if rate is not None else result["request_rate"])
     ins, outs = result["input_lens"], result["output_lens"]
-    arrivals = bench_serving_arrivals(len(ins), rate, seed)
+    if "arrivals" in result:
+        arrivals, how = [float(a) for a in result["arrivals"]], "arrivals as recorded"
+    elif seed is None:
+        raise ValueError(f"{path}: no recorded arrivals: give the run's --seed to redraw them")
+    else:
+        arrivals, how = bench_serving_arrivals(len(ins), rate, seed), f"arrivals redrawn from seed {seed}"
     ok = [not err and ttft > 0 for err, ttft in zip(result["errors"], result["ttfts"])]
     ttfts = [t for t, good in zip(result["ttfts"], ok) if good]
     tpots = [sum(itl) / len(itl) for itl, good in zip(result["itls"], ok) if good and itl]
@@ -141,7 +147,7 @@ def read_bench_serving(path: str | Path, system: str, seed: int, rate: float | N
                 "completed": sum(ok)}
     requests = [(a, int(i), max(1, int(o))) for a, i, o in zip(arrivals, ins, outs)]
     return ServedRun(system, rate, [requests], measured, "linear",
-                     f"per-request lengths from the file; arrivals redrawn from seed {seed} at {rate:g} req/s", str(path))
+                     f"per-request lengths from the file; {how} ({rate:g} req/s)", str(path))
 
 
 def sharegpt_bench_requests(num: int, seed: int, context_len: int, output_len: int | None, tokenizer_dir: str,

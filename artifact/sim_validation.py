@@ -5,7 +5,9 @@ TTFT and TPOT (P50, P90) and throughput, with the error of every cell.
     python -m artifact.sim_validation --serve-jsonl docs/sim/h200-2026-11-26/serve.jsonl \\
         --profile estimator/reference/data/h200-llama-3.1-8b-green-ctx.json \\
         --max-total-tokens 131072 --max-running-requests 128 --out docs/sim/validation-h200
-    python -m artifact.sim_validation --bench-serving bench-bullet-2.0-0.jsonl:bullet:1 ... --profile <cpu profile>
+    python -m artifact.sim_validation --bench-serving bench-bullet-2.0-0.jsonl,bullet,1 ... --profile <cpu profile>
+    python -m artifact.sim_validation --comparison docs/artifact/full-2026-11-26/06_cpu_comparison/results.json \
+        --profile <cpu profile> --max-total-tokens 32768 --max-running-requests 64 ...
 
 Each run is simulated with `--seeds` seeds (the simulator's noise and its policies' estimator error
 differ; the load does not) and the predictions averaged. Percentiles are computed the way the served
@@ -156,8 +158,9 @@ def markdown(rows: list[dict], ranks: list[dict], title: str, notes: list[str]) 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--serve-jsonl", type=Path, help="a load-generator summary file (one run per line)")
-    p.add_argument("--bench-serving", nargs="+", default=[], metavar="FILE:POLICY:SEED",
-                   help="bench_serving --output-details files, with the policy served and the run's --seed")
+    p.add_argument("--bench-serving", nargs="+", default=[], metavar="FILE,POLICY[,SEED]",
+                   help="bench_serving --output-details files, with the policy served and, where the file "
+                        "records no arrivals, the run's --seed")
     p.add_argument("--comparison", type=Path, help="a served comparison's results.json (artifact.cpu_comparison)")
     p.add_argument("--systems", nargs="+", default=None, help="only these systems of --comparison")
     p.add_argument("--profile", required=True, help="the serving device's estimator profile")
@@ -174,8 +177,8 @@ def main() -> int:
     args = p.parse_args()
     runs: list[ServedRun] = read_serve_jsonl(args.serve_jsonl) if args.serve_jsonl else []
     for spec in args.bench_serving:
-        path, policy, seed = spec.rsplit(":", 2) if spec.count(":") >= 2 else (spec, "bullet", "1")
-        runs.append(read_bench_serving(path, policy, int(seed)))
+        path, policy, *seed = spec.split(",")
+        runs.append(read_bench_serving(path, policy, int(seed[0]) if seed else None))
     if args.comparison:
         from bullet.workloads.sharegpt import repaired_sharegpt_path  # deferred: the tokenizer's imports are heavy
         from engines.tokenizer import gguf_tokenizer_dir  # deferred: as above

@@ -62,6 +62,11 @@ def test_bench_serving_run_replays_with_its_redrawn_arrivals(tmp_path):
     assert run.measured["ttft_p50_s"] == pytest.approx(0.05) and run.measured["p99_tbt_s"] > 0.2
     predicted = predict(run, SimConfig(), seed=0)
     assert predicted["completed"] == 3 and predicted["ttft_p50_s"] > 0
+    # a file that records when each request was sent (artifact.loadgen's) replays those times
+    path = bench_file(tmp_path)
+    result = json.loads(path.read_text().splitlines()[-1])
+    path.write_text(json.dumps({**result, "arrivals": [0.0, 0.5, 0.7]}) + "\n")
+    assert [a for a, _, _ in read_bench_serving(path, "static").loads[0]] == [0.0, 0.5, 0.7]
 
 
 def test_the_load_generators_draws_are_redrawn_exactly():
