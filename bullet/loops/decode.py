@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 from bullet.core.finish import Abort
-from bullet.core.request import Request
+from bullet.core.request import Request, total_seq_len
 from bullet.core.worker_state import WorkerFlags
 from bullet.loops.base import LoopCore, LoopEnv, Wake
 from bullet.schedulers.views import DecodeDecision, DecodePolicy, DecodeView
@@ -31,6 +31,7 @@ class DecodeCore(LoopCore):
         # aborts that overtook their handoff (prefill sent it before the abort reached prefill), by uid
         self.tombstones: dict[int, float] = {}
         self.paused = False
+        self._flag_paused = False  # whether self.flags holds PAUSED (only publish changes that bit)
         self.pauses = 0
         self.handed_back = 0  # requests given back to prefill when the pool ran out
         self.gave_way_after = 0  # layers the running step had done when it gave units to prefill (0: it did not)
@@ -142,7 +143,7 @@ class DecodeCore(LoopCore):
         self.steps += 1
         if self.env.timeline.enabled:
             self.record(view.now, self.env.partition.current_units, run=True, batch=len(batch),
-                        context=sum(r.seq_len for r in batch), prefill_units=view.peer.compute_units,
+                        context=total_seq_len(batch), prefill_units=view.peer.compute_units,
                         pred_ms=decision.predicted_s * 1e3, obs_ms=seconds * 1e3, reason=reason)
         done = [r for r in batch if r.finished]
         if done:
@@ -177,7 +178,9 @@ class DecodeCore(LoopCore):
         return {"decode_pauses": self.pauses, "recomputed": self.handed_back, "decode_gave_way_mid_step": self.gave_way}
 
     def publish(self) -> None:
-        self.flags = self.flags | WorkerFlags.PAUSED if self.paused else self.flags & ~WorkerFlags.PAUSED
+        if self.paused != self._flag_paused:  # flag arithmetic is slow: only when it changes
+            self.flags = self.flags | WorkerFlags.PAUSED if self.paused else self.flags & ~WorkerFlags.PAUSED
+            self._flag_paused = self.paused
         self.publish_state(idle=not self.running, batch_size=len(self.running),
-                           tokens_in_flight=sum(r.seq_len for r in self.running), tpot_obs_ms=self.last_step_ms,
+                           tokens_in_flight=total_seq_len(self.running), tpot_obs_ms=self.last_step_ms,
                            step_obs_ms=self.last_step_ms)

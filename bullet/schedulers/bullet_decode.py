@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 
+from bullet.core.request import seq_lens
 from bullet.core.slo import SLO
 from bullet.core.worker_state import Predictions
 from bullet.schedulers.predict import LearningPredictor, Predictor, decode_outlook, p90
@@ -49,7 +50,7 @@ class BulletDecodePolicy(DecodePolicy):
             return DecodeDecision(run=False, units=view.current_units or self.total,
                                   predictions=Predictions(pause_budget_ms=1e9))
         active = prefill_active(peer)
-        lens = [r.seq_len for r in running]
+        lens = seq_lens(running)
         if not active:
             units, reason = self.total, "prefill idle: decode takes every unit"
             fewer = self.efficient_units(lens) if self.idle_units == "efficient" else None
@@ -95,4 +96,4 @@ class BulletDecodePolicy(DecodePolicy):
         if self.learner is None or not view.running:
             return
         co = view.peer.tokens_in_flight if prefill_active(view.peer) else 0
-        self.learner.observe_decode([r.seq_len for r in view.running], decision.units, seconds, co_prefill_tokens=co)
+        self.learner.observe_decode(seq_lens(view.running), decision.units, seconds, co_prefill_tokens=co)

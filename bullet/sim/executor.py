@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from bullet.core.finish import FinishChecker
-from bullet.core.request import Request
+from bullet.core.request import Request, total_seq_len
 from bullet.core.roles import Role
 from bullet.loops.base import HybridItem
 from bullet.schedulers.views import Clock, InflightPrefill
@@ -61,7 +61,7 @@ class SimExecutor:
         self._run(work, finishing or (), on_done)
 
     def run_decode(self, batch: Sequence[Request], on_done: Callable[[float], None]) -> None:
-        self._run(DecodeWork(len(batch), sum(r.seq_len for r in batch)), batch, on_done)
+        self._run(DecodeWork(len(batch), total_seq_len(batch)), batch, on_done)
 
     def run_hybrid(self, items: Sequence[HybridItem], on_done: Callable[[float], None]) -> None:
         self._run(hybrid_work(items), [i.req for i in items if i.sample], on_done)
