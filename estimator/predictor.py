@@ -51,6 +51,8 @@ class Estimator:
         self._contention = self.contention.lookup()
         self._prefill_memo: dict[tuple, float] = {}
         self._prefill_kernels_memo: dict[tuple, float] = {}
+        self._prefill_layer_memo: dict[tuple, float] = {}
+        self._online_phases: tuple = (None, 0, frozenset())  # (factors dict, its size, its phases): `_corrects`
         self._decode_memo: dict[tuple, float] = {}
         self.kernels.fit(self.calibration)
         # phase -> per unit count, the alpha curves (and weights) of Eq. 2 at the sampled counts
@@ -90,9 +92,8 @@ class Estimator:
         if not 0 < units <= self.hardware.units:
             raise ValueError(f"units must be in 1..{self.hardware.units}, got {units}")
         seconds = self._prefill(seq_lens, units, num_layers, include_head, co_decode_batch, True, cached)
-        online = self.calibration.online
-        if online.factors:
-            seconds *= online.factor("prefill", sum(seq_lens), units, self.hardware.units)
+        if self._corrects("prefill"):
+            seconds *= self.calibration.online.factor("prefill", sum(seq_lens), units, self.hardware.units)
         return seconds
 
     def decode_time(self, batch: int, context: int, units: int, co_prefill_tokens: int = 0,
@@ -105,10 +106,21 @@ class Estimator:
         if not 0 < units <= self.hardware.units:
             raise ValueError(f"units must be in 1..{self.hardware.units}, got {units}")
         seconds = self._decode(batch, context, units, co_prefill_tokens, include_head, num_layers, True)
-        online = self.calibration.online
-        if online.factors:
-            seconds *= online.factor("decode", batch, units, self.hardware.units)
+        if self._corrects("decode"):
+            seconds *= self.calibration.online.factor("decode", batch, units, self.hardware.units)
         return seconds
+
+    def _corrects(self, phase: str) -> bool:
+        """The online correction holds a factor for `phase` (else it is 1.0 for every state, and
+        x * 1.0 is x: the multiplication is skipped). A prefill worker's estimator asks about decode
+        all the time and observes only prefill."""
+        factors = self.calibration.online.factors
+        if not factors:
+            return False
+        seen = self._online_phases
+        if seen[0] is not factors or seen[1] != len(factors):  # another dict, or keys added since
+            seen = self._online_phases = (factors, len(factors), frozenset(k.split("/", 1)[0] for k in factors))
+        return phase in seen[2]
 
     # ---- one state over many shares ------------------------------------------------------------
     # A scheduler weighing shares asks about one batch on share after share, and stops at the first
@@ -120,6 +132,7 @@ class Estimator:
                       cached: Sequence[int] | None = None) -> Iterator[float]:
         """`prefill_time(seq_lens, u, ...)` for each `u` of `units`, lazily."""
         total, online, memo = self.hardware.units, self.calibration.online, self._prefill_memo
+        corrects = self._corrects("prefill")
         lens, tokens = tuple(seq_lens), sum(seq_lens)
         cached = tuple(cached) if cached and any(cached) else None
         for u in units:
@@ -128,7 +141,7 @@ class Estimator:
             seconds = memo.get((lens, u, num_layers, include_head, co_decode_batch, True, cached))
             if seconds is None:
                 seconds = self._prefill(lens, u, num_layers, include_head, co_decode_batch, True, cached)
-            if online.factors:
+            if corrects:
                 seconds *= online.factor("prefill", tokens, u, total)
             yield seconds
 
@@ -137,13 +150,14 @@ class Estimator:
         if batch < 0 or context < 0:
             raise ValueError(f"a decode batch needs batch >= 0 and context >= 0, got ({batch}, {context})")
         total, online, memo = self.hardware.units, self.calibration.online, self._decode_memo
+        corrects = self._corrects("decode")
         for u in units:
             if not 0 < u <= total:
                 raise ValueError(f"units must be in 1..{total}, got {u}")
             seconds = memo.get((batch, context, u, co_prefill_tokens, True, None, True, None))
             if seconds is None:
                 seconds = self._decode(batch, context, u, co_prefill_tokens, True, None, True)
-            if online.factors:
+            if corrects:
                 seconds *= online.factor("decode", batch, u, total)
             yield seconds
 
@@ -172,7 +186,8 @@ class Estimator:
         if seconds is None:
             if len(memo) >= _MEMO_LIMIT:
                 memo.clear()
-            # the kernels' part does not depend on the decode batch beside it: memoised apart
+            # the kernels' part does not depend on the decode batch beside it: memoised apart, and its
+            # per-layer part apart again (an in-flight batch is asked about with fewer layers each step)
             kernel_key = (lens, units, num_layers, include_head, cached)
             seconds = self._prefill_kernels_memo.get(kernel_key)
             if seconds is None:
@@ -192,11 +207,17 @@ class Estimator:
         """The kernel-level model of a prefill alone (before contention and the phase calibration)."""
         k = self.kernels
         tokens = sum(seq_lens)
-        if cached:  # new tokens after a cached prefix: they attend to it and read it back
-            attention = k.chunk_attention_time(seq_lens, cached, units)
-        else:
-            attention = k.prefill_attention_time(seq_lens, tokens, units)
-        layer = k.token_ops_time(tokens, units, 1.0) + attention
+        layer_key = (seq_lens, units, cached)
+        layer = self._prefill_layer_memo.get(layer_key)
+        if layer is None:
+            if cached:  # new tokens after a cached prefix: they attend to it and read it back
+                attention = k.chunk_attention_time(seq_lens, cached, units)
+            else:
+                attention = k.prefill_attention_time(seq_lens, tokens, units)
+            layer = k.token_ops_time(tokens, units, 1.0) + attention
+            if len(self._prefill_layer_memo) >= _MEMO_LIMIT:
+                self._prefill_layer_memo.clear()
+            self._prefill_layer_memo[layer_key] = layer
         seconds = layer * (self.model.num_hidden_layers if num_layers is None else num_layers)
         if include_head:
             seconds += k.head_time(tokens, len(seq_lens), units, 1.0)
