@@ -132,7 +132,7 @@ def _cell(row: dict, metric: str) -> str:
 
 def markdown(rows: list[dict], ranks: list[dict], title: str, notes: list[str]) -> str:
     columns = [m for m in (*METRICS, "attainment", "p99_tbt_s") if any(m in r["measured"] for r in rows)]
-    lines = [f"# {title}", "", *notes, "",
+    lines = [f"# {title}", "", *(x for note in notes for x in (note, "")),
              "Each cell: measured / predicted (error). ✗: outside the goal (P50 ±15 %, P90 ±30 %).", "",
              "| system | rate | " + " | ".join(HEADERS[m] for m in columns) + " |",
              "|---|---|" + "---|" * len(columns)]
@@ -141,10 +141,15 @@ def markdown(rows: list[dict], ranks: list[dict], title: str, notes: list[str]) 
     cells = [(m, e) for r in rows for m, e in r["error"].items() if m in GOALS]
     if cells:
         within = sum(1 for m, e in cells if abs(e) <= GOALS[m])
-        p50 = [abs(e) for m, e in cells if "p50" in m]
-        p90 = [abs(e) for m, e in cells if "p90" in m]
-        lines += ["", f"Within the goal: {within} of {len(cells)} latency cells. Median |error|: P50 cells "
-                      f"{statistics.median(p50):.0%}, P90 cells {statistics.median(p90):.0%}."]
+        lines += ["", f"Within the goal: {within} of {len(cells)} P50/P90 latency cells."]
+    medians = []
+    for label, keys in (("P50", ("ttft_p50_s", "tpot_p50_s")), ("mean", ("ttft_mean_s", "tpot_mean_s")),
+                        ("P90", ("ttft_p90_s", "tpot_p90_s")), ("throughput", ("out_tok_per_s",))):
+        errors = [abs(r["error"][k]) for r in rows for k in keys if k in r["error"]]
+        if errors:
+            medians.append(f"{label} cells {statistics.median(errors):.0%}")
+    if medians:
+        lines += ["", "Median |error|: " + ", ".join(medians) + "."]
     if ranks:
         same = sum(r["same"] for r in ranks)
         lines += ["", f"Rankings (best first) — the same in {same} of {len(ranks)} (rate, metric) pairs:", "",
@@ -195,7 +200,8 @@ def main() -> int:
     ranks = rankings(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(
-        {"config": base.as_dict(), "seeds": args.seeds, "slo_rule": slo_rule, "runs": rows, "rankings": ranks},
+        {"config": base.as_dict(), "seeds": args.seeds, "slo_rule": slo_rule, "notes": args.note, "runs": rows,
+         "rankings": ranks},
         indent=1) + "\n")
     args.out.with_suffix(".md").write_text(markdown(rows, ranks, args.title, args.note))
     print(markdown(rows, ranks, args.title, args.note))
