@@ -10,6 +10,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from bullet.sim.metrics import percentile
+
 
 def point_seed(seed: int, rate_index: int, repeat: int) -> int:
     """bench_serving's seed for one point of a sweep: every rate and repeat samples other prompts (a
@@ -25,6 +27,12 @@ class RequestRecord:
     ttft: float
     tpot: float | None  # mean inter-token latency; None with a single output token
     ok: bool
+    token_gaps: tuple[float, ...] = ()  # every inter-token latency (bench_serving's `itls`)
+
+    @property
+    def tbt_p99(self) -> float | None:
+        """P99 of this request's gaps between tokens (None with fewer than two tokens)."""
+        return percentile(self.token_gaps, 99) if self.token_gaps else None
 
 
 def run_bench_serving(url: str, tokenizer_dir: str, dataset: Path | None, rate: float, num_prompts: int,
@@ -54,7 +62,7 @@ def run_bench_serving(url: str, tokenizer_dir: str, dataset: Path | None, rate: 
 def read_bench_file(path: Path) -> tuple[dict, list[RequestRecord]]:
     """The last result `bench_serving --output-details` wrote to `path`, and a record per request."""
     result = json.loads(path.read_text().splitlines()[-1])
-    records = [RequestRecord(i, o, t, sum(itl) / len(itl) if itl else None, not err and t > 0)
+    records = [RequestRecord(i, o, t, sum(itl) / len(itl) if itl else None, not err and t > 0, tuple(itl))
                for i, o, t, itl, err in zip(result["input_lens"], result["output_lens"], result["ttfts"],
                                             result["itls"], result["errors"])]
     return result, records

@@ -45,6 +45,11 @@ def _overhead(res: dict, detail: bool) -> str:
     return ", ".join(f"{role} {v['overhead_fraction']:.2%}" for role, v in sched.items()) or "-"
 
 
+def ms_cell(seconds: float | None) -> str:
+    """Milliseconds, or "-" where a run did not record it (results from before TBT was kept)."""
+    return "-" if seconds is None or seconds != seconds else f"{seconds * 1e3:.0f}"
+
+
 def _ratio(ref: float | None, g: float) -> str:
     return f"{ref / g:.2f}x" if ref and g else "-"
 
@@ -57,9 +62,9 @@ def print_comparison(results: dict, rates: list[float], reference: str = "bullet
                      "TTFT ok": f"{s['ttft_attained']:.0%}", "TPOT ok": f"{s['tpot_attained']:.0%}",
                      "TTFT mean s": s["mean_ttft_s"], "TTFT p90 s": s["p90_ttft_s"],
                      "TPOT mean ms": s["mean_tpot_s"] * 1e3, "TPOT p90 ms": s["p90_tpot_s"] * 1e3,
-                     "tok/s": s["output_tok_per_s"]})
+                     "P99 TBT ms": ms_cell(s.get("p99_tbt_s")), "tok/s": s["output_tok_per_s"]})
     print_table(rows, ["system", "rate", "attain [95% CI]", f"vs {reference}", "TTFT ok", "TPOT ok", "TTFT mean s",
-                       "TTFT p90 s", "TPOT mean ms", "TPOT p90 ms", "tok/s"], title="per rate")
+                       "TTFT p90 s", "TPOT mean ms", "TPOT p90 ms", "P99 TBT ms", "tok/s"], title="per rate")
     ref = results.get(reference, {}).get("goodput")
     summary = [{"system": system, "goodput req/s [95% CI]": goodput_cell(res),
                 f"{reference} / system": _ratio(ref, res["goodput"]), f"vs {reference}": versus(res, None, reference),
@@ -80,12 +85,13 @@ def comparison_markdown(results: dict, rates: list[float], slo_rule: str, refere
         lines.append(f"| {system} | {goodput_cell(res)} | {_ratio(ref, res['goodput'])} | "
                      f"{versus(res, None, reference)} | {_overhead(res, detail=True)} |")
     lines += ["", f"| system | rate | attain [95% CI] | vs {reference} | TTFT ok | TPOT ok | TTFT mean s | "
-              "TTFT p90 s | TPOT mean ms | TPOT p90 ms | tok/s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "TTFT p90 s | TPOT mean ms | TPOT p90 ms | P99 TBT ms | tok/s |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for system, rate, s in _per_rate(results, rates):
         lines.append(f"| {system} | {rate:g} | {attainment_cell(s)} | {versus(results[system], rate, reference)} | "
                      f"{s['ttft_attained']:.0%} | {s['tpot_attained']:.0%} | {s['mean_ttft_s']:.2f} | "
                      f"{s['p90_ttft_s']:.2f} | {s['mean_tpot_s'] * 1e3:.0f} | {s['p90_tpot_s'] * 1e3:.0f} | "
-                     f"{s['output_tok_per_s']:.0f} |")
+                     f"{ms_cell(s.get('p99_tbt_s'))} | {s['output_tok_per_s']:.0f} |")
     return "\n".join(lines + speed_drift_lines(results)) + "\n"
 
 

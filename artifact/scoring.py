@@ -7,12 +7,13 @@ import numpy as np
 from artifact.bench_client import RequestRecord
 from artifact.stats import Interval, attainment_interval, goodput_interval, verdict
 from bullet.core.slo import SLO
+from bullet.sim.metrics import tbt_summary
 
 
 def outcomes(records: list[RequestRecord], slo: SLO) -> list[int]:
-    """1 for each request that completed and met both targets, 0 otherwise (a failed request misses):
-    what `artifact.stats` bootstraps over."""
-    return [int(r.ok and slo.attained(r.input_len, r.ttft, r.tpot)) for r in records]
+    """1 for each request that completed and met its targets (TTFT, TPOT, and P99 TBT where the SLO
+    has one), 0 otherwise (a failed request misses): what `artifact.stats` bootstraps over."""
+    return [int(r.ok and slo.attained(r.input_len, r.ttft, r.tpot, r.tbt_p99)) for r in records]
 
 
 def attainment(records: list[RequestRecord], slo: SLO) -> float:
@@ -26,6 +27,8 @@ def summarize(records: list[RequestRecord], slo: SLO, duration: float) -> dict:
     tpot = np.array([r.tpot for r in done if r.tpot is not None]) if done else np.array([np.nan])
     tokens = sum(r.output_len for r in done)
     return {"requests": len(records), "completed": len(done), "attainment": attainment(records, slo),
+            **tbt_summary([r.token_gaps for r in done]),
+            "tbt_attained": float(np.mean([slo.tbt_ok(r.tbt_p99) for r in done])) if done else 0.0,
             "ttft_attained": float(np.mean([r.ttft <= slo.ttft_target(r.input_len) for r in done])) if done else 0.0,
             "tpot_attained": float(np.mean([r.tpot is None or r.tpot <= slo.tpot for r in done])) if done else 0.0,
             "mean_ttft_s": float(np.nanmean(ttft)), "p90_ttft_s": float(np.nanpercentile(ttft, 90)),

@@ -4,7 +4,7 @@ the sensitivity table."""
 
 from __future__ import annotations
 
-from artifact.report import attainment_cell, goodput_cell, versus
+from artifact.report import attainment_cell, goodput_cell, ms_cell, versus
 from bullet.commands.simulate import TABLE4_SLOS
 
 TITLES = {"sharegpt": "ShareGPT", "azure-code": "Azure-Code", "arxiv": "arXiv-Sum"}
@@ -44,14 +44,15 @@ def per_rate_tables(results: dict) -> list[str]:
         ttft, tpot = TABLE4_SLOS[wl]
         lines += ["", f"## {TITLES[wl]} (SLO: TTFT {ttft}, TPOT {tpot})", "",
                   "| system | rate | attain [95% CI] | vs bullet | TTFT ok | TPOT ok | TTFT mean s | TTFT p90 s | "
-                  "TPOT mean ms | TPOT p90 ms | tok/s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "TPOT mean ms | TPOT p90 ms | P99 TBT ms | tok/s |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for system, res in by_system.items():
             for rate, s in res["per_rate"].items():
                 stop = " (stopped)" if s["run"]["stopped_early"] else ""
                 vs = versus(res, rate, "bullet") if system != "bullet" else "-"
                 lines.append(f"| {system} | {rate} | {attainment_cell(s)}{stop} | {vs} | {s['ttft_attained']:.1%} | "
                              f"{s['tpot_attained']:.1%} | {s['mean_ttft_s']:.3f} | {s['p90_ttft_s']:.3f} | "
-                             f"{s['mean_tpot_s'] * 1e3:.0f} | {s['p90_tpot_s'] * 1e3:.0f} | {s['output_tok_per_s']:.0f} |")
+                             f"{s['mean_tpot_s'] * 1e3:.0f} | {s['p90_tpot_s'] * 1e3:.0f} | "
+                             f"{ms_cell(s.get('p99_tbt_s'))} | {s['output_tok_per_s']:.0f} |")
     return lines
 
 

@@ -23,6 +23,7 @@ small kernels cost the same whatever their size."""
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from typing import Literal, Sequence
 
@@ -88,6 +89,7 @@ class AlphaCurve:
         self.srms = tuple(srm for _, srm, _ in merged)
         if mode == "piecewise":
             self.piece_srms, self.piece_times = _piecewise_points(points)
+        self._alpha_of_size: dict[float, float] = {}  # log modes: alpha depends on the size alone
         if mode == "constant":  # one alpha for every size: the geometric mean, as a single point
             self.alphas = (math.exp(sum(math.log(a) for a in self.alphas) / len(self.alphas)),)
             self.log_sizes, self.srms = self.log_sizes[:1], self.srms[:1]
@@ -134,7 +136,12 @@ class AlphaCurve:
             if self.fixed < 0 and srm_seconds < self.srms[0]:  # a negative floor: hold alpha flat
                 return self.alphas[0] * srm_seconds
             return predicted if predicted > 0 else self.alphas[0] * srm_seconds
-        return self.alpha_at_log_size(math.log(max(size, 1.0))) * srm_seconds
+        alpha = self._alpha_of_size.get(size)
+        if alpha is None:
+            if len(self._alpha_of_size) >= 1 << 16:
+                self._alpha_of_size.clear()
+            alpha = self._alpha_of_size[size] = self.alpha_at_log_size(math.log(max(size, 1.0)))
+        return alpha * srm_seconds
 
 
 def _piecewise_points(points: Sequence[tuple[float, float, float]]) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -182,6 +189,18 @@ def by_units(points: Sequence[tuple[int, tuple[float, float, float]]], mode: Int
     return blends
 
 
+@functools.lru_cache(maxsize=4096)
+def _bucket_keys(phase: str, size_bucket: int, units_bucket: int) -> tuple[str, str, str]:
+    """The three keys of a bucket (built once: predictions ask about the same buckets all the time)."""
+    return (f"{phase}/{size_bucket}/{units_bucket}", f"{phase}/{size_bucket}", phase)
+
+
+# the keys of each (phase, size, units, total units, units buckets) a prediction asked about: a
+# scheduler asks about the same few all the time, and the factor is on its hot path
+_KEYS_OF_CALL: dict[tuple, tuple[str, str, str]] = {}
+_KEYS_LIMIT = 1 << 16
+
+
 class OnlineCorrection(BaseModel):
     """Multiplicative corrections learnt from observed step latencies: an exponentially weighted
     moving average of observed / predicted at three levels — (phase), (phase, size bucket) and
@@ -197,13 +216,20 @@ class OnlineCorrection(BaseModel):
         """Finest first. Sizes are bucketed by powers of two, units by fractions of the device."""
         size_bucket = max(size, 1).bit_length()
         units_bucket = min(self.units_buckets - 1, units * self.units_buckets // (total_units + 1))
-        return (f"{phase}/{size_bucket}/{units_bucket}", f"{phase}/{size_bucket}", phase)
+        return _bucket_keys(phase, size_bucket, units_bucket)
 
     def factor(self, phase: str, size: int, units: int, total_units: int) -> float:
-        if not self.factors:
+        factors = self.factors
+        if not factors:
             return 1.0
-        for key in self.keys(phase, size, units, total_units):
-            found = self.factors.get(key)
+        call = (phase, size, units, total_units, self.units_buckets)
+        keys = _KEYS_OF_CALL.get(call)
+        if keys is None:
+            if len(_KEYS_OF_CALL) >= _KEYS_LIMIT:
+                _KEYS_OF_CALL.clear()
+            keys = _KEYS_OF_CALL[call] = self.keys(phase, size, units, total_units)
+        for key in keys:
+            found = factors.get(key)
             if found is not None:
                 return found
         return 1.0

@@ -53,7 +53,7 @@ def _interp_log(xs: list[float], ys: list[float], x: float, at_zero: float) -> f
 class ContentionLookup:
     """The tables of a `ContentionModel` as plain lists, for the predictor's hot path."""
 
-    __slots__ = ("curves", "units", "slow")
+    __slots__ = ("curves", "units", "slow", "_fractions", "_slowdowns")
 
     def __init__(self, model: "ContentionModel"):
         self.curves: dict[int, tuple[list[float], list[float]]] = {}
@@ -64,10 +64,22 @@ class ContentionLookup:
         self.units = sorted(self.curves)
         slow = sorted(model.prefill_slowdown, key=lambda p: p.decode_batch)
         self.slow = ([float(p.decode_batch) for p in slow], [p.factor for p in slow])
+        # answers by argument: the predictor asks about the same few states all the time
+        self._fractions: dict[tuple[int, int], float] = {}
+        self._slowdowns: dict[int, float] = {}
 
     def decode_bandwidth_fraction(self, prefill_tokens: int, units: int) -> float:
         if prefill_tokens <= 0 or not self.units:
             return 1.0
+        key = (prefill_tokens, units)
+        fraction = self._fractions.get(key)
+        if fraction is None:
+            if len(self._fractions) >= 1 << 16:
+                self._fractions.clear()
+            fraction = self._fractions[key] = self._fraction(prefill_tokens, units)
+        return fraction
+
+    def _fraction(self, prefill_tokens: int, units: int) -> float:
         profiled = self.units
         k = bisect.bisect_left(profiled, units)
         nearest = profiled[min(k, len(profiled) - 1)]
@@ -79,7 +91,12 @@ class ContentionLookup:
     def prefill_slowdown_factor(self, decode_batch: int) -> float:
         if decode_batch <= 0 or not self.slow[0]:
             return 1.0
-        return _interp_log(*self.slow, float(decode_batch), 1.0)
+        factor = self._slowdowns.get(decode_batch)
+        if factor is None:
+            if len(self._slowdowns) >= 1 << 16:
+                self._slowdowns.clear()
+            factor = self._slowdowns[decode_batch] = _interp_log(*self.slow, float(decode_batch), 1.0)
+        return factor
 
 
 class ContentionModel(BaseModel):

@@ -20,7 +20,7 @@ from estimator.ops import (
 from estimator.srm import srm_time
 from estimator.tiling import ATTN_QUERY_TILE, FixedTiling, HeuristicTiling, decode_attention_grid, gemm_grid
 
-_CACHE_LIMIT = 8192  # distinct row counts remembered per kernel group
+_CACHE_LIMIT = 8192  # distinct row counts (or calls) remembered per kernel group (or memo)
 
 
 def _apply(curve: AlphaCurve | None, size: float, srm: float) -> float:
@@ -157,6 +157,8 @@ class KernelModel:
     def fit(self, calibration: Calibration) -> None:
         """Alpha curves from the kernel samples: one set if they were all taken at one unit count,
         else one set per sampled count, blended between counts (`calibration.unit_blend`)."""
+        self._layer_memo: dict[tuple, float] = {}  # (rows, units, bandwidth scale) -> token_ops_time
+        self._head_memo: dict[tuple, float] = {}  # (rows, output rows, units, bandwidth scale) -> head_time
         samples = [s for s in calibration.samples if s.kind in self._token_ops or s.kind in ATTENTION_CLASSES]
         counts = sorted({s.units for s in samples})
         if len(counts) <= 1:
@@ -189,16 +191,40 @@ class KernelModel:
 
     # ---- fast paths -----------------------------------------------------------------------------
 
+    # Both are memoised per (rows, units, scale): the same batch sizes come back all the time, and a
+    # decode step's per-token kernels do not depend on its context. `fit` forgets them.
+
     def token_ops_time(self, rows: int, units: int, bandwidth_scale: float = 1.0) -> float:
         """One layer's per-token kernels (everything but attention) over `rows` rows."""
-        blend = self._blend[units]
-        if len(blend) == 1:
-            return blend[0][0].layer.time(rows, units, bandwidth_scale)
-        return sum(w * s.layer.time(rows, units, bandwidth_scale) for s, w in blend)
+        key = (rows, units, bandwidth_scale)
+        seconds = self._layer_memo.get(key)
+        if seconds is None:
+            blend = self._blend[units]
+            if len(blend) == 1:
+                seconds = blend[0][0].layer.time(rows, units, bandwidth_scale)
+            else:
+                seconds = sum(w * s.layer.time(rows, units, bandwidth_scale) for s, w in blend)
+            if len(self._layer_memo) >= _CACHE_LIMIT:
+                self._layer_memo.clear()
+            self._layer_memo[key] = seconds
+        return seconds
 
     def head_time(self, rows: int, output_rows: int, units: int, bandwidth_scale: float = 1.0) -> float:
-        return sum(w * (s.head_rows.time(rows, units, bandwidth_scale) + s.lm_head.time(output_rows, units, bandwidth_scale))
-                   for s, w in self._blend[units])
+        key = (rows, output_rows, units, bandwidth_scale)
+        seconds = self._head_memo.get(key)
+        if seconds is None:
+            blend = self._blend[units]
+            if len(blend) == 1 and blend[0][1] == 1.0:  # the sum of one term 1.0 * x is x, to the bit
+                s = blend[0][0]
+                seconds = s.head_rows.time(rows, units, bandwidth_scale) + s.lm_head.time(output_rows, units,
+                                                                                            bandwidth_scale)
+            else:
+                seconds = sum(w * (s.head_rows.time(rows, units, bandwidth_scale)
+                                   + s.lm_head.time(output_rows, units, bandwidth_scale)) for s, w in blend)
+            if len(self._head_memo) >= _CACHE_LIMIT:
+                self._head_memo.clear()
+            self._head_memo[key] = seconds
+        return seconds
 
     def _attention(self, name: str, size: int, srm: float, units: int) -> float:
         blend = self._blend[units]
@@ -244,4 +270,8 @@ class KernelModel:
         grid = decode_attention_grid(batch, context, kv_heads)
         srm = self._roofline(per_ctx_flops * context, per_ctx_bytes * context + per_request_bytes * batch, grid,
                              units, bandwidth_scale)
+        blend = self._blend[units]
+        if len(blend) == 1:  # `_attention`, inlined: every decode step of every share asks
+            curve = blend[0][0].curves["attn_decode"]
+            return srm if curve is None else curve.calibrated(context, srm)
         return self._attention("attn_decode", context, srm, units)

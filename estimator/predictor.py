@@ -6,11 +6,17 @@ Prediction is on the scheduler's critical path, so the per-kernel work is split 
   per T and cached — the schedulers ask about the same batches for many unit counts;
 * what depends on the unit count is a handful of multiply/max per GEMM, and one term for all the
   element-wise kernels together (they are memory-bound at any unit count, checked at build time).
-`breakdown()` evaluates the same model kernel by kernel, the slow way; tests hold the two equal."""
+`breakdown()` evaluates the same model kernel by kernel, the slow way; tests hold the two equal.
+
+On top of that, whole predictions before the online correction are memoised (`_prefill`, `_decode`):
+a scheduler asks about the same batch many times — every share it weighs, every pass until the
+batch changes, and once more when it observes the step — and the answer only changes when the
+calibration does (`refit()` forgets them). The online correction, which moves with every
+observation, is applied after the memo, so a memoised prediction is the same number, to the bit."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable, Iterator, Sequence
 
 from engines.model_config import ModelConfig
 from estimator.calibration import AlphaCurve, Calibration, by_units
@@ -18,6 +24,8 @@ from estimator.contention import ContentionModel
 from estimator.hardware import DTYPE_BYTES, HardwareSpec
 from estimator.kernel_model import KernelModel
 from estimator.ops import ExecutionState, head_ops, layer_ops
+
+_MEMO_LIMIT = 1 << 16  # predictions remembered per phase before the memo starts afresh
 
 
 class Estimator:
@@ -41,6 +49,11 @@ class Estimator:
     def refit(self) -> None:
         """Rebuild the alpha curves and contention tables (after changing samples or tables)."""
         self._contention = self.contention.lookup()
+        self._prefill_memo: dict[tuple, float] = {}
+        self._prefill_kernels_memo: dict[tuple, float] = {}
+        self._prefill_layer_memo: dict[tuple, float] = {}
+        self._online_phases: tuple = (None, 0, frozenset())  # (factors dict, its size, its phases): `_corrects`
+        self._decode_memo: dict[tuple, float] = {}
         self.kernels.fit(self.calibration)
         # phase -> per unit count, the alpha curves (and weights) of Eq. 2 at the sampled counts
         self._phase_curves: dict[str, list[tuple[tuple[AlphaCurve, float], ...]]] = {}
@@ -79,9 +92,8 @@ class Estimator:
         if not 0 < units <= self.hardware.units:
             raise ValueError(f"units must be in 1..{self.hardware.units}, got {units}")
         seconds = self._prefill(seq_lens, units, num_layers, include_head, co_decode_batch, True, cached)
-        online = self.calibration.online
-        if online.factors:
-            seconds *= online.factor("prefill", sum(seq_lens), units, self.hardware.units)
+        if self._corrects("prefill"):
+            seconds *= self.calibration.online.factor("prefill", sum(seq_lens), units, self.hardware.units)
         return seconds
 
     def decode_time(self, batch: int, context: int, units: int, co_prefill_tokens: int = 0,
@@ -94,10 +106,60 @@ class Estimator:
         if not 0 < units <= self.hardware.units:
             raise ValueError(f"units must be in 1..{self.hardware.units}, got {units}")
         seconds = self._decode(batch, context, units, co_prefill_tokens, include_head, num_layers, True)
-        online = self.calibration.online
-        if online.factors:
-            seconds *= online.factor("decode", batch, units, self.hardware.units)
+        if self._corrects("decode"):
+            seconds *= self.calibration.online.factor("decode", batch, units, self.hardware.units)
         return seconds
+
+    def _corrects(self, phase: str) -> bool:
+        """The online correction holds a factor for `phase` (else it is 1.0 for every state, and
+        x * 1.0 is x: the multiplication is skipped). A prefill worker's estimator asks about decode
+        all the time and observes only prefill."""
+        factors = self.calibration.online.factors
+        if not factors:
+            return False
+        seen = self._online_phases
+        if seen[0] is not factors or seen[1] != len(factors):  # another dict, or keys added since
+            seen = self._online_phases = (factors, len(factors), frozenset(k.split("/", 1)[0] for k in factors))
+        return phase in seen[2]
+
+    # ---- one state over many shares ------------------------------------------------------------
+    # A scheduler weighing shares asks about one batch on share after share, and stops at the first
+    # that fits: these yield, lazily, exactly what `prefill_time` / `decode_time` return for each
+    # share, with the per-call work done once.
+
+    def prefill_times(self, seq_lens: Sequence[int], units: Iterable[int], num_layers: int | None = None,
+                      include_head: bool = True, co_decode_batch: int = 0,
+                      cached: Sequence[int] | None = None) -> Iterator[float]:
+        """`prefill_time(seq_lens, u, ...)` for each `u` of `units`, lazily."""
+        total, online, memo = self.hardware.units, self.calibration.online, self._prefill_memo
+        corrects = self._corrects("prefill")
+        lens, tokens = tuple(seq_lens), sum(seq_lens)
+        cached = tuple(cached) if cached and any(cached) else None
+        for u in units:
+            if not 0 < u <= total:
+                raise ValueError(f"units must be in 1..{total}, got {u}")
+            seconds = memo.get((lens, u, num_layers, include_head, co_decode_batch, True, cached))
+            if seconds is None:
+                seconds = self._prefill(lens, u, num_layers, include_head, co_decode_batch, True, cached)
+            if corrects:
+                seconds *= online.factor("prefill", tokens, u, total)
+            yield seconds
+
+    def decode_times(self, batch: int, context: int, units: Iterable[int], co_prefill_tokens: int = 0) -> Iterator[float]:
+        """`decode_time(batch, context, u, co_prefill_tokens)` for each `u` of `units`, lazily."""
+        if batch < 0 or context < 0:
+            raise ValueError(f"a decode batch needs batch >= 0 and context >= 0, got ({batch}, {context})")
+        total, online, memo = self.hardware.units, self.calibration.online, self._decode_memo
+        corrects = self._corrects("decode")
+        for u in units:
+            if not 0 < u <= total:
+                raise ValueError(f"units must be in 1..{total}, got {u}")
+            seconds = memo.get((batch, context, u, co_prefill_tokens, True, None, True, None))
+            if seconds is None:
+                seconds = self._decode(batch, context, u, co_prefill_tokens, True, None, True)
+            if corrects:
+                seconds *= online.factor("decode", batch, u, total)
+            yield seconds
 
     def decode_time_for(self, context_lens: Sequence[int], units: int, co_prefill_tokens: int = 0,
                         include_head: bool = True, num_layers: int | None = None) -> float:
@@ -116,21 +178,59 @@ class Estimator:
                  cached: Sequence[int] | None = None) -> float:
         if not seq_lens:
             return 0.0
+        lens = tuple(seq_lens)
+        cached = tuple(cached) if cached and any(cached) else None
+        key = (lens, units, num_layers, include_head, co_decode_batch, phase_alpha, cached)
+        memo = self._prefill_memo
+        seconds = memo.get(key)
+        if seconds is None:
+            if len(memo) >= _MEMO_LIMIT:
+                memo.clear()
+            # the kernels' part does not depend on the decode batch beside it: memoised apart, and its
+            # per-layer part apart again (an in-flight batch is asked about with fewer layers each step)
+            kernel_key = (lens, units, num_layers, include_head, cached)
+            seconds = self._prefill_kernels_memo.get(kernel_key)
+            if seconds is None:
+                if len(self._prefill_kernels_memo) >= _MEMO_LIMIT:
+                    self._prefill_kernels_memo.clear()
+                seconds = self._prefill_kernels_memo[kernel_key] = self._prefill_kernels(lens, units, num_layers,
+                                                                                         include_head, cached)
+            if co_decode_batch:
+                seconds *= self._contention.prefill_slowdown_factor(co_decode_batch)
+            if phase_alpha and "prefill" in self._phase_curves:
+                tokens = sum(lens)
+                seconds = self._phase_calibrated("prefill", units, tokens, seconds)
+            memo[key] = seconds
+        return seconds
+
+    def _prefill_kernels(self, seq_lens, units, num_layers, include_head, cached: Sequence[int] | None) -> float:
+        """The kernel-level model of a prefill alone (before contention and the phase calibration)."""
         k = self.kernels
         tokens = sum(seq_lens)
-        if cached and any(cached):  # new tokens after a cached prefix: they attend to it and read it back
-            attention = k.chunk_attention_time(seq_lens, cached, units)
-        else:
-            attention = k.prefill_attention_time(seq_lens, tokens, units)
-        layer = k.token_ops_time(tokens, units, 1.0) + attention
+        layer_key = (seq_lens, units, cached)
+        layer = self._prefill_layer_memo.get(layer_key)
+        if layer is None:
+            if cached:  # new tokens after a cached prefix: they attend to it and read it back
+                attention = k.chunk_attention_time(seq_lens, cached, units)
+            else:
+                attention = k.prefill_attention_time(seq_lens, tokens, units)
+            layer = k.token_ops_time(tokens, units, 1.0) + attention
+            if len(self._prefill_layer_memo) >= _MEMO_LIMIT:
+                self._prefill_layer_memo.clear()
+            self._prefill_layer_memo[layer_key] = layer
         seconds = layer * (self.model.num_hidden_layers if num_layers is None else num_layers)
         if include_head:
             seconds += k.head_time(tokens, len(seq_lens), units, 1.0)
-        if co_decode_batch:
-            seconds *= self._contention.prefill_slowdown_factor(co_decode_batch)
-        if phase_alpha and "prefill" in self._phase_curves:
-            seconds = sum(w * curve.calibrated(tokens, seconds) for curve, w in self._phase_curves["prefill"][units])
         return seconds
+
+    def _phase_calibrated(self, phase: str, units: int, size: int, seconds: float) -> float:
+        """Eq. 2's phase alpha applied to a kernel-level time: the blend of the curves at the sampled
+        unit counts around `units` (one curve, weight 1, where alpha was sampled at one count: then
+        `sum` of the one term is that term, to the bit)."""
+        blend = self._phase_curves[phase][units]
+        if len(blend) == 1 and blend[0][1] == 1.0:
+            return blend[0][0].calibrated(size, seconds)
+        return sum(w * curve.calibrated(size, seconds) for curve, w in blend)
 
     def decode_time_at_bandwidth(self, batch: int, context: int, units: int, fraction: float,
                                  include_head: bool = True, num_layers: int | None = None) -> float:
@@ -143,6 +243,18 @@ class Estimator:
                 scale: float | None = None) -> float:
         if batch <= 0:
             return 0.0
+        key = (batch, context, units, co_prefill_tokens, include_head, num_layers, phase_alpha, scale)
+        memo = self._decode_memo
+        seconds = memo.get(key)
+        if seconds is None:
+            if len(memo) >= _MEMO_LIMIT:
+                memo.clear()
+            seconds = memo[key] = self._decode_uncached(batch, context, units, co_prefill_tokens, include_head,
+                                                        num_layers, phase_alpha, scale)
+        return seconds
+
+    def _decode_uncached(self, batch, context, units, co_prefill_tokens, include_head, num_layers, phase_alpha,
+                         scale: float | None) -> float:
         k = self.kernels
         if scale is None:
             scale = self._contention.decode_bandwidth_fraction(co_prefill_tokens, units) if co_prefill_tokens else 1.0
@@ -151,7 +263,7 @@ class Estimator:
         if include_head:
             seconds += k.head_time(batch, batch, units, scale)
         if phase_alpha and "decode" in self._phase_curves:
-            seconds = sum(w * curve.calibrated(batch, seconds) for curve, w in self._phase_curves["decode"][units])
+            seconds = self._phase_calibrated("decode", units, batch, seconds)
         return seconds
 
     def step_time(self, state: ExecutionState, units: int) -> float:
@@ -193,7 +305,7 @@ class Estimator:
         # carrying a large chunk the alpha of a large batch (close to the kernel-level model)
         phase, size = ("decode", rows) if batch else ("prefill", tokens)
         if phase in self._phase_curves:
-            seconds = sum(w * curve.calibrated(size, seconds) for curve, w in self._phase_curves[phase][units])
+            seconds = self._phase_calibrated(phase, units, size, seconds)
         return seconds
 
     def breakdown(self, state: ExecutionState, units: int, bandwidth_scale: float = 1.0) -> list[tuple[str, float, float]]:

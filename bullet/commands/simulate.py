@@ -17,7 +17,8 @@ HELP = "SIMULATED run: a workload on a virtual GPU (A100/H100...) with the real 
 DESCRIPTION = (
     "Discrete-event simulation, NOT a measurement: the real Bullet / static / naive policies and the real "
     "chunked-prefill scheduler run unchanged on virtual time, and every step is charged the latency the "
-    "estimator predicts for it (calibrated A100 profile; other devices are roofline-only), with an assumed "
+    "estimator predicts for it (calibrated A100 profile, or the device a measured --estimator-profile describes; "
+    "other built-in devices are roofline-only), with an assumed "
     "contention model and seeded noise. Use it to study policies at GPU scale on a machine without a GPU.")
 
 # Bullet Table 4: (normalized TTFT, TPOT) per workload; Azure-Conv takes ShareGPT's (both are chat)
@@ -28,9 +29,14 @@ TABLE4_SLOS = {"sharegpt": ("3.0ms/token", "150ms"), "azure-code": ("1.5ms/token
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = SimConfig()
-    p.add_argument("--model", default=d.model, help="built-in model config")
-    p.add_argument("--hardware", default=d.hardware, help="a100 | h100 | h200 | h20 (only a100 is calibrated)")
-    p.add_argument("--estimator-profile", default=None, help="estimator profile JSON (default: the shipped one)")
+    p.add_argument("--model", default=None, help="built-in model config (default: the profile's, else llama-3.1-8b)")
+    p.add_argument("--hardware", default=None,
+                   help="a100 | h100 | h200 | h20, from spec sheets (only a100 is calibrated); default: the "
+                        "--estimator-profile's device, else a100")
+    p.add_argument("--estimator-profile", default=None,
+                   help="simulate the device this profile measured (`bullet profile`, e.g. --device cuda: its "
+                        "SM-share rates, kernel and step times, contention); shipped: "
+                        "estimator/reference/data/h200-llama-3.1-8b-green-ctx.json (default: the A100 one)")
     p.add_argument("--policy", default=d.policy, help="bullet | static[:<prefill units>] | naive | chunked:<token budget>")
     p.add_argument("--workload", default="sharegpt", choices=sorted(TABLE4_SLOS))
     p.add_argument("--arrivals", default="poisson", choices=["poisson", "trace"],
@@ -39,6 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, default=600.0, help="seconds of arrivals (the run drains after)")
     p.add_argument("--ttft-slo", default=None, help="TTFT target (default: Bullet Table 4 for the workload)")
     p.add_argument("--tpot-slo", default=None, help="TPOT target (default: Bullet Table 4 for the workload)")
+    p.add_argument("--tbt-slo", default=None,
+                   help="P99 time-between-tokens target per request, e.g. 300ms (default: not judged); "
+                        "attainment then needs it as well as TTFT and TPOT")
     p.add_argument("--seed", type=int, default=0, help="seeds arrivals, lengths and latency noise")
     p.add_argument("--noise", type=float, default=d.noise, help="step latency x U[1-n, 1+n]")
     p.add_argument("--no-contention", action="store_true", help="charge no memory contention between the workers")
@@ -55,6 +64,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-running-requests", type=int, default=d.max_running_requests, help="chunked baseline's cap")
     p.add_argument("--page-size", type=int, default=d.page_size)
     p.add_argument("--kv-memory-gb", type=float, default=None, help="KV pool size (default: memory minus weights)")
+    p.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size in tokens (beats --kv-memory-gb)")
+    p.add_argument("--step-overhead-ms", type=float, default=None,
+                   help="charged after every step's kernels (default: 0 with a measured profile, whose step "
+                        "times include it, else 0.5)")
     p.add_argument("--handoff-delay-ms", type=float, default=d.handoff_delay_s * 1e3)
     p.add_argument("--stop-below", type=float, default=None, metavar="ATTAINMENT",
                    help="stop early once this SLO attainment is out of reach")
@@ -69,9 +82,11 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
     ttft, tpot = TABLE4_SLOS[args.workload]
     return SimConfig(
         policy=args.policy, model=args.model, hardware=args.hardware, estimator_profile=args.estimator_profile,
-        ttft_slo=args.ttft_slo or ttft, tpot_slo=args.tpot_slo or tpot,
+        ttft_slo=args.ttft_slo or ttft, tpot_slo=args.tpot_slo or tpot, tbt_slo=args.tbt_slo,
         prefill_layers_per_step=args.layers_per_step, max_prefill_tokens=args.max_prefill_tokens,
         max_running_requests=args.max_running_requests, page_size=args.page_size, kv_memory_gb=args.kv_memory_gb,
+        max_total_tokens=args.max_total_tokens,
+        step_overhead_s=None if args.step_overhead_ms is None else args.step_overhead_ms / 1e3,
         noise=args.noise, contention_model=not args.no_contention, contention_floor=args.contention_floor,
         prefill_slowdown=args.prefill_slowdown, policy_contention=not args.blind_policy,
         overlap_share=args.overlap_share, handoff_delay_s=args.handoff_delay_ms / 1e3, seed=args.seed,
@@ -90,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError, ValidationError) as exc:
         print(f"bullet simulate: {exc}", file=sys.stderr)
         return 2
-    log(f"[sim] SIMULATED {config.model} on a virtual {sim.device_estimator.hardware.name}, policy {config.policy}, "
+    log(f"[sim] SIMULATED {sim.device_estimator.model.name} on a virtual {sim.device_estimator.hardware.name}, policy {config.policy}, "
         f"{args.workload} at {rate if rate else 'trace'} req/s for {args.duration:g}s: {len(requests)} requests")
 
     def progress(info: dict) -> None:

@@ -56,19 +56,22 @@ class FinishChecker:
         return tuple(set(p.stop_token_ids) | (set() if p.ignore_eos else self.eos))
 
     def check(self, req: "Request") -> Stop | Length | None:
-        p, n = req.params, len(req.output_ids)
+        # runs for every token of every request: each field is read once
+        p, output = req.params, req.output_ids
+        n = len(output)
         if n == 0:
             return Length(length=0) if p.max_new_tokens == 0 else None
-        last = req.output_ids[-1]
+        last = output[-1]
         if n >= p.min_new_tokens:
             if last in p.stop_token_ids or (not p.ignore_eos and last in self.eos):
                 return Stop(matched=last)
-            matched = self._stop_string(req)
-            if matched is not None:
-                return Stop(matched=matched)
+            if p.stop:
+                matched = self._stop_string(req)
+                if matched is not None:
+                    return Stop(matched=matched)
         if n >= p.max_new_tokens:
             return Length(length=p.max_new_tokens)
-        if req.seq_len >= self.max_context:
+        if len(req.prompt_ids) + n >= self.max_context:  # req.seq_len
             return Length(length=n)
         return None
 

@@ -13,6 +13,7 @@ import enum
 import itertools
 import time
 from dataclasses import dataclass, field
+from operator import add, attrgetter
 
 from bullet.core.finish import Abort, Length, Stop
 from engines.sampling_params import SamplingParams
@@ -78,3 +79,16 @@ class Request:
         """After preemption: its pages are gone, everything is recomputed on re-admission."""
         self.page_table, self.num_cached, self.status = [], 0, Status.WAITING
         self.shared_pages = 0
+
+
+_prompts, _outputs = attrgetter("prompt_ids"), attrgetter("output_ids")
+
+
+def total_seq_len(reqs) -> int:
+    """sum(r.seq_len for r in reqs), without a Python call per request (every decode step asks)."""
+    return sum(map(len, map(_prompts, reqs))) + sum(map(len, map(_outputs, reqs)))
+
+
+def seq_lens(reqs) -> list[int]:
+    """[r.seq_len for r in reqs], likewise."""
+    return list(map(add, map(len, map(_prompts, reqs)), map(len, map(_outputs, reqs))))

@@ -1,6 +1,11 @@
 """Latency targets and attainment. TTFT is absolute ("2s", "500ms") or per input token ("3ms/token",
 Bullet Table 4's normalized TTFT); TPOT is absolute. A request attains its SLO when both hold
-(Bullet §4.1); TPOT of a request is its mean time per output token after the first."""
+(Bullet §4.1); TPOT of a request is its mean time per output token after the first.
+
+An optional TBT target (time between tokens, as MuxWise and DRIFT judge decode) bounds the P99 of a
+request's gaps between consecutive output tokens, which a mean (TPOT) hides: a stream that freezes
+for a second and then catches up can keep its TPOT. With one, a request attains its SLO only if its
+P99 TBT holds too."""
 
 from __future__ import annotations
 
@@ -30,20 +35,27 @@ class SLO:
     ttft: float  # seconds, or seconds per input token when ttft_per_token
     ttft_per_token: bool
     tpot: float  # seconds
+    tbt: float | None = None  # seconds: bound on each request's P99 gap between tokens (None: not judged)
 
     @classmethod
-    def parse(cls, ttft: str, tpot: str) -> "SLO":
+    def parse(cls, ttft: str, tpot: str, tbt: str | None = None) -> "SLO":
         t, per_token = parse_duration(ttft, allow_per_token=True)
         d, _ = parse_duration(tpot, allow_per_token=False)
-        return cls(t, per_token, d)
+        b = parse_duration(tbt, allow_per_token=False)[0] if tbt else None
+        return cls(t, per_token, d, b)
 
     def ttft_target(self, prompt_tokens: int) -> float:
         return self.ttft * prompt_tokens if self.ttft_per_token else self.ttft
 
-    def attained(self, prompt_tokens: int, ttft: float, tpot: float | None) -> bool:
+    def tbt_ok(self, tbt_p99: float | None) -> bool:
+        """A request's P99 TBT holds (always, without a TBT target or with fewer than two tokens)."""
+        return self.tbt is None or tbt_p99 is None or tbt_p99 <= self.tbt
+
+    def attained(self, prompt_tokens: int, ttft: float, tpot: float | None, tbt_p99: float | None = None) -> bool:
         ok_ttft = ttft <= self.ttft_target(prompt_tokens)
-        return ok_ttft and (tpot is None or tpot <= self.tpot)
+        return ok_ttft and (tpot is None or tpot <= self.tpot) and self.tbt_ok(tbt_p99)
 
     def describe(self) -> str:
         ttft = f"{self.ttft * 1e3:g}ms/token" if self.ttft_per_token else f"{self.ttft * 1e3:g}ms"
-        return f"TTFT {ttft}, TPOT {self.tpot * 1e3:g}ms"
+        tbt = f", P99 TBT {self.tbt * 1e3:g}ms" if self.tbt is not None else ""
+        return f"TTFT {ttft}, TPOT {self.tpot * 1e3:g}ms{tbt}"

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Callable, NamedTuple, Protocol, Sequence
 
 from bullet.cache.prefix_cache import PrefixCache
 from bullet.core.finish import Abort
@@ -46,12 +46,12 @@ class StatePort(Protocol):
     def read(self, role: str) -> WorkerState: ...
 
 
-@dataclass(frozen=True)
-class HybridItem:
+class HybridItem(NamedTuple):
     """One request's share of a hybrid step: `num_tokens` new tokens after `start` cached ones;
     `completes`: they are the sequence's last uncomputed tokens (else a middle chunk of a prompt);
     `logits` is "all" (prompt logprobs), "last" or "none"; `sample`: the step samples its next
-    token (it completes the sequence and wants output)."""
+    token (it completes the sequence and wants output). Immutable, and a tuple: one is built per
+    request per step."""
 
     req: Request
     start: int

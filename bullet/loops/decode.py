@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 from bullet.core.finish import Abort
-from bullet.core.request import Request
+from bullet.core.request import Request, total_seq_len
 from bullet.core.worker_state import WorkerFlags
 from bullet.loops.base import LoopCore, LoopEnv, Wake
 from bullet.schedulers.views import DecodeDecision, DecodePolicy, DecodeView
@@ -31,6 +31,7 @@ class DecodeCore(LoopCore):
         # aborts that overtook their handoff (prefill sent it before the abort reached prefill), by uid
         self.tombstones: dict[int, float] = {}
         self.paused = False
+        self._flag_paused = False  # whether self.flags holds PAUSED (only publish changes that bit)
         self.pauses = 0
         self.handed_back = 0  # requests given back to prefill when the pool ran out
         self.gave_way_after = 0  # layers the running step had done when it gave units to prefill (0: it did not)
@@ -77,7 +78,7 @@ class DecodeCore(LoopCore):
             return Wake.EVENT
         self.apply_units(decision.units)
         self._ask_for_pages()
-        batch = [r for r in self.running if self._reserve_next_slot(r)]
+        batch = self._reserve_next_slots(self.running)
         if not batch:
             if self.remote_cache and env.allocator.cache_pages()[1] > 0:
                 return Wake.until(view.now + PAUSED_POLL_S)  # prefill is evicting cached pages for us
@@ -98,16 +99,21 @@ class DecodeCore(LoopCore):
             self.asked_pages_at = self.steps
             self.env.outbox.want_pages(short)
 
-    def _reserve_next_slot(self, req: Request) -> bool:
+    def _reserve_next_slots(self, running: list[Request]) -> list[Request]:
+        """The requests that have a KV slot for their next token, reserving a page for those that
+        cross into a new one; a request that cannot get its page skips this step (pages come back as
+        other requests finish)."""
         allocator = self.env.allocator
-        need = allocator.pages_for(req.seq_len) - len(req.page_table)
-        if need <= 0:
-            return True
-        try:
-            req.page_table.extend(allocator.alloc(need, req.uid))
-            return True
-        except OutOfPages:
-            return False  # skip this step; pages come back as other requests finish
+        pages_for, batch = allocator.pages_for, []
+        for req in running:
+            need = pages_for(len(req.prompt_ids) + len(req.output_ids)) - len(req.page_table)  # req.seq_len
+            if need > 0:
+                try:
+                    req.page_table.extend(allocator.alloc(need, req.uid))
+                except OutOfPages:
+                    continue
+            batch.append(req)
+        return batch
 
     def between_layers(self, layers_done: int) -> None:
         """Inside a running step (the executor calls this between layers, where it can): when the
@@ -135,9 +141,10 @@ class DecodeCore(LoopCore):
         else:
             self.policy.observe(decision, seconds, view)
         self.steps += 1
-        self.record(view.now, self.env.partition.current_units, run=True, batch=len(batch),
-                    context=sum(r.seq_len for r in batch), prefill_units=view.peer.compute_units,
-                    pred_ms=decision.predicted_s * 1e3, obs_ms=seconds * 1e3, reason=reason)
+        if self.env.timeline.enabled:
+            self.record(view.now, self.env.partition.current_units, run=True, batch=len(batch),
+                        context=total_seq_len(batch), prefill_units=view.peer.compute_units,
+                        pred_ms=decision.predicted_s * 1e3, obs_ms=seconds * 1e3, reason=reason)
         done = [r for r in batch if r.finished]
         if done:
             finished = set(done)
@@ -171,7 +178,9 @@ class DecodeCore(LoopCore):
         return {"decode_pauses": self.pauses, "recomputed": self.handed_back, "decode_gave_way_mid_step": self.gave_way}
 
     def publish(self) -> None:
-        self.flags = self.flags | WorkerFlags.PAUSED if self.paused else self.flags & ~WorkerFlags.PAUSED
+        if self.paused != self._flag_paused:  # flag arithmetic is slow: only when it changes
+            self.flags = self.flags | WorkerFlags.PAUSED if self.paused else self.flags & ~WorkerFlags.PAUSED
+            self._flag_paused = self.paused
         self.publish_state(idle=not self.running, batch_size=len(self.running),
-                           tokens_in_flight=sum(r.seq_len for r in self.running), tpot_obs_ms=self.last_step_ms,
+                           tokens_in_flight=total_seq_len(self.running), tpot_obs_ms=self.last_step_ms,
                            step_obs_ms=self.last_step_ms)

@@ -157,10 +157,11 @@ class PrefillCore(LoopCore):
         inflight.layers_done += layers
         self.policy.observe(decision, seconds, view)
         self.steps += 1
-        self.record(view.now, self.env.partition.current_units, run=True, layers=decision.num_layers,
-                    batch=len(inflight.requests), tokens=inflight.num_tokens, queue=len(self.queue),
-                    decode_batch=view.peer.batch_size, pred_ms=decision.predicted_s * 1e3, obs_ms=seconds * 1e3,
-                    reason=decision.reason)
+        if self.env.timeline.enabled:
+            self.record(view.now, self.env.partition.current_units, run=True, layers=decision.num_layers,
+                        batch=len(inflight.requests), tokens=inflight.num_tokens, queue=len(self.queue),
+                        decode_batch=view.peer.batch_size, pred_ms=decision.predicted_s * 1e3,
+                        obs_ms=seconds * 1e3, reason=decision.reason)
         if inflight.remaining_layers == 0:
             self._complete(inflight)
         self.publish()

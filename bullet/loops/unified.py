@@ -14,12 +14,12 @@ from bullet.schedulers.hybrid import HybridScheduler, Scheduled
 def hybrid_items(batch: list[Scheduled]) -> list[HybridItem]:
     items = []
     for s in batch:
-        req, start = s.req, s.req.num_cached
-        completes = start + s.num_tokens == req.seq_len
-        wants_all = req.params.prompt_logprobs and start < len(req.prompt_ids)
+        req, n = s.req, s.num_tokens
+        start, params, prompt = req.num_cached, req.params, len(req.prompt_ids)
+        completes = start + n == prompt + len(req.output_ids)  # req.seq_len
+        wants_all = params.prompt_logprobs and start < prompt
         logits = "all" if wants_all else ("last" if completes else "none")
-        items.append(HybridItem(req, start, s.num_tokens, completes, logits,
-                                completes and req.params.max_new_tokens > 0))
+        items.append(HybridItem(req, start, n, completes, logits, completes and params.max_new_tokens > 0))
     return items
 
 
@@ -75,9 +75,10 @@ class UnifiedCore(LoopCore):
                 self.requests.pop(req.uid, None)
         self.last_step_ms = seconds * 1e3
         self.steps += 1
-        self.record(t, self.env.partition.current_units, run=True, batch=len(self.scheduler.running), queue=queued,
-                    tokens=sum(i.num_tokens for i in items), obs_ms=seconds * 1e3,
-                    reason=f"hybrid batch, budget {self.scheduler.token_budget}")
+        if self.env.timeline.enabled:
+            self.record(t, self.env.partition.current_units, run=True, batch=len(self.scheduler.running),
+                        queue=queued, tokens=sum(i.num_tokens for i in items), obs_ms=seconds * 1e3,
+                        reason=f"hybrid batch, budget {self.scheduler.token_budget}")
         self.env.outbox.tokens(progressed)
         self.publish()
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import math
 
+from bullet.core.request import seq_lens
 from bullet.core.slo import SLO
 from bullet.core.worker_state import Predictions
-from bullet.schedulers.predict import LearningPredictor, Predictor, p90, pause_budget, tpot_after_next_step
+from bullet.schedulers.predict import LearningPredictor, Predictor, decode_outlook, p90
 from bullet.schedulers.views import DecodeDecision, DecodePolicy, DecodeView
 
 IDLE_UNITS_RULES = ("all", "efficient")
@@ -49,7 +50,7 @@ class BulletDecodePolicy(DecodePolicy):
             return DecodeDecision(run=False, units=view.current_units or self.total,
                                   predictions=Predictions(pause_budget_ms=1e9))
         active = prefill_active(peer)
-        lens = [r.seq_len for r in running]
+        lens = seq_lens(running)
         if not active:
             units, reason = self.total, "prefill idle: decode takes every unit"
             fewer = self.efficient_units(lens) if self.idle_units == "efficient" else None
@@ -60,8 +61,8 @@ class BulletDecodePolicy(DecodePolicy):
             units, reason = self.complement(peer.compute_units), "complement of prefill's share"
         co_tokens = peer.tokens_in_flight if active else 0
         step = self.est.decode_time_for(lens, units if units > 0 else self.feasible[0], co_prefill_tokens=co_tokens)
-        budget = pause_budget(running, view.now, step, self.slo)
-        predictions = Predictions(tpot_pred_p90_ms=p90([tpot_after_next_step(r, view.now, step) for r in running]) * 1e3,
+        budget, tpots = decode_outlook(running, view.now, step, self.slo)
+        predictions = Predictions(tpot_pred_p90_ms=p90(tpots) * 1e3,
                                   pause_budget_ms=(budget if math.isfinite(budget) else 1e9) * 1e3,
                                   step_pred_ms=step * 1e3)
         if units <= 0:
@@ -102,4 +103,4 @@ class BulletDecodePolicy(DecodePolicy):
         if self.learner is None or not view.running:
             return
         co = view.peer.tokens_in_flight if prefill_active(view.peer) else 0
-        self.learner.observe_decode([r.seq_len for r in view.running], decision.units, seconds, co_prefill_tokens=co)
+        self.learner.observe_decode(seq_lens(view.running), decision.units, seconds, co_prefill_tokens=co)

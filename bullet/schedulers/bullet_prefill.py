@@ -27,12 +27,22 @@ is shared in time, as one engine would — and it splits only when TPOT would br
 
 from __future__ import annotations
 
+import bisect
 from typing import Callable
 
 from bullet.core.request import Request
 from bullet.core.slo import SLO
 from bullet.core.worker_state import Predictions
-from bullet.schedulers.predict import LearningPredictor, Predictor, p90, predict_ttfts, prefill_costs, prefill_seconds
+from bullet.schedulers.predict import (
+    LearningPredictor,
+    Predictor,
+    decode_seconds_over,
+    p90,
+    predict_ttfts,
+    prefill_costs,
+    prefill_seconds,
+    prefill_seconds_over,
+)
 from bullet.schedulers.preemption import choose_preemptors
 from bullet.schedulers.views import PrefillDecision, PrefillPolicy, PrefillView
 
@@ -62,6 +72,8 @@ class BulletPrefillPolicy(PrefillPolicy):
         self.est, self.slo, self.feasible = est, slo, sorted(feasible_units)
         self.learner: LearningPredictor | None = est if hasattr(est, "observe_prefill") else None
         self.total = self.feasible[-1]
+        # decode's possible shares (prefill keeps at least its smallest), fewest first
+        self._decode_candidates = sorted(self.total - f for f in self.feasible if self.total - f > 0)
         self.k, self.num_layers, self.max_tokens = layers_per_step, num_layers, max_prefill_tokens
         self.batch_token_limit, self.max_wait_s = batch_token_limit, max_wait_s
         self.last_reason = ""
@@ -233,9 +245,10 @@ class BulletPrefillPolicy(PrefillPolicy):
 
     def decode_units_for(self, batch: int, context: int, co_tokens: int, target: float) -> int | None:
         """Fewest units (leaving prefill at least its minimum) with a decode step within target."""
-        candidates = [self.total - f for f in self.feasible if self.total - f > 0]
-        for d in sorted(candidates):
-            if self.est.decode_time(batch, context, self.decode_gets(d), co_prefill_tokens=co_tokens) <= target:
+        candidates = self._decode_candidates
+        gets = [self.decode_gets(d) for d in candidates]
+        for d, step in zip(candidates, decode_seconds_over(self.est, batch, context, gets, co_tokens)):
+            if step <= target:
                 return d
         return None
 
@@ -244,11 +257,11 @@ class BulletPrefillPolicy(PrefillPolicy):
         NEAR_BEST of the fastest such share. Where decode's step barely depends on its units (an eager,
         launch-bound decode on a GPU: 71 ms on 24 SMs, 72 ms on 132 of an H200), that is a small share,
         and prefill, which scales, keeps the rest; before, decode took everything but prefill's minimum."""
-        candidates = sorted(self.total - f for f in self.feasible if self.total - f > 0)
+        candidates = self._decode_candidates
         if not candidates:
             return self.total - self.feasible[0]
-        times = {d: self.est.decode_time(batch, context, self.decode_gets(d), co_prefill_tokens=co_tokens)
-                 for d in candidates}
+        times = dict(zip(candidates, decode_seconds_over(self.est, batch, context,
+                                                         [self.decode_gets(d) for d in candidates], co_tokens)))
         bound = min(times.values()) * (1.0 + NEAR_BEST)
         return next(d for d in candidates if times[d] <= bound)
 
@@ -266,17 +279,14 @@ class BulletPrefillPolicy(PrefillPolicy):
         lens, cached = inflight.lengths, inflight.starts
         layers = inflight.remaining_layers
 
-        def group(p: int) -> float:
-            return prefill_seconds(self.est, lens, p, cached, num_layers=layers, co_decode_batch=batch)
-
+        usual_s = prefill_seconds(self.est, lens, usual, cached, num_layers=layers, co_decode_batch=batch)
         if self.hand_back_rule == "bounded":
-            allowed = group(usual) * (1.0 + BOUNDED_STRETCH)
+            allowed = usual_s * (1.0 + BOUNDED_STRETCH)
         else:
-            allowed = group(usual) + self.est.decode_time(batch, context, max(1, self.total - usual))
-        for p in self.feasible:
-            if p >= usual:
-                break
-            t = group(p)
+            allowed = usual_s + self.est.decode_time(batch, context, max(1, self.total - usual))
+        fewer = self.feasible[:bisect.bisect_left(self.feasible, usual)]  # ascending: the fewest first
+        groups = prefill_seconds_over(self.est, lens, fewer, cached, num_layers=layers, co_decode_batch=batch)
+        for p, t in zip(fewer, groups):
             if t <= allowed and all(view.now + t - r.arrival <= self.slo.ttft_target(len(r.prompt_ids))
                                     for r in inflight.requests):
                 return p
@@ -287,14 +297,12 @@ class BulletPrefillPolicy(PrefillPolicy):
         """The split that equalizes how far each phase is over its target (minimizes the worse one)."""
         target_p = min(self.slo.ttft_target(n) for n in batch_lens)
         best, best_p = float("inf"), self.feasible[0]
-        for p in self.feasible:
-            d = self.total - p
-            if d <= 0:
-                continue
-            over_p = prefill_seconds(self.est, batch_lens, p, cached, co_decode_batch=batch) / target_p
-            over_d = self.est.decode_time(batch, context, self.decode_gets(d),
-                                          co_prefill_tokens=sum(batch_lens)) / self.slo.tpot
-            worst = max(over_p, over_d)
+        shares = [p for p in self.feasible if self.total - p > 0]
+        prefill = prefill_seconds_over(self.est, batch_lens, shares, cached, co_decode_batch=batch)
+        decode = decode_seconds_over(self.est, batch, context, [self.decode_gets(self.total - p) for p in shares],
+                                     sum(batch_lens))
+        for p, prefill_s, decode_s in zip(shares, prefill, decode):
+            worst = max(prefill_s / target_p, decode_s / self.slo.tpot)
             if worst < best:
                 best, best_p = worst, p
         return best_p

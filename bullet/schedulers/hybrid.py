@@ -25,7 +25,7 @@ from bullet.core.request import Request, Status
 from bullet.shm.page_allocator import OutOfPages, PageAllocator
 
 
-@dataclass
+@dataclass(slots=True)
 class Scheduled:
     req: Request
     num_tokens: int  # tokens computed for it this step (from req.num_cached)
@@ -93,30 +93,36 @@ class HybridScheduler:
 
     def schedule(self) -> list[Scheduled]:
         if self.mixed:
-            return self._schedule(lambda req: True, admit=True)
+            return self._schedule(None, admit=True)
         prefill = self._schedule(lambda req: not self.decoding(req), admit=True)
         return prefill if prefill else self._schedule(self.decoding, admit=False)
 
     def _schedule(self, takes, admit: bool) -> list[Scheduled]:
-        """Running requests that `takes` accepts (decodes, continuing chunks), then — with `admit` —
-        new prompts, while the token budget and memory last."""
+        """Running requests that `takes` accepts (None: all of them) — decodes, continuing chunks —
+        then, with `admit`, new prompts, while the token budget and memory last."""
         batch: list[Scheduled] = []
         budget = self.token_budget
-        # 1. running requests: decodes (1 token) and the continuation of chunked prefills
+        pages_for, running = self.allocator.pages_for, Status.RUNNING
+        # 1. running requests: decodes (1 token) and the continuation of chunked prefills; this loop
+        # visits every running request every step, so it reads each field once
         for req in list(self.running):
             # preempted while making room for an earlier one (a status check is O(1))
-            if req.status is not Status.RUNNING or not takes(req):
+            if req.status is not running or (takes is not None and not takes(req)):
                 continue
-            n = min(req.num_uncomputed, budget)
+            cached = req.num_cached
+            n = len(req.prompt_ids) + len(req.output_ids) - cached  # req.num_uncomputed
+            if n > budget:
+                n = budget
             if n == 0:
                 continue
-            while True:
-                try:
-                    self._grow(req, n)
-                    break
-                except OutOfPages:
-                    if not (self._preempt_newest(keep=req) or self._unpin_waiting(keep=req)):
-                        raise
+            if pages_for(cached + n) > len(req.page_table):  # it needs a page (`_grow`)
+                while True:
+                    try:
+                        self._grow(req, n)
+                        break
+                    except OutOfPages:
+                        if not (self._preempt_newest(keep=req) or self._unpin_waiting(keep=req)):
+                            raise
             batch.append(Scheduled(req, n))
             budget -= n
         # 2. new prompts, first come first served, while budget and memory last

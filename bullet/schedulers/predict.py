@@ -8,7 +8,7 @@ use a simple analytic stand-in."""
 from __future__ import annotations
 
 import math
-from typing import Protocol, Sequence
+from typing import Iterator, Protocol, Sequence
 
 from bullet.core.request import Request
 from bullet.core.slo import SLO
@@ -55,6 +55,25 @@ def prefill_seconds(est: Predictor, seq_lens: Sequence[int], units: int, cached:
     return est.prefill_time(seq_lens, units, **kwargs)
 
 
+def prefill_seconds_over(est: Predictor, seq_lens: Sequence[int], units: Sequence[int],
+                         cached: Sequence[int] | None = None, **kwargs) -> Iterator[float]:
+    """`prefill_seconds` on each share of `units`, lazily — through the predictor's batched form
+    (`prefill_times`, which does the per-call work once) when it has one."""
+    many = getattr(est, "prefill_times", None)
+    if many is None:
+        return (prefill_seconds(est, seq_lens, u, cached, **kwargs) for u in units)
+    return many(seq_lens, units, cached=cached if cached and any(cached) else None, **kwargs)
+
+
+def decode_seconds_over(est: Predictor, batch: int, context: int, units: Sequence[int],
+                        co_prefill_tokens: int = 0) -> Iterator[float]:
+    """`est.decode_time` on each share of `units`, lazily (batched where the predictor can)."""
+    many = getattr(est, "decode_times", None)
+    if many is None:
+        return (est.decode_time(batch, context, u, co_prefill_tokens=co_prefill_tokens) for u in units)
+    return many(batch, context, units, co_prefill_tokens)
+
+
 def prefill_costs(queue: Sequence[Request], est: Predictor, units: int, co_decode_batch: int) -> dict[Request, float]:
     """Each queued request's solo prefill time (its uncached tokens, attending to its cached prefix):
     one estimator call per request and decision, reused by every ordering the scheduler compares."""
@@ -91,3 +110,20 @@ def pause_budget(running: Sequence[Request], now: float, step_s: float, slo: SLO
         start = r.first_token_time if r.first_token_time is not None else now
         budget = min(budget, slo.tpot * n - (now - start) - step_s)
     return budget
+
+
+def decode_outlook(running: Sequence[Request], now: float, step_s: float, slo: SLO) -> tuple[float, list[float]]:
+    """`pause_budget` and every request's `tpot_after_next_step` (no pause) in one pass over the
+    batch, the same numbers: the decode policy needs both every step, for every request."""
+    budget, tpots, target = math.inf, [], slo.tpot
+    for r in running:
+        start = r.first_token_time
+        if start is None:
+            start = now
+        n = len(r.output_ids) or 1  # max(1, n): counts are never negative
+        waited = now - start
+        tpots.append((waited + step_s) / n)
+        left = target * n - waited - step_s
+        if left < budget:  # min(budget, left)
+            budget = left
+    return budget, tpots

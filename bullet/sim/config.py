@@ -24,16 +24,20 @@ GB = 1e9
 @dataclass
 class SimConfig:
     policy: str = "bullet"  # bullet | static[:<prefill units>] | naive | chunked:<token budget>
-    model: str = "llama-3.1-8b"  # a built-in model config (engines/configs)
-    hardware: str = "a100"  # a built-in GPU (estimator.hardware.BUILTIN)
-    estimator_profile: str | None = None  # default: the shipped profile of the hardware, else SRM only
+    model: str | None = None  # a built-in model config (engines/configs); default: the profile's, else llama-3.1-8b
+    hardware: str | None = None  # a built-in GPU (estimator.hardware.BUILTIN); default: the profile's, else a100
+    # the device model: a profile file (`bullet profile`, e.g. a GPU measured with --device cuda); default:
+    # the shipped profile of the hardware, else SRM only
+    estimator_profile: str | None = None
     ttft_slo: str = "3.0ms/token"
     tpot_slo: str = "150ms"
+    tbt_slo: str | None = None  # bound on each request's P99 time between tokens (None: TBT not judged)
     prefill_layers_per_step: int = 4
     max_prefill_tokens: int = 4096
     max_running_requests: int = 1024  # most requests running at once, every policy (--max-running-requests)
     page_size: int = 16
     kv_memory_gb: float | None = None  # default: device memory minus the weights
+    max_total_tokens: int | None = None  # the KV pool in tokens (SGLang's --max-total-tokens); beats kv_memory_gb
     noise: float = 0.05  # each step's latency x U[1-noise, 1+noise]
     contention_model: bool = True  # charge memory contention between the workers (estimator.analytic_contention)
     contention_floor: float = DEFAULT_FLOOR
@@ -42,7 +46,10 @@ class SimConfig:
     policy_contention: bool = True  # policies' estimators hold the contention table, as a profiled device's would
     policy_error: float = 0.10  # each policy predicts with a copy wrong by this much on average (bullet.sim.perturbed)
     policy_error_learnable: bool = True  # online refinement sees that error (as a real worker's would); False: it cannot
-    step_overhead_s: float = 0.5e-3  # per step, every system: launch and scheduling outside the kernels
+    # per step, every system: launch and scheduling outside the kernels. None: 0 with a profile whose
+    # phase samples timed whole steps (their calibration already carries what the steps spent outside
+    # the kernels), else 0.5 ms (`step_overhead`)
+    step_overhead_s: float | None = None
     prefill_preemption: bool = True  # bullet: layer-boundary preemption of the prefill batch in flight
     hand_back: str = "bounded"  # bullet: off | decode-step | bounded
     layer_group: str = "fixed"  # bullet: fixed (prefill_layers_per_step) | adaptive (about one decode step)
@@ -58,7 +65,8 @@ class SimConfig:
         return asdict(self)
 
     def contention(self, estimator: Estimator) -> AnalyticContention | None:
-        if not self.contention_model:
+        """The assumed contention model, where the device's profile measured none."""
+        if not self.contention_model or measured_contention(estimator):
             return None
         return AnalyticContention(estimator, self.contention_floor, self.prefill_slowdown)
 
@@ -68,17 +76,51 @@ class SimConfig:
         return ridge_token_limit(estimator.model, estimator.hardware, estimator.dtype, DTYPE_BYTES[estimator.dtype])
 
 
+DEFAULT_MODEL, DEFAULT_HARDWARE = "llama-3.1-8b", "a100"
+SPEC_STEP_OVERHEAD_S = 0.5e-3  # assumed per step where no measured step says otherwise
+
+
 def device_estimator(config: SimConfig) -> Estimator:
-    """The estimator the device charges latencies from."""
-    model = ModelConfig.builtin(config.model)
-    hardware = HardwareSpec.builtin(config.hardware)
-    path = config.estimator_profile or SHIPPED_PROFILES.get(config.hardware.lower())
+    """The estimator the device charges latencies from: a profile's device (its measured rates and
+    calibration) when `estimator_profile` is given, else a built-in GPU and its shipped profile."""
+    model = ModelConfig.builtin(config.model) if config.model else None
+    if config.estimator_profile:
+        est = load_estimator(config.estimator_profile, model=model)
+        if config.hardware and est.hardware.name != HardwareSpec.builtin(config.hardware).name:
+            raise ValueError(f"{config.estimator_profile} describes {est.hardware.name}, not --hardware "
+                             f"{config.hardware}: leave --hardware out to simulate the profile's device")
+        return est
+    model = model or ModelConfig.builtin(DEFAULT_MODEL)
+    name = config.hardware or DEFAULT_HARDWARE
+    hardware = HardwareSpec.builtin(name)
+    path = SHIPPED_PROFILES.get(name.lower())
     if path is None:
         return Estimator(model, hardware)  # SRM only: no calibration exists for this device
     est = load_estimator(path, model=model)
     if est.hardware.name != hardware.name:
-        raise ValueError(f"{path} describes {est.hardware.name}, not {hardware.name} (--hardware {config.hardware})")
+        raise ValueError(f"{path} describes {est.hardware.name}, not {hardware.name} (--hardware {name})")
     return est
+
+
+def measures_steps(estimator: Estimator) -> bool:
+    """The calibration holds whole steps timed on the device itself (a `bullet profile` of it: its
+    rates are measured too), not only kernels or steps taken from elsewhere."""
+    return bool(estimator.hardware.measured_bandwidth) and any(
+        s.kind in ("prefill", "decode") and s.include_head and s.num_layers is None
+        for s in estimator.calibration.samples)
+
+
+def step_overhead(config: SimConfig, estimator: Estimator) -> float:
+    """Seconds the device charges after each step's kernels (`SimConfig.step_overhead_s`)."""
+    if config.step_overhead_s is not None:
+        return config.step_overhead_s
+    return 0.0 if measures_steps(estimator) else SPEC_STEP_OVERHEAD_S
+
+
+def measured_contention(estimator: Estimator) -> bool:
+    """The profile measured how the phases slow each other (steps timed beside the other phase):
+    the device charges that table instead of the assumed model."""
+    return bool(estimator.contention.decode_bandwidth or estimator.contention.prefill_slowdown)
 
 
 def is_calibrated(estimator: Estimator) -> bool:
@@ -93,6 +135,8 @@ def policy_estimator(config: SimConfig, device: Estimator, role: str = "policy")
     table = None
     if config.policy_contention and contention is not None:
         table = contention.contention_table(device.hardware.partition_sizes())
+    elif config.policy_contention and config.contention_model and measured_contention(device):
+        table = device.contention.model_copy(deep=True)  # the profile's own, as a worker would load it
     est = Estimator(device.model, device.hardware, device.calibration.model_copy(deep=True), table, device.dtype)
     return PerturbedPredictor(est, config.policy_error, seed=f"{config.seed}|{role}",
                               learnable=config.policy_error_learnable)
@@ -110,7 +154,11 @@ def kv_bytes_per_token(model: ModelConfig, dtype_bytes: int = 2) -> int:
 
 
 def kv_pool_pages(config: SimConfig, model: ModelConfig, hardware: HardwareSpec) -> int:
-    """Pages of the KV pool: the device's memory minus the weights (or `kv_memory_gb`)."""
+    """Pages of the KV pool: `max_total_tokens`, else the device's memory minus the weights (or `kv_memory_gb`)."""
+    if config.max_total_tokens is not None:
+        if config.max_total_tokens < config.page_size:
+            raise ValueError(f"max_total_tokens {config.max_total_tokens} holds no page of {config.page_size} tokens")
+        return config.max_total_tokens // config.page_size
     if config.kv_memory_gb is not None:
         pool = config.kv_memory_gb * GB
     else:

@@ -15,7 +15,9 @@ charged partly at each speed. Within one configuration:
   (`overlap_share="even"` splits them half and half instead).
 * memory contention (units isolated, memory system shared): one HBM divided between the two
   steps' demands, and interference beyond bandwidth, from `estimator.analytic_contention` (an
-  assumed model; off with `contention=None`).
+  assumed model; off with `contention=None`) — or, for a device whose profile timed each phase
+  beside the other (`measured_corun`), the estimator's measured table: decode's bandwidth beside a
+  prefill of that many tokens, prefill's slowdown beside a decode batch of that size.
 * noise: each step's latency is multiplied by a seeded factor drawn uniformly from [1-n, 1+n]
   (Bullet §3.2.3 measures 95 % of co-running latencies within ±6.8 % of their mean).
 
@@ -77,7 +79,7 @@ class HybridWork:
         return sum(c for c, _ in self.chunks) + self.batch
 
 
-@dataclass
+@dataclass(slots=True)
 class Step:
     role: str
     work: PrefillWork | DecodeWork | HybridWork
@@ -105,13 +107,15 @@ class DeviceStats:
 
 class SimulatedDevice:
     def __init__(self, estimator: Estimator, loop: EventLoop, contention: AnalyticContention | None = None,
-                 noise: float = 0.0, seed: int = 0, overlap_share: str = "demand", step_overhead_s: float = 0.0):
+                 noise: float = 0.0, seed: int = 0, overlap_share: str = "demand", step_overhead_s: float = 0.0,
+                 measured_corun: bool = False):
         if not 0.0 <= noise < 1.0:
             raise ValueError(f"noise must lie in [0, 1), got {noise}")
         if overlap_share not in OVERLAP_SHARES:
             raise ValueError(f"overlap_share must be one of {OVERLAP_SHARES}, got {overlap_share!r}")
         self.est, self.loop, self.contention, self.noise = estimator, loop, contention, noise
         self.overlap_share, self.step_overhead_s = overlap_share, step_overhead_s
+        self.measured_corun = measured_corun
         self.total = estimator.hardware.units
         self.rng = random.Random(seed)
         self.running: dict[str, Step] = {}
@@ -175,10 +179,19 @@ class SimulatedDevice:
 
     def latencies(self) -> dict[str, float]:
         """Latency of each running step, whole, in the current configuration (before noise)."""
+        if len(self.running) == 1:  # alone: its own units, no one to share them or memory with
+            (role, step), = self.running.items()
+            return {role: self._alone(step.work, min(self.total, max(1, round(float(step.units)))))}
         effective = self.effective_units()
         units = {role: min(self.total, max(1, round(u))) for role, u in effective.items()}
-        alone = {role: self._alone(step.work, units[role]) for role, step in self.running.items()}
         prefill, decode = self.running.get("prefill"), self.running.get("decode")
+        if prefill is not None and decode is not None and self.measured_corun:
+            p, d = prefill.work, decode.work
+            return {"prefill": self.est.prefill_time(list(p.seq_lens), units["prefill"], num_layers=p.layers,
+                                                     include_head=p.include_head, co_decode_batch=d.batch,
+                                                     cached=list(p.cached) or None),
+                    "decode": self.est.decode_time(d.batch, d.context, units["decode"], co_prefill_tokens=p.rows)}
+        alone = {role: self._alone(step.work, units[role]) for role, step in self.running.items()}
         if prefill is None or decode is None or self.contention is None:
             return alone
         p, d, c = prefill.work, decode.work, self.contention

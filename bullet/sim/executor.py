@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from bullet.core.finish import FinishChecker
-from bullet.core.request import Request
+from bullet.core.request import Request, total_seq_len
 from bullet.core.roles import Role
 from bullet.loops.base import HybridItem
 from bullet.schedulers.views import Clock, InflightPrefill
@@ -19,27 +19,41 @@ SIM_TOKEN_ID = 0  # the token every simulated step "samples": not an EOS id of a
 
 class SimExecutor:
     def __init__(self, role: Role, device: SimulatedDevice, partition: SimulatedPartition, clock: Clock,
-                 finish: FinishChecker, on_step_end: Callable[[], None] = lambda: None):
+                 finish: FinishChecker, on_step_end: Callable[[], None] = lambda: None,
+                 token_times: dict[int, list[float]] | None = None):
         self.role, self.device, self.partition, self.clock, self.finish = role, device, partition, clock, finish
         self.on_step_end = on_step_end  # the driver goes round again once the core has taken the step's end
+        # where each token's time goes, by request uid (the request log's, for its TBT); None: nowhere
+        self.token_times = token_times
 
     def _run(self, work, sampled: Sequence[Request], on_done: Callable[[float], None]) -> None:
         def ended(seconds: float) -> None:
-            for req in sampled:
-                self.emit_token(req)
+            if sampled:
+                self.emit_tokens(sampled)
             on_done(seconds)
             self.on_step_end()
 
         self.device.start(self.role.value, work, self.partition.current_units, ended)
 
     def emit_token(self, req: Request) -> None:
-        req.output_ids.append(SIM_TOKEN_ID)
-        now = self.clock.now()
-        if req.first_token_time is None:
-            req.first_token_time = now
-        reason = self.finish.check(req)
-        if reason is not None:
-            req.finish(reason, now)
+        self.emit_tokens((req,))
+
+    def emit_tokens(self, reqs: Sequence[Request]) -> None:
+        """A token for each of `reqs`, all at this instant (a decode step samples every request)."""
+        now, check, stamps = self.clock.now(), self.finish.check, self.token_times
+        for req in reqs:
+            req.output_ids.append(SIM_TOKEN_ID)
+            if req.first_token_time is None:
+                req.first_token_time = now
+            if stamps is not None:
+                times = stamps.get(req.uid)
+                if times is None:
+                    stamps[req.uid] = [now]
+                else:
+                    times.append(now)
+            reason = check(req)
+            if reason is not None:
+                req.finish(reason, now)
 
     def run_prefill(self, batch: InflightPrefill, layers: int, finishing: Sequence[Request] | None,
                     on_done: Callable[[float], None]) -> None:
@@ -47,7 +61,7 @@ class SimExecutor:
         self._run(work, finishing or (), on_done)
 
     def run_decode(self, batch: Sequence[Request], on_done: Callable[[float], None]) -> None:
-        self._run(DecodeWork(len(batch), sum(r.seq_len for r in batch)), batch, on_done)
+        self._run(DecodeWork(len(batch), total_seq_len(batch)), batch, on_done)
 
     def run_hybrid(self, items: Sequence[HybridItem], on_done: Callable[[float], None]) -> None:
         self._run(hybrid_work(items), [i.req for i in items if i.sample], on_done)

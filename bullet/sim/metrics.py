@@ -1,10 +1,18 @@
 """Per-request outcomes of a simulated run and their summary: SLO attainment (both targets, Bullet
-§4.1), TTFT and TPOT statistics, throughput. The summary keys match the served benchmarks' scoring (`artifact.scoring`),
-so the same report and plotting code reads real and simulated runs."""
+§4.1), TTFT and TPOT statistics, time between tokens (TBT), throughput. The summary keys match the
+served benchmarks' scoring (`artifact.scoring`), so the same report and plotting code reads real and
+simulated runs.
+
+TBT is every gap between two consecutive output tokens of a request (its inter-token latencies, as
+`sglang.bench_serving` records them): `p99_tbt_s` is the P99 over all gaps of all requests (what a
+user watching every stream sees), `*_request_p99_tbt_s` summarize each request's own P99 (what a TBT
+SLO judges, `SLO.tbt`)."""
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 from dataclasses import dataclass
 
 from bullet.core.finish import Abort
@@ -21,6 +29,12 @@ class RequestRecord:
     first_token_time: float | None
     finish_time: float
     aborted: bool
+    token_gaps: tuple[float, ...] = ()  # seconds between consecutive output tokens
+
+    @property
+    def tbt_p99(self) -> float | None:
+        """P99 of this request's gaps between tokens (None with fewer than two tokens)."""
+        return percentile(self.token_gaps, 99) if self.token_gaps else None
 
     @property
     def ok(self) -> bool:
@@ -41,17 +55,39 @@ class RequestRecord:
 class RequestLog:
     def __init__(self):
         self.records: list[RequestRecord] = []
+        # when each output token of each request in flight appeared, by uid (the executors stamp them)
+        self.token_times: dict[int, list[float]] = {}
 
     def finished(self, req: Request) -> None:
+        times = self.token_times.pop(req.uid, ())
         self.records.append(RequestRecord(req.rid, req.arrival, len(req.prompt_ids), len(req.output_ids),
-                                          req.first_token_time, req.finish_time, isinstance(req.finish_reason, Abort)))
+                                          req.first_token_time, req.finish_time, isinstance(req.finish_reason, Abort),
+                                          token_gaps(times)))
 
 
-def percentile(values: list[float], q: float) -> float:
+def token_gaps(times) -> tuple[float, ...]:
+    """Gaps between consecutive token times (later minus earlier)."""
+    return tuple(map(operator.sub, times[1:], times))
+
+
+def tbt_summary(gaps_per_request: list) -> dict:
+    """P50/P99 TBT over every gap of every request, and the mean / P50 / P90 of each request's own P99
+    (NaN where no request had two tokens)."""
+    pooled = sorted(itertools.chain.from_iterable(gaps_per_request))
+    per_request = [percentile(gaps, 99) for gaps in gaps_per_request if gaps]
+    ranked = sorted(per_request)
+    return {"p50_tbt_s": percentile(pooled, 50, presorted=True), "p99_tbt_s": percentile(pooled, 99, presorted=True),
+            "max_tbt_s": pooled[-1] if pooled else math.nan,
+            "mean_request_p99_tbt_s": _mean(per_request),
+            "p50_request_p99_tbt_s": percentile(ranked, 50, presorted=True),
+            "p90_request_p99_tbt_s": percentile(ranked, 90, presorted=True)}
+
+
+def percentile(values, q: float, presorted: bool = False) -> float:
     """Linear-interpolation percentile (numpy's default), NaN for no values."""
     if not values:
         return math.nan
-    s = sorted(values)
+    s = values if presorted else sorted(values)
     pos = (len(s) - 1) * q / 100.0
     lo = math.floor(pos)
     hi = min(lo + 1, len(s) - 1)
@@ -71,7 +107,8 @@ def summarize(records: list[RequestRecord], slo: SLO, duration: float, total_req
     tpot = [r.tpot for r in done if r.tpot is not None]
     ttft_ok = [r.ttft <= slo.ttft_target(r.input_len) for r in done]
     tpot_ok = [r.tpot is None or r.tpot <= slo.tpot for r in done]
-    attained = sum(1 for a, b in zip(ttft_ok, tpot_ok) if a and b)
+    tbt_ok = [slo.tbt_ok(r.tbt_p99) for r in done] if slo.tbt is not None else [True] * len(done)
+    attained = sum(1 for a, b, c in zip(ttft_ok, tpot_ok, tbt_ok) if a and b and c)
     tokens = sum(r.output_len for r in done)
     # normalized latency (Bullet Fig. 17/18): end-to-end latency per output token
     norm = [(r.finish_time - r.arrival) / max(1, r.output_len) for r in done]
@@ -83,6 +120,8 @@ def summarize(records: list[RequestRecord], slo: SLO, duration: float, total_req
             "p99_ttft_s": percentile(ttft, 99),
             "mean_tpot_s": _mean(tpot), "p50_tpot_s": percentile(tpot, 50), "p90_tpot_s": percentile(tpot, 90),
             "p99_tpot_s": percentile(tpot, 99),
+            **tbt_summary([r.token_gaps for r in done]),
+            "tbt_attained": sum(tbt_ok) / len(done) if done else 0.0,
             "mean_norm_latency_s": _mean(norm),
             "output_tok_per_s": tokens / duration if duration > 0 else 0.0,
             "req_per_s": len(done) / duration if duration > 0 else 0.0,

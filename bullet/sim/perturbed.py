@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from estimator.predictor import Estimator
 
@@ -33,15 +33,19 @@ class PerturbedPredictor:
         self.est, self.error, self.seed, self.learnable = est, error, seed, learnable
         self.sigma = error / MEAN_ABS_LOGNORMAL
         self.hardware, self.model, self.dtype = est.hardware, est.model, est.dtype
-        self._factors: dict[tuple, float] = {}
+        self._factors: dict[tuple, float] = {}  # per region
+        self._by_call: dict[tuple, float] = {}  # per (phase, size, units) asked about: its region's factor
 
     def factor(self, phase: str, size: int, units: int) -> float:
         if not self.error:
             return 1.0
-        key = (phase, max(0, int(size)).bit_length(), min(8, max(1, round(8 * units / self.hardware.units))))
-        f = self._factors.get(key)
+        f = self._by_call.get((phase, size, units))  # the same (size, units) come back all the time
         if f is None:
-            f = self._factors[key] = math.exp(random.Random(f"{self.seed}|{key}").gauss(0.0, self.sigma))
+            key = (phase, max(0, int(size)).bit_length(), min(8, max(1, round(8 * units / self.hardware.units))))
+            f = self._factors.get(key)
+            if f is None:
+                f = self._factors[key] = math.exp(random.Random(f"{self.seed}|{key}").gauss(0.0, self.sigma))
+            self._by_call[(phase, size, units)] = f
         return f
 
     # -- the Predictor protocol ---------------------------------------------------------------------
@@ -57,6 +61,18 @@ class PerturbedPredictor:
     def decode_time_for(self, context_lens: Sequence[int], units: int, co_prefill_tokens: int = 0) -> float:
         t = self.est.decode_time_for(context_lens, units, co_prefill_tokens)
         return t * self.factor("decode", len(context_lens), units)
+
+    def prefill_times(self, seq_lens: Sequence[int], units: Sequence[int], num_layers: int | None = None,
+                      include_head: bool = True, co_decode_batch: int = 0,
+                      cached: Sequence[int] | None = None) -> Iterator[float]:
+        size = sum(seq_lens)
+        times = self.est.prefill_times(seq_lens, units, num_layers, include_head, co_decode_batch, cached)
+        for u, t in zip(units, times):
+            yield t * self.factor("prefill", size, u)
+
+    def decode_times(self, batch: int, context: int, units: Sequence[int], co_prefill_tokens: int = 0) -> Iterator[float]:
+        for u, t in zip(units, self.est.decode_times(batch, context, units, co_prefill_tokens)):
+            yield t * self.factor("decode", batch, u)
 
     # -- online refinement reaches the estimator underneath -------------------------------------------
     def observe_prefill(self, seq_lens: Sequence[int], units: int, seconds: float, num_layers: int | None = None,

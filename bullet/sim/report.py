@@ -3,12 +3,13 @@ it is simulated and carries the assumptions it was made under."""
 
 from __future__ import annotations
 
-from bullet.sim.config import is_calibrated
+from bullet.sim.config import is_calibrated, step_overhead
 from bullet.sim.simulator import SimResult, Simulation
 
 SIMULATED_NOTE = ("SIMULATED on virtual time: latencies come from the estimator (device model), not from "
-                  "a GPU; contention between the workers is an assumed model; no kernel-launch, CPU or "
-                  "framework overhead is charged.")
+                  "a GPU; contention between the workers is an assumed model unless the profile measured it; "
+                  "time outside the kernels is a fixed overhead per step (or, with a measured profile, what "
+                  "its timed steps held).")
 
 
 def result_dict(result: SimResult, sim: Simulation, **workload) -> dict:
@@ -22,8 +23,9 @@ def result_dict(result: SimResult, sim: Simulation, **workload) -> dict:
         "workload": workload,
         "device": {"hardware": est.hardware.name, "units": est.hardware.units, "unit": est.hardware.unit_name,
                    "calibrated": is_calibrated(est), "kv_pages": sim.allocator.total_pages,
-                   "page_size": sim.allocator.page_size},
-        "slo": {"ttft": cfg.ttft_slo, "tpot": cfg.tpot_slo},
+                   "page_size": sim.allocator.page_size, "model": est.model.name,
+                   "step_overhead_s": step_overhead(cfg, est)},
+        "slo": {"ttft": cfg.ttft_slo, "tpot": cfg.tpot_slo, "tbt": cfg.tbt_slo},
         "summary": result.summary,
         "run": {"virtual_s": result.end_time, "wall_s": result.wall_s, "events": result.events,
                 "stopped_early": result.stopped_early, **result.counters,
@@ -38,14 +40,18 @@ def summary_lines(data: dict) -> list[str]:
         f"=== SIMULATED result (not a measurement) — {cfg['policy']} on {data['device']['hardware']}"
         f"{'' if data['device']['calibrated'] else ' (UNCALIBRATED roofline)'}, {wl.get('workload')} "
         f"at {wl.get('rate')} req/s ===",
-        f"SLO {data['slo']['ttft']} TTFT, {data['slo']['tpot']} TPOT: attainment {s['attainment']:.1%} "
-        f"(TTFT ok {s['ttft_attained']:.1%}, TPOT ok {s['tpot_attained']:.1%}); "
+        f"SLO {data['slo']['ttft']} TTFT, {data['slo']['tpot']} TPOT"
+        + (f", {data['slo']['tbt']} P99 TBT" if data['slo'].get('tbt') else "")
+        + f": attainment {s['attainment']:.1%} (TTFT ok {s['ttft_attained']:.1%}, TPOT ok {s['tpot_attained']:.1%}"
+        + (f", TBT ok {s['tbt_attained']:.1%}" if data['slo'].get('tbt') else "") + "); "
         f"{s['completed']}/{s['requests']} completed, {s['dropped']} dropped"
         + ("; STOPPED EARLY (attainment out of reach)" if run["stopped_early"] else ""),
         f"TTFT  mean {s['mean_ttft_s']:.3f}s  p50 {s['p50_ttft_s']:.3f}s  p90 {s['p90_ttft_s']:.3f}s  "
         f"p99 {s['p99_ttft_s']:.3f}s",
         f"TPOT  mean {s['mean_tpot_s'] * 1e3:.1f}ms  p50 {s['p50_tpot_s'] * 1e3:.1f}ms  "
         f"p90 {s['p90_tpot_s'] * 1e3:.1f}ms  p99 {s['p99_tpot_s'] * 1e3:.1f}ms",
+        f"TBT   p50 {s['p50_tbt_s'] * 1e3:.1f}ms  p99 {s['p99_tbt_s'] * 1e3:.1f}ms (every gap between tokens); "
+        f"per request P99: mean {s['mean_request_p99_tbt_s'] * 1e3:.1f}ms  p90 {s['p90_request_p99_tbt_s'] * 1e3:.1f}ms",
         f"throughput {s['output_tok_per_s']:.0f} output tok/s, {s['req_per_s']:.2f} req/s over "
         f"{s['duration_s']:.1f} virtual s; normalized latency {s['mean_norm_latency_s'] * 1e3:.1f} ms/token",
         f"device: busy {', '.join(f'{k} {v:.0f}s' for k, v in run['busy_s'].items())}; co-running "

@@ -13,19 +13,28 @@ online); the device charges latencies from a separate one that nothing refines."
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Sequence
 
 from bullet.core.finish import FinishChecker
 from bullet.core.request import Request
 from bullet.core.roles import Role
+from bullet.core.slo import parse_duration
 from bullet.loops.base import LoopEnv
 from bullet.loops.factory import build_core
 from bullet.loops.timeline import Timeline
 from bullet.schedulers.factory import initial_units, roles_for, slo_of
 from bullet.shm.page_allocator import LocalPageAllocator
 from bullet.sim.board import StateBoard
-from bullet.sim.config import SimConfig, device_estimator, kv_pool_pages, policy_estimator, server_args
+from bullet.sim.config import (
+    SimConfig,
+    device_estimator,
+    kv_pool_pages,
+    measured_contention,
+    policy_estimator,
+    server_args,
+    step_overhead,
+)
 from bullet.sim.device import DeviceStats, SimulatedDevice
 from bullet.sim.driver import SimDriver, SimOutbox
 from bullet.sim.events import EventLoop, VirtualClock
@@ -61,11 +70,14 @@ class Simulation:
         model, hardware = self.device_estimator.model, self.device_estimator.hardware
         pages = kv_pool_pages(config, model, hardware)
         self.args = server_args(config, pages)
-        self.slo = slo_of(self.args)
+        tbt = parse_duration(config.tbt_slo, allow_per_token=False)[0] if config.tbt_slo else None
+        self.slo = replace(slo_of(self.args), tbt=tbt)
         self.clock = VirtualClock()
         self.loop = EventLoop(self.clock)
         self.device = SimulatedDevice(self.device_estimator, self.loop, config.contention(self.device_estimator),
-                                      config.noise, config.seed, config.overlap_share, config.step_overhead_s)
+                                      config.noise, config.seed, config.overlap_share,
+                                      step_overhead(config, self.device_estimator),
+                                      measured_corun=config.contention_model and measured_contention(self.device_estimator))
         self.log = RequestLog()
         self.board = StateBoard(self.clock)
         self.allocator = LocalPageAllocator(pages, config.page_size)
@@ -85,7 +97,8 @@ class Simulation:
         for role in reversed(roles):  # decode first: prefill hands off to it
             partition = SimulatedPartition(role.partition_side, hardware)
             partition.apply(start.get(role, hardware.units))
-            executor = SimExecutor(role, self.device, partition, self.clock, self.finish)
+            executor = SimExecutor(role, self.device, partition, self.clock, self.finish,
+                                   token_times=self.log.token_times)
             outbox = SimOutbox(self.log, self.loop, drivers.get(Role.DECODE), self.config.handoff_delay_s)
             env = LoopEnv(role=role, clock=self.clock, state=self.board, allocator=self.allocator, partition=partition,
                           timeline=Timeline(self.config.timeline_dir, role.value), executor=executor, outbox=outbox)
@@ -174,7 +187,7 @@ class Simulation:
         a first token past their TTFT target."""
         slo, records = self.slo, self.log.records
         for r in records[self._scored:]:
-            if not (r.ok and slo.attained(r.input_len, r.ttft, r.tpot)):
+            if not (r.ok and slo.attained(r.input_len, r.ttft, r.tpot, r.tbt_p99)):
                 self._finished_misses += 1
         self._scored = len(records)
         late = sum(1 for d in self.drivers for r in d.core.pending_first_token() + d.pending_arrivals()

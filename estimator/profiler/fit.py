@@ -133,20 +133,22 @@ def _by_kind_and_units(samples: Sequence[Sample]) -> dict[tuple[str, int], list[
     return groups
 
 
-def build_estimator(model: ModelConfig, hardware: HardwareSpec, dtype: str, samples: Sequence[Sample]) -> Estimator:
+def build_estimator(model: ModelConfig, hardware: HardwareSpec, dtype: str, samples: Sequence[Sample],
+                    curves: dict[str, str] | None = None) -> Estimator:
     """The calibrated estimator from everything a profile measured: op samples, solo phase samples
-    (co_running == 0) and co-running phase samples (co_running > 0)."""
+    (co_running == 0) and co-running phase samples (co_running > 0). `curves` overrides how a kind's
+    alpha is interpolated (default: `KERNEL_CURVES`, `PHASE_RESIDUAL`)."""
     corun = [s for s in samples if s.kind in PHASES and s.co_running]
     ops = [s for s in samples if s.kind not in PHASES]
     raw = Estimator(model, hardware, dtype=dtype)
     ops = [s for group in _by_kind_and_units(ops).values()
            for s in monotone(group, lambda s: raw.kernels.srm(raw.kernels.sample_op(s), s.units))]
-    kernel_level = Estimator(model, hardware, Calibration(samples=ops, interpolation=KERNEL_CURVES), dtype=dtype)
+    modes = {**KERNEL_CURVES, **PHASE_RESIDUAL, **(curves or {})}
+    kernel_level = Estimator(model, hardware, Calibration(samples=ops, interpolation=modes), dtype=dtype)
     solo = [s for s in samples if s.kind in PHASES and not s.co_running]
     solo = [s for group in _by_kind_and_units(solo).values()
             for s in monotone(group, lambda s: predict(kernel_level, s))]
-    estimator = Estimator(model, hardware, Calibration(samples=ops + solo, interpolation={**KERNEL_CURVES, **PHASE_RESIDUAL}),
-                          dtype=dtype)
+    estimator = Estimator(model, hardware, Calibration(samples=ops + solo, interpolation=modes), dtype=dtype)
     if corun:
         estimator.contention = fit_contention(estimator, corun)
         estimator.refit()

@@ -5,8 +5,10 @@ tokens (the compute-bound side), both chosen before looking at the errors, the s
 and both models. Everything else in the measured files is held out for validation.
 
     python -m estimator.reference.profiles [--shared-data DIR]
+    python -m estimator.reference.profiles --h200
 
-regenerates the shipped profile `estimator/reference/data/a100-llama-3-8b.json` from `shared/data`."""
+regenerate the shipped profile `estimator/reference/data/a100-llama-3-8b.json` from `shared/data`, and
+the measured H200 one from the profiler output kept beside it (`h200_profile`)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ from engines.model_config import ModelConfig
 from estimator.calibration import Calibration, Sample
 from estimator.hardware import HardwareSpec
 from estimator.predictor import Estimator
-from estimator.profile import EstimatorProfile
+from estimator.profile import EstimatorProfile, Provenance
+from estimator.profiler.from_log import profile_from_log
 from estimator.reference.data import (
     A100_LLAMA3_8B_DECODE_ATTENTION_MS,
     A100_LLAMA3_8B_DECODE_MS,
@@ -37,6 +40,15 @@ DECODE_ATTENTION_SAMPLES = ((1, 1024), (128, 1024))  # (batch, context per reque
 # samples start at 128 rows, below which GEMMs are weight-bound at a different efficiency.
 DECODE_PHASE_SAMPLES = ((1, 1024), (128, 1024))
 SHIPPED_PROFILE = Path(__file__).parent / "data" / "a100-llama-3-8b.json"
+# Measured on a GPU: the H200 of the first GPU run, rebuilt from its printed profile by
+# `estimator.profiler.from_log` (the log beside it; its notes say what was filled in)
+H200_PROFILE = Path(__file__).parent / "data" / "h200-llama-3.1-8b-green-ctx.json"
+H200_LOG = H200_PROFILE.with_suffix(".log")
+H200_PROVENANCE = (
+    "first GPU run: NVIDIA H200 (132 SMs, 143771 MiB), driver 580.159.04 / CUDA 13.0, torch 2.11.0+cu130, "
+    "Python 3.12.3; dummy Llama-3.1-8B weights in bf16; partition backend green-ctx; MPS daemon on; measured "
+    "2026-11-26 by `bullet launch --policy bullet` at start-up (the quick GPU plan); decode steps timed eagerly, "
+    "not as the CUDA-graph replays the server then ran")
 DEFAULT_SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
@@ -83,6 +95,17 @@ def a100_llama3_8b_profile(shared_data: Path) -> EstimatorProfile:
     ])
 
 
+def h200_profile() -> EstimatorProfile:
+    """The H200 profile, rebuilt from the profiler output its run printed (`estimator.profiler.from_log`)."""
+    provenance = Provenance(model="llama-3.1-8b-dummy", load_format="dummy", dtype="bf16", cores=[],
+                            cpu="NVIDIA H200 (132 SMs) via green-ctx", bullet_version="0.2.0",
+                            torch_version="2.11.0+cu130", plan="quick", measured_at="2026-11-26 04:42:14",
+                            duration_s=57.1)
+    return profile_from_log(H200_LOG.read_text().splitlines(), ModelConfig.builtin("llama-3.1-8b"), "NVIDIA H200",
+                            132, "green-ctx", min_partition=8, partition_step=8, dtype="bf16",
+                            provenance=provenance, notes=[H200_PROVENANCE])
+
+
 # ---- validation ---------------------------------------------------------------------------------
 
 def vidur_errors(estimator: Estimator, measured: dict[str, dict[int, float]], units: int,
@@ -122,9 +145,15 @@ def attention_errors(estimator: Estimator, units: int = 108) -> list[tuple[str, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shared-data", type=Path, default=DEFAULT_SHARED_DATA)
-    parser.add_argument("--out", type=Path, default=SHIPPED_PROFILE)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--h200", action="store_true", help="the H200 profile, from its log")
     args = parser.parse_args()
-    a100_llama3_8b_profile(args.shared_data).write(args.out)
+    if args.h200:
+        args.out = args.out or H200_PROFILE
+        h200_profile().write(args.out)
+    else:
+        args.out = args.out or SHIPPED_PROFILE
+        a100_llama3_8b_profile(args.shared_data).write(args.out)
     print(f"wrote {args.out}")
 
 

@@ -1,0 +1,212 @@
+"""The simulator against served runs: each served run's load replayed in the simulator, for the same
+policy, on the device model of a measured profile of the serving device, and predicted vs measured
+TTFT and TPOT (P50, P90) and throughput, with the error of every cell.
+
+    python -m artifact.sim_validation --serve-jsonl docs/sim/h200-2026-11-26/serve.jsonl \\
+        --profile estimator/reference/data/h200-llama-3.1-8b-green-ctx.json \\
+        --max-total-tokens 131072 --max-running-requests 128 --out docs/sim/validation-h200
+    python -m artifact.sim_validation --bench-serving bench-bullet-2.0-0.jsonl,bullet,1 ... --profile <cpu profile>
+    python -m artifact.sim_validation --comparison docs/artifact/full-2026-11-26/06_cpu_comparison/results.json \
+        --profile <cpu profile> --max-total-tokens 32768 --max-running-requests 64 ...
+
+Each run is simulated with `--seeds` seeds (the simulator's noise and its policies' estimator error
+differ; the load does not) and the predictions averaged. Percentiles are computed the way the served
+run computed them (`ServedRun.percentiles`). Rankings: at each rate, the systems ordered by each metric,
+predicted against measured. Goals (issue 25): P50s within 15 %, P90s within 30 %, the same ranking.
+Writes <out>.json and <out>.md."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from artifact.served_runs import ServedRun, nearest_rank, read_bench_serving, read_comparison, read_serve_jsonl
+from bullet.sim import SimConfig, Simulation
+from bullet.sim.metrics import percentile
+
+METRICS = ("ttft_p50_s", "ttft_mean_s", "ttft_p90_s", "tpot_p50_s", "tpot_mean_s", "tpot_p90_s", "out_tok_per_s")
+GOALS = {"ttft_p50_s": 0.15, "tpot_p50_s": 0.15, "ttft_p90_s": 0.30, "tpot_p90_s": 0.30}
+LOWER_IS_BETTER = {m: m != "out_tok_per_s" for m in METRICS}
+
+
+def predict(run: ServedRun, base: SimConfig, seed: int) -> dict:
+    """One simulated replay of `run` (each of its loads, their requests pooled): its metrics, computed
+    the way the served run computed them."""
+    config = SimConfig(**{**base.as_dict(), "policy": run.system, "seed": seed})
+    done, span, wall = [], 0.0, 0.0
+    for load in run.loads:
+        result = Simulation(config, load).run()
+        ok = [r for r in result.records if r.ok]
+        done += ok
+        span += max(r.finish_time for r in ok) - min(a for a, _, _ in load) if ok else 0.0
+        wall += result.wall_s
+    pct = nearest_rank if run.percentiles == "nearest-rank" else percentile
+    ttft = [r.ttft for r in done]
+    tpot = [r.tpot for r in done if r.tpot is not None]
+    gaps = [g for r in done for g in r.token_gaps]
+    mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
+    return {"ttft_p50_s": pct(ttft, 50), "ttft_p90_s": pct(ttft, 90), "tpot_p50_s": pct(tpot, 50),
+            "tpot_p90_s": pct(tpot, 90), "ttft_mean_s": mean(ttft), "tpot_mean_s": mean(tpot),
+            "out_tok_per_s": sum(r.output_len for r in done) / span if span else 0.0,
+            "p99_tbt_s": percentile(gaps, 99), "completed": len(done), "wall_s": wall, "records": done}
+
+
+def attainment(records, ttft_per_token: float, ttft_floor: float, tpot: float, total: int) -> float:
+    """The GPU run's load generator's SLO rule: TTFT <= max(floor, per-token x prompt), TPOT <= target."""
+    ok = [r for r in records if r.ttft <= max(ttft_floor, ttft_per_token * r.input_len)
+          and (r.tpot is None or r.tpot <= tpot)]
+    return len(ok) / total if total else 0.0
+
+
+def validate(runs: list[ServedRun], base: SimConfig, seeds: list[int], slo_rule: tuple | None) -> list[dict]:
+    rows = []
+    for run in runs:
+        preds = [predict(run, base, s) for s in seeds]
+        predicted = {m: statistics.fmean(p[m] for p in preds) for m in (*METRICS, "p99_tbt_s")}
+        spread = {m: (min(p[m] for p in preds), max(p[m] for p in preds)) for m in METRICS}
+        if slo_rule is not None:
+            predicted["attainment"] = statistics.fmean(attainment(p["records"], *slo_rule, run.num_requests)
+                                                       for p in preds)
+        errors = {m: predicted[m] / run.measured[m] - 1 for m in METRICS if run.measured.get(m)}
+        if "p99_tbt_s" in run.measured:
+            errors["p99_tbt_s"] = predicted["p99_tbt_s"] / run.measured["p99_tbt_s"] - 1
+        rows.append({"system": run.system, "rate": run.rate, "requests": run.num_requests, "load": run.load,
+                     "source": run.source, "percentiles": run.percentiles, "measured": run.measured,
+                     "predicted": predicted, "seed_range": spread, "error": errors,
+                     "sim_wall_s": sum(p["wall_s"] for p in preds)})
+        print(f"[validate] {run.system:>13} @ {run.rate:g} req/s: " + ", ".join(
+            f"{m} {run.measured[m]:.4g} vs {predicted[m]:.4g} ({errors[m]:+.0%})" for m in errors), flush=True)
+    return rows
+
+
+def concordant(at: list[dict], metric: str) -> bool:
+    """No two systems swap places: wherever the measurement ranks one strictly better, the prediction
+    does not rank it strictly worse (ties, e.g. 0 % attainment for both, order nothing)."""
+    sign = -1.0 if LOWER_IS_BETTER.get(metric, False) else 1.0
+    for a in at:
+        for b in at:
+            if (sign * (a["measured"][metric] - b["measured"][metric]) > 0
+                    and sign * (a["predicted"][metric] - b["predicted"][metric]) < 0):
+                return False
+    return True
+
+
+def rankings(rows: list[dict]) -> list[dict]:
+    """At each rate, the systems ordered by each metric (best first), measured and predicted; `same`
+    when no pair of systems swaps places (`concordant`)."""
+    out = []
+    for rate in sorted({r["rate"] for r in rows}):
+        at = [r for r in rows if r["rate"] == rate]
+        if len(at) < 2:
+            continue
+        for metric in (*METRICS, "attainment"):
+            if not all(metric in r["measured"] and metric in r["predicted"] for r in at):
+                continue
+            reverse = not LOWER_IS_BETTER.get(metric, False)
+            measured = [r["system"] for r in sorted(at, key=lambda r: r["measured"][metric], reverse=reverse)]
+            predicted = [r["system"] for r in sorted(at, key=lambda r: r["predicted"][metric], reverse=reverse)]
+            out.append({"rate": rate, "metric": metric, "measured": measured, "predicted": predicted,
+                        "same": concordant(at, metric)})
+    return out
+
+
+HEADERS = {"ttft_p50_s": "TTFT p50", "ttft_mean_s": "TTFT mean", "ttft_p90_s": "TTFT p90", "tpot_p50_s": "TPOT p50",
+           "tpot_mean_s": "TPOT mean", "tpot_p90_s": "TPOT p90", "out_tok_per_s": "output tok/s",
+           "attainment": "attainment", "p99_tbt_s": "P99 TBT"}
+
+
+def _cell(row: dict, metric: str) -> str:
+    m, p = row["measured"].get(metric), row["predicted"].get(metric)
+    if metric == "attainment":
+        return f"{m:.0%} / {p:.0%}" if m is not None and p is not None else "–"
+    scale, unit = (1.0, "") if metric == "out_tok_per_s" else (1e3, "ms")
+    if m is None:
+        return "–" if p is None else f"– / {p * scale:.0f}{unit}"
+    err = row["error"].get(metric)
+    goal = GOALS.get(metric)
+    flag = "" if goal is None or err is None or abs(err) <= goal else " ✗"
+    return f"{m * scale:.0f} / {p * scale:.0f}{unit} ({err:+.0%}{flag})"
+
+
+def markdown(rows: list[dict], ranks: list[dict], title: str, notes: list[str]) -> str:
+    columns = [m for m in (*METRICS, "attainment", "p99_tbt_s") if any(m in r["measured"] for r in rows)]
+    lines = [f"# {title}", "", *(x for note in notes for x in (note, "")),
+             "Each cell: measured / predicted (error). ✗: outside the goal (P50 ±15 %, P90 ±30 %).", "",
+             "| system | rate | " + " | ".join(HEADERS[m] for m in columns) + " |",
+             "|---|---|" + "---|" * len(columns)]
+    for r in sorted(rows, key=lambda r: (r["rate"], r["system"])):
+        lines.append(f"| {r['system']} | {r['rate']:g} | " + " | ".join(_cell(r, m) for m in columns) + " |")
+    cells = [(m, e) for r in rows for m, e in r["error"].items() if m in GOALS]
+    if cells:
+        within = sum(1 for m, e in cells if abs(e) <= GOALS[m])
+        lines += ["", f"Within the goal: {within} of {len(cells)} P50/P90 latency cells."]
+    medians = []
+    for label, keys in (("P50", ("ttft_p50_s", "tpot_p50_s")), ("mean", ("ttft_mean_s", "tpot_mean_s")),
+                        ("P90", ("ttft_p90_s", "tpot_p90_s")), ("throughput", ("out_tok_per_s",))):
+        errors = [abs(r["error"][k]) for r in rows for k in keys if k in r["error"]]
+        if errors:
+            medians.append(f"{label} cells {statistics.median(errors):.0%}")
+    if medians:
+        lines += ["", "Median |error|: " + ", ".join(medians) + "."]
+    if ranks:
+        same = sum(r["same"] for r in ranks)
+        lines += ["", f"Rankings (best first) — the same in {same} of {len(ranks)} (rate, metric) pairs:", "",
+                  "| rate | metric | measured | predicted | same |", "|---|---|---|---|---|"]
+        for r in ranks:
+            lines.append(f"| {r['rate']:g} | {r['metric']} | {' > '.join(r['measured'])} | "
+                         f"{' > '.join(r['predicted'])} | {'yes' if r['same'] else 'NO'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--serve-jsonl", type=Path, help="a load-generator summary file (one run per line)")
+    p.add_argument("--bench-serving", nargs="+", default=[], metavar="FILE,POLICY[,SEED]",
+                   help="bench_serving --output-details files, with the policy served and, where the file "
+                        "records no arrivals, the run's --seed")
+    p.add_argument("--comparison", type=Path, help="a served comparison's results.json (artifact.cpu_comparison)")
+    p.add_argument("--systems", nargs="+", default=None, help="only these systems of --comparison")
+    p.add_argument("--profile", required=True, help="the serving device's estimator profile")
+    p.add_argument("--max-total-tokens", type=int, required=True, help="the servers' KV pool")
+    p.add_argument("--max-running-requests", type=int, required=True)
+    p.add_argument("--ttft-slo", default="3.0ms/token", help="the SLOs the servers' policies were given")
+    p.add_argument("--tpot-slo", default="150ms")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--slo-rule", default="0.003,0.25,0.05",
+                   help="per-token TTFT, TTFT floor, TPOT of the load generator's attainment ('' for none)")
+    p.add_argument("--title", default="Simulator vs served runs")
+    p.add_argument("--note", action="append", default=[])
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args()
+    runs: list[ServedRun] = read_serve_jsonl(args.serve_jsonl) if args.serve_jsonl else []
+    for spec in args.bench_serving:
+        path, policy, *seed = spec.split(",")
+        runs.append(read_bench_serving(path, policy, int(seed[0]) if seed else None))
+    if args.comparison:
+        from bullet.workloads.sharegpt import repaired_sharegpt_path  # deferred: the tokenizer's imports are heavy
+        from engines.tokenizer import gguf_tokenizer_dir  # deferred: as above
+        from engines.weights.resolve import default_gguf_path  # deferred: as above
+
+        runs += read_comparison(args.comparison, str(gguf_tokenizer_dir(default_gguf_path())), repaired_sharegpt_path(),
+                                args.systems)
+    if not runs:
+        p.error("give --serve-jsonl, --bench-serving or --comparison")
+    base = SimConfig(estimator_profile=args.profile, max_total_tokens=args.max_total_tokens,
+                     max_running_requests=args.max_running_requests, ttft_slo=args.ttft_slo, tpot_slo=args.tpot_slo)
+    slo_rule = tuple(float(x) for x in args.slo_rule.split(",")) if args.slo_rule else None
+    rows = validate(runs, base, list(range(args.seeds)), slo_rule)
+    ranks = rankings(rows)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(
+        {"config": base.as_dict(), "seeds": args.seeds, "slo_rule": slo_rule, "notes": args.note, "runs": rows,
+         "rankings": ranks},
+        indent=1) + "\n")
+    args.out.with_suffix(".md").write_text(markdown(rows, ranks, args.title, args.note))
+    print(markdown(rows, ranks, args.title, args.note))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

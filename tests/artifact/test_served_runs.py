@@ -1,0 +1,102 @@
+"""Served results read for the simulator's replay and the served scoring: a bench_serving file with
+per-request details (its inter-token latencies give P99 TBT), the GPU run's summary lines with their
+load redrawn, and a replay of both through the simulator."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from artifact.bench_client import read_bench_file
+from artifact.scoring import outcomes, summarize
+from artifact.served_runs import (
+    bench_serving_arrivals,
+    load_generator_requests,
+    nearest_rank,
+    read_bench_serving,
+    read_serve_jsonl,
+)
+from artifact.sim_validation import predict, rankings, validate
+from bullet.core.slo import SLO
+from bullet.sim import SimConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVE_JSONL = ROOT / "docs" / "sim" / "h200-2026-11-26" / "serve.jsonl"
+
+
+def bench_file(tmp_path: Path) -> Path:
+    """What `bench_serving --output-details` appends: one JSON object per run (here three requests)."""
+    result = {"backend": "sglang", "request_rate": 2.0, "duration": 3.0, "output_throughput": 4.0,
+              "input_lens": [120, 300, 40], "output_lens": [4, 4, 1], "ttfts": [0.05, 0.08, 0.02],
+              "itls": [[0.01, 0.01, 0.30], [0.02, 0.02, 0.02], []], "errors": ["", "", ""],
+              "generated_texts": ["a", "b", "c"]}
+    path = tmp_path / "bench.jsonl"
+    path.write_text(json.dumps({"an": "earlier run"}) + "\n" + json.dumps(result) + "\n")
+    return path
+
+
+def test_bench_serving_itls_give_p99_tbt_and_judge_it(tmp_path):
+    _, records = read_bench_file(bench_file(tmp_path))
+    assert [r.token_gaps for r in records] == [(0.01, 0.01, 0.30), (0.02, 0.02, 0.02), ()]
+    stalled, smooth, single = records
+    assert stalled.tpot == pytest.approx(0.32 / 3) and stalled.tbt_p99 == pytest.approx(0.01 + 0.98 * 0.29)
+    assert single.tbt_p99 is None
+    slo = SLO.parse("1s", "150ms", "100ms")
+    s = summarize(records, slo, duration=3.0)
+    gaps = sorted([0.01, 0.01, 0.30, 0.02, 0.02, 0.02])
+    assert s["p99_tbt_s"] == pytest.approx(gaps[4] + 0.95 * (gaps[5] - gaps[4]))
+    assert s["tbt_attained"] == pytest.approx(2 / 3) and outcomes(records, slo) == [0, 1, 1]
+    assert outcomes(records, SLO.parse("1s", "150ms")) == [1, 1, 1]  # TPOT alone hides the 300 ms stall
+
+
+def test_bench_serving_run_replays_with_its_redrawn_arrivals(tmp_path):
+    run = read_bench_serving(bench_file(tmp_path), "bullet", seed=7)
+    np.random.seed(7)  # what bench_serving does before sending
+    gaps = [np.random.exponential(1 / 2.0) for _ in range(2)]
+    assert [a for a, _, _ in run.loads[0]] == pytest.approx([0.0, gaps[0], gaps[0] + gaps[1]])
+    assert [(p, o) for _, p, o in run.loads[0]] == [(120, 4), (300, 4), (40, 1)]
+    assert run.measured["ttft_p50_s"] == pytest.approx(0.05) and run.measured["p99_tbt_s"] > 0.2
+    predicted = predict(run, SimConfig(), seed=0)
+    assert predicted["completed"] == 3 and predicted["ttft_p50_s"] > 0
+    # a file that records when each request was sent (artifact.loadgen's) replays those times
+    path = bench_file(tmp_path)
+    result = json.loads(path.read_text().splitlines()[-1])
+    path.write_text(json.dumps({**result, "arrivals": [0.0, 0.5, 0.7]}) + "\n")
+    assert [a for a, _, _ in read_bench_serving(path, "static").loads[0]] == [0.0, 0.5, 0.7]
+
+
+def test_the_load_generators_draws_are_redrawn_exactly():
+    got = load_generator_requests(4, rate=4.0, seed=3, in_min=10, in_max=20, out_len=8, vocab=1000)
+    rng = random.Random(3)  # the generator's recipe, written out
+    prompts = [[rng.randrange(100, 1000) for _ in range(rng.randint(10, 20))] for _ in range(4)]
+    t, want = 0.0, []
+    for p in prompts:
+        want.append((t, len(p), 8))
+        t += rng.expovariate(4.0)
+    assert got == want
+    assert nearest_rank([3.0, 1.0, 2.0, 4.0], 50) == 3.0 and nearest_rank([1.0, 2.0], 90) == 2.0
+
+
+def test_the_gpu_runs_summaries_replay_and_rank():
+    runs = read_serve_jsonl(SERVE_JSONL)
+    assert [(r.system, r.rate, r.num_requests) for r in runs][:3] == [("bullet", 1.0, 30), ("bullet", 4.0, 120),
+                                                                      ("bullet", 12.0, 120)]
+    assert {r.system for r in runs} == {"bullet", "chunked:1024", "static"}
+    lengths = [p for _, p, _ in runs[0].loads[0]]
+    assert all(128 <= n <= 2048 for n in lengths) and {o for _, _, o in runs[0].loads[0]} == {128}
+    # a replay on the shipped H200 profile, cut to the first 6 requests of each rate-1 run to stay fast
+    from estimator.reference.profiles import H200_PROFILE
+
+    small = [r for r in runs if r.rate == 1.0]
+    for r in small:
+        r.loads = [r.loads[0][:6]]
+    base = SimConfig(estimator_profile=str(H200_PROFILE), max_total_tokens=131072, max_running_requests=128)
+    rows = validate(small, base, seeds=[0], slo_rule=(0.003, 0.25, 0.05))
+    assert all(set(r["error"]) >= {"ttft_p50_s", "tpot_p90_s", "out_tok_per_s"} for r in rows)
+    ranks = rankings(rows)
+    assert {r["metric"] for r in ranks} >= {"ttft_p50_s", "attainment"}
+    assert all(sorted(r["measured"]) == sorted(r["predicted"]) == ["bullet", "chunked:1024", "static"] for r in ranks)
