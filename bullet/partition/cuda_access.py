@@ -30,6 +30,10 @@ class CudaAccess(Protocol):
     def device_count(self) -> int:
         """CUDA devices visible to this process (0 on a machine without one)."""
 
+    def make_current(self, device: torch.device) -> None:
+        """Make `device` this process's current CUDA device: what code that says only "cuda" (the
+        graph memory pool, the profiler's buffers) then uses."""
+
     def sm_count(self, device: torch.device) -> int: ...
 
     def device_name(self, device: torch.device) -> str: ...
@@ -52,6 +56,9 @@ class TorchCuda:
 
     def device_count(self) -> int:
         return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+    def make_current(self, device: torch.device) -> None:
+        torch.cuda.set_device(require_device(device))
 
     def sm_count(self, device: torch.device) -> int:
         return torch.cuda.get_device_properties(require_device(device)).multi_processor_count

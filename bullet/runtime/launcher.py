@@ -86,6 +86,8 @@ class Launcher:
         t0 = time.monotonic()
         reclaim_stale_instances()
         log.info("worker threads: %s", bound_thread_spin_waits())  # before the profiler child and the workers start
+        if self.device.type == "cuda":
+            cuda_access(self.cuda).make_current(self.device)  # the GPU profiler says only "cuda"
         self.shared, self.tokenizer = load_shared_model(self.args, self.device, self.cuda)
         log.info("loaded %s (%s, %.0f MB weights, %.0f MB KV pool of %d pages) on %s in %.1fs", self.shared.model_name,
                  self.shared.dtype, self.shared.weight_bytes() / 2**20, self.shared.kv_bytes() / 2**20,

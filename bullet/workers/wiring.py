@@ -83,6 +83,8 @@ def build_worker(spec: WorkerSpec, stopped: Callable[[], bool], cuda: CudaAccess
     """`cuda` replaces torch.cuda (tests: a fake GPU whose tensors stay on the CPU)."""
     args, shared, role = spec.args, spec.model, spec.role
     device = require_device(shared.device)
+    if device.type == "cuda":
+        cuda_access(cuda).make_current(device)
     # on a GPU: the worker's own stream, restricted by the backend; every step's kernels launch on it
     partition, stream = open_worker_partition(args.partition_backend, role.partition_side, device,
                                               _backend_options(spec), cuda)

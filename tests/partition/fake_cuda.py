@@ -88,6 +88,9 @@ class FakeCuda:
     def device_count(self) -> int:
         return self.devices
 
+    def make_current(self, device):
+        self.calls.append(("make_current", device))
+
     def sm_count(self, device):
         self.calls.append(("sm_count", device))
         return self.sms

@@ -103,7 +103,7 @@ def test_each_policys_workers_start_on_device_zero(policy, backend, device, tiny
         instance = launcher.instance_id
         assert launcher.device == GPU and launcher.device.index == 0
         assert launcher.total_units == cuda.sms  # the SMs of device 0, asked of CUDA
-        assert ("sm_count", GPU) in cuda.calls
+        assert ("sm_count", GPU) in cuda.calls and ("make_current", GPU) in cuda.calls
         roles = [w.spec.role for w in workers]
         assert roles == ([Role.UNIFIED] if policy.startswith(("chunked", "sglang")) else [Role.PREFILL, Role.DECODE])
         for worker in workers:
