@@ -93,7 +93,7 @@ def build_worker(spec: WorkerSpec, stopped: Callable[[], bool], cuda: CudaAccess
     data = tensor_device(device, cuda)
     model = build_model(shared.config, shared.state, data)
     kv = KVPool(shared.config, shared.num_pages, shared.page_size, shared.kv.dtype, data, tensor=shared.kv)
-    runner = ModelRunner(model, kv, data)
+    runner = ModelRunner(model, kv, data, paged=device.type == "cuda")  # paged kernels wherever a GPU serves
     tokenizer = DecodeTokenizer(shared.tokenizer_dir) if shared.tokenizer_dir else None
     finish = FinishChecker(tokenizer, set(shared.eos_token_ids), shared.config.max_position_embeddings)
     estimator = limit = None

@@ -125,7 +125,8 @@ def load_weights(model_path: str | None = None, load_format: str = "auto", dtype
 
         config = dummy_config(model_path)
         # drawn where they are served (a GPU draws an 8B model in a moment); int8 quantizes host tensors
-        state = dummy_weights(config, float_dtype, seed, device if quantization == "none" else "cpu")
+        state = dummy_weights(config, float_dtype, seed,
+                              device if quantization == "none" else torch.device("cpu"))
     elif fmt == "gguf":
         from engines.weights.gguf_loader import load_gguf  # deferred: as above (the gguf library)
 
