@@ -23,7 +23,7 @@ class ServerArgs(BaseModel):
     dtype: str = Field("auto", description="auto (bf16 where the hardware has it, else fp32) | float32 | bfloat16 | float16")
     quantization: str = Field("auto", description="auto (int8 W8A8 for a quantized GGUF on a CPU when --dtype is "
                               "auto, else none) | none (dequantize to --dtype) | w8a8_int8")
-    device: str = Field("cpu", description="cpu | cuda | auto")
+    device: str = Field("cpu", description="cpu | cuda | cuda:<index> | auto (a GPU if one is visible)")
     served_model_name: str | None = Field(None, description="model name reported by the API (default: from the path)")
     seed: int = Field(0, description="seed for dummy weights")
     # HTTP
@@ -93,6 +93,18 @@ class ServerArgs(BaseModel):
     shutdown_timeout: float = Field(30.0, ge=0.0, description="on SIGTERM/SIGINT: stop admitting (503), give requests "
                                     "in flight this many seconds to finish, then end the rest with an error")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log verbosity")
+
+    @field_validator("device", mode="before")
+    @classmethod
+    def _device(cls, v):
+        # a torch.device is accepted by its name ("cuda:0"; the policy layer imports this model, so
+        # no torch here); the launcher resolves the name once (bullet.runtime.device_choice) and
+        # hands the workers a torch.device
+        v = v if isinstance(v, str) else str(v)
+        kind, colon, index = v.partition(":")
+        if kind not in ("cpu", "cuda", "auto") or (colon and (kind != "cuda" or not index.isdigit())):
+            raise ValueError(f"unknown device {v!r}; choose cpu, cuda, cuda:<index> or auto")
+        return v
 
     @field_validator("policy")
     @classmethod

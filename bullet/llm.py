@@ -114,10 +114,10 @@ class OfflineEngine:
 
 class LLM:
     def __init__(self, model_path: str | None = None, *, load_format: str = "auto", dtype: str = "auto",
-                 device: str = "cpu", tokenizer_path: str | None = None, page_size: int = 16,
+                 device: str | torch.device = "cpu", tokenizer_path: str | None = None, page_size: int = 16,
                  max_total_tokens: int = 32768, chunked_prefill_size: int = 8192, max_running_requests: int = 64,
                  num_threads: int | None = None, seed: int = 0, quantization: str = "auto", prefix_cache: bool = False):
-        self.device = resolve_device(device)
+        self.device = resolve_device(device)  # "cuda" is cuda:0: one device object for every consumer below
         self.dtype = resolve_dtype(dtype, self.device)
         if num_threads:
             torch.set_num_threads(num_threads)

@@ -54,13 +54,45 @@ def cpu_has_native_bf16() -> bool:
     return any(flag in flags for flag in ("avx512_bf16", "amx_bf16", " bf16"))
 
 
-def resolve_device(name: str | None) -> torch.device:
-    if name in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda requested but this torch build sees no CUDA device")
-    return dev
+def resolve_device(name: str | torch.device | None, cuda_devices: int | None = None) -> torch.device:
+    """The device to run on, normalised once: `auto` is the first CUDA device if one is visible,
+    else the CPU; `cuda` is `cuda:0`. A CUDA device always carries its index, because what a server
+    does with it — count its SMs, build a partition on it, key graph records by its name — needs
+    one, and `torch.device("cuda").index` is None. `cuda_devices` replaces torch's count of visible
+    CUDA devices (tests). Raises ValueError naming `--device` when the device cannot be used."""
+    if cuda_devices is None:
+        cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if name is None or name == "auto":
+        return torch.device("cuda", 0) if cuda_devices else torch.device("cpu")
+    try:
+        dev = name if isinstance(name, torch.device) else torch.device(name)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"--device {name}: not a device name (cpu, cuda, cuda:<index> or auto)") from exc
+    if dev.type == "cpu":
+        return torch.device("cpu")
+    if dev.type != "cuda":
+        raise ValueError(f"--device {dev}: Bullet serves on cpu or cuda")
+    index = 0 if dev.index is None else dev.index
+    if not cuda_devices:
+        build = f"torch {torch.__version__}" + ("" if torch.version.cuda else ", a build without CUDA")
+        raise ValueError(f"--device {dev}: no CUDA device is visible ({build}); run on a machine with an NVIDIA GPU "
+                         "and a CUDA build of torch, or pass --device cpu")
+    if index >= cuda_devices:
+        raise ValueError(f"--device {dev}: only {cuda_devices} CUDA device(s) are visible "
+                         f"(indices 0..{cuda_devices - 1})")
+    return torch.device("cuda", index)
+
+
+def require_device(device) -> torch.device:
+    """What every consumer of the serving device checks it was handed: a torch.device from
+    `resolve_device`, so never a string (whose `.index` is the str method) nor a CUDA device
+    without an index."""
+    if not isinstance(device, torch.device):
+        raise TypeError(f"expected a torch.device from engines.device.resolve_device, got {type(device).__name__} "
+                        f"{device!r}")
+    if device.type == "cuda" and device.index is None:
+        raise TypeError(f"{device!r} has no index: resolve it with engines.device.resolve_device")
+    return device
 
 
 def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype:

@@ -48,10 +48,13 @@ def run(args: argparse.Namespace) -> int:
 
     from engines.sampling_params import validation_message  # deferred: `bullet --help` lists commands without torch
 
+    from bullet.runtime.device_choice import serving_device  # deferred: as above
+
     fields = {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "command"}
     try:
         server_args = ServerArgs(**fields)
         server_args.allowed_cores()
+        serving_device(server_args)  # a missing GPU or a backend that cannot divide the device: before any load
     except ValidationError as exc:
         print(f"bullet launch: {validation_message(exc)}", file=sys.stderr)
         return 2

@@ -38,16 +38,15 @@ def share_factory(backend: str, libsmctrl: str | None = None, allow_untested_dri
 
 
 def run(args) -> int:
-    import torch
+    from engines.device import resolve_device  # deferred: `bullet --help` lists commands without torch
 
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu":
-        return run_cpu(args)
-    if not torch.cuda.is_available():
-        print("bullet profile: --device cuda but torch sees no CUDA device", file=sys.stderr)
+    try:
+        device = resolve_device(args.device)
+    except ValueError as exc:
+        print(f"bullet profile: {exc}", file=sys.stderr)
         return 2
+    if device.type == "cpu":
+        return run_cpu(args)
     from bullet.doctor.gpu_checks import check_mps  # deferred: GPU-only pieces
     from bullet.partition import PartitionUnavailable  # deferred: as above
     from bullet.partition.graph_policy import decide_for_worker  # deferred: as above
@@ -62,7 +61,7 @@ def run(args) -> int:
         print(f"[bullet profile] {line}", file=sys.stderr, flush=True)
 
     backend = args.partition_backend
-    graphs = decide_for_worker(backend, torch.device("cuda"))
+    graphs = decide_for_worker(backend, device)
     log(f"decode CUDA graphs: {graphs.mode} ({graphs.reason})")
     corun = not args.no_corun
     if corun and check_mps(None).status != "PASS":

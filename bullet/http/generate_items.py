@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bullet.http.errors import APIError
-from bullet.http.generation import check_batch_size, check_fits
+from bullet.http.generation import check_batch_size, check_fits, check_text_options, require_tokenizer
 from bullet.http.offload import sized
 from bullet.http.protocol import GenerateBody
 from bullet.http.sampling import build_sampling_params, per_sample, sample_count
@@ -61,8 +61,9 @@ async def tokenized_prompts(rt, body: GenerateBody) -> tuple[list[list[int]], bo
         texts = body.text if batch else [body.text]
         if any(not t for t in texts):
             raise APIError("text is empty", param="text")
+        tokenizer = require_tokenizer(rt, "send the prompt as input_ids (token ids) instead of text", "text")
         # a multi-megabyte prompt takes seconds to tokenize: not on the event loop
-        prompts = await sized(sum(map(len, texts)), lambda: [rt.tokenizer.encode(t) for t in texts])
+        prompts = await sized(sum(map(len, texts)), lambda: [tokenizer.encode(t) for t in texts])
         field = "text"
     else:
         batch = bool(body.input_ids) and isinstance(body.input_ids[0], list)
@@ -79,6 +80,10 @@ async def prepare(rt, body: GenerateBody) -> tuple[list[Item], bool]:
     given = body.text if body.text is not None else body.input_ids
     if isinstance(given, list) and given and isinstance(given[0], (str, list)):
         check_batch_size(rt, len(given) * n, "text" if body.text is not None else "input_ids")
+    wants_logprobs = any(body.return_logprob) if isinstance(body.return_logprob, list) else body.return_logprob
+    if body.return_text_in_logprobs and wants_logprobs:
+        require_tokenizer(rt, "return_text_in_logprobs needs one; leave it false (token ids are returned)",
+                          "return_text_in_logprobs")
     prompts, batch, field = await tokenized_prompts(rt, body)
     items = []
     for i, ids in enumerate(prompts):
@@ -90,6 +95,7 @@ async def prepare(rt, body: GenerateBody) -> tuple[list[Item], bool]:
         params = build_sampling_params(
             field_for(body, "sampling_params", i, {}), logprobs=want_lp, top_logprobs_num=top if want_lp else 0,
             prompt_logprobs=want_lp and start >= 0)
+        check_text_options(rt, params)
         await sized(len(ids), check_fits, rt, ids, params, prompt_field=field)
         rid = field_for(body, "rid", i)
         for j, sample in enumerate(per_sample(params, n)):

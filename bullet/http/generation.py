@@ -52,6 +52,20 @@ def check_fits(runtime: ServingRuntime, input_ids: list[int], params: SamplingPa
                        f"{ctx - n} new tokens in the model's context length of {ctx}", param=max_field)
 
 
+def require_tokenizer(runtime: ServingRuntime, instead: str, param: str):
+    """The server's tokenizer, or a 400 for a request that needs one on a server without one (dummy
+    weights served without --tokenizer-path): `instead` says what the client can send instead."""
+    if runtime.tokenizer is None:
+        raise APIError(f"this server has no tokenizer (dummy weights without --tokenizer-path): {instead}", param=param)
+    return runtime.tokenizer
+
+
+def check_text_options(runtime: ServingRuntime, params: SamplingParams, stop_field: str = "stop") -> None:
+    """Stop strings are matched on text: without a tokenizer they could never match (400, not ignored)."""
+    if params.stop:
+        require_tokenizer(runtime, "stop strings cannot be matched; give stop_token_ids instead", stop_field)
+
+
 def check_batch_size(runtime: ServingRuntime, count: int, field: str) -> None:
     """400 for a request with more prompts (samples included) than the server ever holds at once:
     checked before tokenizing, so a body of 100,000 tiny prompts costs nothing."""
@@ -93,7 +107,8 @@ async def submit(runtime: ServingRuntime, input_ids: list[int], params: Sampling
 
 
 async def follow(runtime: ServingRuntime, state: RequestState) -> AsyncIterator[Update]:
-    """Updates until the request finishes. Closing this generator early aborts the request."""
+    """Updates until the request finishes (with no text on a server without a tokenizer). Closing
+    this generator early aborts the request."""
     asm = TextAssembler(runtime.tokenizer, state.params.stop, state.params.skip_special_tokens)
     try:
         async for st in runtime.client.stream(state):

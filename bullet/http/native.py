@@ -17,7 +17,7 @@ from bullet.http.generate_items import Item, prepare
 from bullet.http.generation import ClientGone, Update, follow, latency, run_all, run_to_completion, submit, submit_all
 from bullet.http.offload import sized
 from bullet.http.protocol import AbortBody, GenerateBody, read_body
-from bullet.http.streaming import DONE, EventStream, merged_updates, sse
+from bullet.http.streaming import EventStream, merged_updates, sse
 from engines.sampling_params import SamplingParams
 
 router = APIRouter()
@@ -51,6 +51,8 @@ def _response(rt, u: Update, item: Item, with_text: bool) -> dict:
             meta["input_top_logprobs"] = (_tops(tok, (st.prompt_top_logprobs or [])[start:], with_text)
                                           if with_prompt else [])
             meta["output_top_logprobs"] = _tops(tok, st.output_top_logprobs, with_text)
+    if rt.tokenizer is None:  # SGLang's shape with skip_tokenizer_init: ids, no "text"
+        return {"output_ids": list(st.output_ids), "meta_info": meta}
     return {"text": u.text, "output_ids": list(st.output_ids), "meta_info": meta}
 
 
@@ -98,7 +100,6 @@ async def _events(rt, items, states, batch: bool, with_text: bool):
             if batch:
                 event["index"] = i
             yield sse(event)
-    yield DONE
 
 
 @router.post("/abort_request")

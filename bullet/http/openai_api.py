@@ -10,11 +10,20 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from bullet.http.errors import APIError, stream_error_event
-from bullet.http.generation import ClientGone, Update, check_batch_size, check_fits, run_all, submit_all
+from bullet.http.generation import (
+    ClientGone,
+    Update,
+    check_batch_size,
+    check_fits,
+    check_text_options,
+    require_tokenizer,
+    run_all,
+    submit_all,
+)
 from bullet.http.offload import sized
 from bullet.http.protocol import ChatBody, CompletionBody, OpenAISampling, read_body
 from bullet.http.sampling import MAX_N, build_sampling_params, per_sample
-from bullet.http.streaming import DONE, EventStream, merged_updates, sse
+from bullet.http.streaming import EventStream, merged_updates, sse
 
 router = APIRouter(prefix="/v1")
 CREATED = int(time.time())
@@ -112,6 +121,14 @@ async def completions(request: Request):
         raise APIError("max_tokens must be at least 1 (0 is allowed only with echo)", param="max_tokens")
     want_lp = body.logprobs is not None
     params = _params(body, body.max_tokens, 16, logprobs=want_lp, top_logprobs_num=body.logprobs or 0)
+    if rt.tokenizer is None:  # dummy weights: token ids in, token counts out, no text
+        if any(isinstance(x, str) for x in prompts):
+            require_tokenizer(rt, "send the prompt as token ids (a list of integers)", "prompt")
+        if body.echo:
+            require_tokenizer(rt, "echo returns the prompt as text; leave it false", "echo")
+        if want_lp:
+            require_tokenizer(rt, "logprobs name their tokens as text; leave logprobs unset", "logprobs")
+        check_text_options(rt, params)
     # a multi-megabyte prompt takes seconds to tokenize (and to echo back): not on the event loop
     size = sum(len(x) for x in prompts)
     encoded = await sized(size, lambda: [rt.tokenizer.encode(x) if isinstance(x, str) else list(x) for x in prompts])
@@ -146,7 +163,6 @@ async def completions(request: Request):
             if include_usage:
                 yield sse({"id": cid, "object": "text_completion", "created": created, "model": model,
                            "choices": [], "usage": _usage(states)})
-            yield DONE
 
         return EventStream(events(), rt, states)
 
@@ -196,6 +212,8 @@ async def chat_completions(request: Request):
     model = _check_model(rt, body)
     if not body.messages:
         raise APIError("messages must not be empty", param="messages")
+    require_tokenizer(rt, "chat messages are text; send token ids to /generate (input_ids) or /v1/completions "
+                      "(prompt)", "messages")
     messages = [{"role": m.role, "content": _message_text(m.content)} for m in body.messages]
     size = sum(len(m["content"]) for m in messages)
     try:  # a multi-megabyte conversation takes seconds to render and tokenize: not on the event loop
@@ -236,7 +254,6 @@ async def chat_completions(request: Request):
             if include_usage:
                 yield sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
                            "choices": [], "usage": _usage(states)})
-            yield DONE
 
         return EventStream(events(), rt, states)
 

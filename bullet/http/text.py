@@ -9,8 +9,9 @@ from engines.tokenizer import Tokenizer
 
 
 class TextAssembler:
-    def __init__(self, tokenizer: Tokenizer, stop: list[str], skip_special_tokens: bool = True):
-        self.detok = IncrementalDetokenizer(tokenizer, skip_special_tokens)
+    def __init__(self, tokenizer: Tokenizer | None, stop: list[str], skip_special_tokens: bool = True):
+        # without a tokenizer (dummy weights) a request has token ids and no text: nothing to assemble
+        self.detok = IncrementalDetokenizer(tokenizer, skip_special_tokens) if tokenizer is not None else None
         self.stop = stop
         self.holdback = max((len(s) for s in stop), default=1) - 1
         self.consumed = 0  # output tokens fed so far
@@ -18,6 +19,8 @@ class TextAssembler:
 
     def update(self, output_ids: list[int], finish_reason: FinishReason | None) -> str:
         """Feed the cumulative output ids; returns the newly visible text."""
+        if self.detok is None:
+            return ""
         if len(output_ids) > self.consumed:
             self.detok.push(output_ids[self.consumed :])
             self.consumed = len(output_ids)

@@ -20,11 +20,15 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
+from bullet.partition.cuda_access import CudaAccess
 from bullet.partition.gpu_helper import cache_dir
 from bullet.partition.graph_policy import current_device_identity
 from bullet.partition.libsmctrl import KNOWN_WORKING_MAX_DRIVER, LIBRARY_ENV, untested_driver_allowed
 from bullet.partition.mps import detect_mps
 from bullet.partition.records import device_key, read_entries, write_entry
+from engines.device import require_device
 
 RECORD_NAME = "partition-verdicts.json"
 CANDIDATES = ("green-ctx", "libsmctrl", "mps-percentage")  # order of preference
@@ -97,13 +101,14 @@ def choose_backend(device_type: str, verdicts: dict[str, dict], mps_on: bool, dr
                                       "process, but the split is not enforced between the processes", False)
 
 
-def choose_for_device(device) -> BackendChoice:
+def choose_for_device(device: torch.device, cuda: CudaAccess | None = None) -> BackendChoice:
     """`choose_backend` for this machine: its GPU, driver, MPS state, the recorded verdicts and the
-    libsmctrl environment (`BULLET_LIBSMCTRL`, `BULLET_LIBSMCTRL_ALLOW_UNTESTED=1`)."""
-    device_type = getattr(device, "type", str(device).split(":")[0])
-    if device_type != "cuda":
-        return choose_backend(device_type, {}, False, None)
-    name, driver = current_device_identity(device)
+    libsmctrl environment (`BULLET_LIBSMCTRL`, `BULLET_LIBSMCTRL_ALLOW_UNTESTED=1`). `device`: the
+    serving device (`engines.device.resolve_device`); `cuda` replaces torch.cuda (tests)."""
+    device = require_device(device)
+    if device.type != "cuda":
+        return choose_backend(device.type, {}, False, None)
+    name, driver = current_device_identity(device, cuda)
     mps_on = detect_mps().running
     return choose_backend("cuda", read_isolation_verdicts(name, driver, mps_on), mps_on, driver,
                           os.environ.get(LIBRARY_ENV), untested_driver_allowed())

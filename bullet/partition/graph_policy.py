@@ -24,9 +24,13 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import torch
+
+from bullet.partition.cuda_access import CudaAccess, cuda_access
 from bullet.partition.cuda_driver import cuda_driver_version
 from bullet.partition.gpu_helper import cache_dir
 from bullet.partition.records import device_key, read_entries, write_entry
+from engines.device import require_device
 
 OVERRIDE_ENV = "BULLET_DECODE_GRAPHS"
 RECORD_NAME = "graph-replay-verdicts.json"
@@ -114,19 +118,19 @@ def decide_decode_graphs(backend: str, device_type: str, verdict: ReplayVerdict 
                                 "eagerly (run `bullet doctor` to measure whether graph replays stay partitioned)")
 
 
-def decide_for_worker(backend: str, device) -> GraphDecision:
-    """`decide_decode_graphs` with this machine's record and the environment override."""
-    device_type = getattr(device, "type", str(device))
+def decide_for_worker(backend: str, device: torch.device, cuda: CudaAccess | None = None) -> GraphDecision:
+    """`decide_decode_graphs` for a worker serving on `device`, with this machine's record and the
+    environment override (`cuda` replaces torch.cuda: tests)."""
+    device = require_device(device)
     verdict = None
-    if device_type == "cuda" and backend not in _UNRESTRICTED:
-        name, driver = current_device_identity(device)
+    if device.type == "cuda" and backend not in _UNRESTRICTED:
+        name, driver = current_device_identity(device, cuda)
         verdict = read_replay_verdict(backend, name, driver)
-    return decide_decode_graphs(backend, device_type, verdict, os.environ.get(OVERRIDE_ENV))
+    return decide_decode_graphs(backend, device.type, verdict, os.environ.get(OVERRIDE_ENV))
 
 
-def current_device_identity(device=None) -> tuple[str, int | None]:
-    """(GPU name, driver version): what a verdict is keyed by."""
-    import torch
-
-    index = getattr(device, "index", None) or 0
-    return torch.cuda.get_device_name(index), cuda_driver_version()
+def current_device_identity(device: torch.device | None = None,
+                            cuda: CudaAccess | None = None) -> tuple[str, int | None]:
+    """(GPU name, driver version) of `device` (default cuda:0): what a verdict is keyed by."""
+    device = require_device(device) if device is not None else torch.device("cuda", 0)
+    return cuda_access(cuda).device_name(device), cuda_driver_version()

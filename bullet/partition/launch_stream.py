@@ -20,17 +20,21 @@ Per backend:
 observes (launches return before kernels finish), and the next step may run on another stream (a
 green-context switch) and read what this one wrote — KV pages, a layer group's hidden state.
 
-CUDA is reached through `StreamApi` — torch.cuda in a worker (`TorchCudaStreams`), a recording fake
-in the tests, which therefore check on a machine without a GPU that the handle the backend masks is
-the stream the steps run on."""
+CUDA is reached through `CudaAccess.streams` — torch.cuda in a worker (`TorchCudaStreams`), a
+recording fake in the tests, which therefore check on a machine without a GPU that the handle the
+backend masks is the stream the steps run on."""
 
 from __future__ import annotations
 
 from contextlib import contextmanager
 from typing import ContextManager, Hashable, Iterable, Iterator, Protocol
 
-from bullet.partition import PartitionBackend, make_backend
+import torch
+
+from bullet.partition import PartitionBackend, PartitionUnavailable, make_backend
 from bullet.partition.backend_choice import choose_for_device
+from bullet.partition.cuda_access import CudaAccess, cuda_access
+from engines.device import require_device
 
 # backends that restrict the stream they are given, rather than providing their own streams
 _MASKS_GIVEN_STREAM = {"libsmctrl"}
@@ -60,11 +64,9 @@ class StreamApi(Protocol):
 class TorchCudaStreams:
     """`StreamApi` over torch.cuda (a worker process on an NVIDIA GPU)."""
 
-    def __init__(self, device):
-        import torch
-
+    def __init__(self, device: torch.device):
         self._torch = torch
-        self.device = torch.device(device)
+        self.device = require_device(device)
 
     def create(self):
         # a pool stream, created non-blocking: it does not synchronize with the legacy default stream
@@ -153,34 +155,36 @@ class WorkerStream:
         return self.handle(), self.partition.current_units
 
 
-def open_worker_partition(name: str, role: str, device, options: dict | None = None,
-                          api: StreamApi | None = None) -> tuple[PartitionBackend, WorkerStream]:
+def open_worker_partition(name: str, role: str, device: torch.device, options: dict | None = None,
+                          cuda: CudaAccess | None = None) -> tuple[PartitionBackend, WorkerStream]:
     """Build partition backend `name` for `role` together with the stream the worker's steps will
     launch on, in the order the backend needs: libsmctrl is handed the worker's own stream to mask;
-    green-ctx brings its own streams. `device`: a torch.device (or anything with `.type`/`.index`);
-    `api` replaces torch.cuda (tests)."""
+    green-ctx brings its own streams; `none` on a GPU shares every SM of `device`. `device`: the
+    serving device (`engines.device.resolve_device`); `cuda` replaces torch.cuda (tests)."""
+    device = require_device(device)
     options = dict(options or {})
     if name == "auto":  # what `--partition-backend auto` resolves to on this machine
-        name = choose_for_device(device).backend
-    if getattr(device, "type", device) != "cuda":
+        name = choose_for_device(device, cuda).backend
+    if device.type != "cuda":
         backend = make_backend(name, role, **options)
         return backend, WorkerStream(backend)
-    index = getattr(device, "index", None) or 0
-    if api is None:
-        api = TorchCudaStreams(device)
+    cuda = cuda_access(cuda)
+    api = cuda.streams(device)
     own = None if name in _OWNS_STREAMS else api.create()
     if name in _MASKS_GIVEN_STREAM:
-        options.setdefault("device", index)
+        options.setdefault("device", device.index)
         options["stream"] = api.handle(own)
-    elif name in _OWNS_STREAMS or name == "mps-percentage":
-        options.setdefault("device", index)
+    elif name in _OWNS_STREAMS:
+        options.setdefault("device", device.index)
+        if "driver" not in options:
+            try:
+                options["driver"] = cuda.green_ctx_driver()
+            except PartitionUnavailable as exc:
+                raise PartitionUnavailable(f"{name} unavailable: {exc}") from exc
+    elif name == "mps-percentage":  # MPS caps the whole process; the backend reports the device's SMs
+        options.setdefault("device", device.index)
+        options.setdefault("total_units", cuda.sm_count(device))
     elif name == "none" and "total_units" not in options:  # the naive baseline shares every SM
-        options.update(total_units=_sm_count(index), unit_kind="SM")
+        options.update(total_units=cuda.sm_count(device), unit_kind="SM")
     backend = make_backend(name, role, **options)
     return backend, WorkerStream(backend, api, own)
-
-
-def _sm_count(index: int) -> int:
-    import torch
-
-    return torch.cuda.get_device_properties(index).multi_processor_count

@@ -12,23 +12,23 @@ import functools
 from contextlib import contextmanager
 from typing import Iterator
 
+import torch
+
 from bullet.partition.base import ROLES
-from bullet.partition.launch_stream import StreamApi, open_worker_partition
+from bullet.partition.cuda_access import CudaAccess
+from bullet.partition.launch_stream import open_worker_partition
 
 
 class PartitionShares:
-    def __init__(self, backend: str, device_index: int = 0, api: StreamApi | None = None, device=None, **options):
-        """`backend`: libsmctrl, green-ctx or none; `options`: the backend's (e.g. `library=`).
-        `device`/`api` replace the CUDA device and torch.cuda streams (tests)."""
-        if device is None:
-            import torch
-
-            device = torch.device("cuda", device_index)
+    def __init__(self, backend: str, device_index: int = 0, cuda: CudaAccess | None = None, **options):
+        """`backend`: libsmctrl, green-ctx or none, on CUDA device `device_index`; `options`: the
+        backend's (e.g. `library=`). `cuda` replaces torch.cuda (tests)."""
+        device = torch.device("cuda", device_index)
         self.name = backend
         self._roles = {}
         try:
             for role in ROLES:
-                self._roles[role] = open_worker_partition(backend, role, device, dict(options), api=api)
+                self._roles[role] = open_worker_partition(backend, role, device, dict(options), cuda)
         except BaseException:
             self.close()
             raise

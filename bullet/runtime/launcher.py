@@ -10,17 +10,18 @@ import logging
 import os
 import time
 
-import torch
 import torch.multiprocessing as mp
 
 from bullet.config import ServerArgs
 from bullet.core.roles import Role
 from bullet.core.worker_state import ControlFlags, WorkerFlags
 from bullet.partition.backend_choice import choose_for_device
+from bullet.partition.cuda_access import CudaAccess, cuda_access
 from bullet.partition.graph_policy import decide_for_worker
 from bullet.partition.libsmctrl import LIBRARY_ENV
 from bullet.partition.mps_share import environment, fixed_split, worker_environment
 from bullet.partition.share_control import share_factory
+from bullet.runtime.device_choice import serving_device
 from bullet.runtime.endpoints import Endpoints, make_runtime_dir, remove_runtime_dir, stale_runtime_dirs
 from bullet.runtime.shared_model import load_shared_model
 from bullet.schedulers.factory import initial_units, roles_for
@@ -56,8 +57,10 @@ class WorkerStartupError(RuntimeError):
 
 
 class Launcher:
-    def __init__(self, args: ServerArgs):
-        self.args = args
+    def __init__(self, args: ServerArgs, cuda: CudaAccess | None = None):
+        """`cuda` replaces torch.cuda (tests: a fake GPU whose tensors stay in host memory)."""
+        self.args, self.cuda = args, cuda
+        self.device = serving_device(args, cuda)  # before anything loads: a wrong --device fails here
         self.instance_id = new_instance_id()
         self.procs: dict[Role, mp.Process] = {}
         self.incarnation = 0
@@ -74,15 +77,23 @@ class Launcher:
     def start(self) -> None:
         """Load the model into shared memory, create the segments, start both workers (returns
         without waiting for them; see wait_ready)."""
+        self.prepare()
+        self.spawn_workers()
+
+    def prepare(self) -> None:
+        """Everything the workers need before they start: the model in shared memory, the unit
+        count, the estimator profile, the segments and the socket directory."""
         t0 = time.monotonic()
         reclaim_stale_instances()
         log.info("worker threads: %s", bound_thread_spin_waits())  # before the profiler child and the workers start
-        self.shared, self.tokenizer = load_shared_model(self.args)
-        log.info("loaded %s (%s, %.0f MB weights, %.0f MB KV pool of %d pages) in %.1fs", self.shared.model_name,
+        if self.device.type == "cuda":
+            cuda_access(self.cuda).make_current(self.device)  # the GPU profiler says only "cuda"
+        self.shared, self.tokenizer = load_shared_model(self.args, self.device, self.cuda)
+        log.info("loaded %s (%s, %.0f MB weights, %.0f MB KV pool of %d pages) on %s in %.1fs", self.shared.model_name,
                  self.shared.dtype, self.shared.weight_bytes() / 2**20, self.shared.kv_bytes() / 2**20,
-                 self.shared.num_pages, time.monotonic() - t0)
-        if self.shared.device.startswith("cuda"):
-            self.total_units = torch.cuda.get_device_properties(torch.device(self.shared.device)).multi_processor_count
+                 self.shared.num_pages, self.device, time.monotonic() - t0)
+        if self.device.type == "cuda":
+            self.total_units = cuda_access(self.cuda).sm_count(self.device)
         self._resolve_partition_backend()
         if self.args.uses_estimator and self.estimator_profile is None:
             self.estimator_profile = str(self._profile())
@@ -90,37 +101,43 @@ class Launcher:
         cleanup_at_exit_only()  # the server drains on SIGTERM (its segments must stay until it stops)
         self.state = StateBuffer.create(self.instance_id)
         self.allocator = SharedPageAllocator.create(self.instance_id, self.shared.num_pages, self.shared.page_size)
-        self.spawn_workers()
 
     def _resolve_partition_backend(self) -> None:
         """`--partition-backend auto`: the backend the doctor proved on this GPU, driver and MPS state."""
         if self.args.partition_backend != "auto":
             return
-        choice = choose_for_device(torch.device(self.shared.device))
-        if self.shared.device.startswith("cuda"):
+        choice = choose_for_device(self.device, self.cuda)
+        if self.device.type == "cuda":
             log.log(logging.INFO if choice.proven else logging.WARNING, "partition backend %s: %s", choice.backend,
                     choice.reason)
         self.args = self.args.model_copy(update={"partition_backend": choice.backend})
 
-    def spawn_workers(self) -> None:
-        self.incarnation += 1
-        self.endpoints = Endpoints.in_dir(self.runtime_dir, self.incarnation)
-        self.state.clear_control(ControlFlags.SHUTDOWN)
-        ctx = mp.get_context("spawn")
+    def worker_specs(self) -> list[WorkerSpec]:
+        """What each worker of the current incarnation is started with."""
         prefill_units, decode_units = initial_units(self.args, self.total_units)
         if self.args.partition_backend == "mps-percentage":  # fixed for the workers' lives: a split, not overlap
             prefill_units, decode_units = fixed_split(prefill_units, decode_units, self.total_units)
         units = {Role.PREFILL: prefill_units, Role.DECODE: decode_units, Role.UNIFIED: self.total_units}
-        for role in self.roles:
-            spec = WorkerSpec(role=role, instance_id=self.instance_id, incarnation=self.incarnation, args=self.args,
-                              model=self.shared, endpoints=self.endpoints, runtime_dir=str(self.runtime_dir),
-                              cores=self.cores, launcher_pid=os.getpid(), initial_units=units[role],
-                              estimator_profile=self.estimator_profile)
-            proc = ctx.Process(target=worker_main, args=(spec,), name=f"bullet-{role}-{self.instance_id}", daemon=False)
+        return [WorkerSpec(role=role, instance_id=self.instance_id, incarnation=self.incarnation, args=self.args,
+                           model=self.shared, endpoints=self.endpoints, runtime_dir=str(self.runtime_dir),
+                           cores=self.cores, launcher_pid=os.getpid(), initial_units=units[role],
+                           estimator_profile=self.estimator_profile) for role in self.roles]
+
+    def next_incarnation(self) -> None:
+        self.incarnation += 1
+        self.endpoints = Endpoints.in_dir(self.runtime_dir, self.incarnation)
+        self.state.clear_control(ControlFlags.SHUTDOWN)
+
+    def spawn_workers(self) -> None:
+        self.next_incarnation()
+        ctx = mp.get_context("spawn")
+        for spec in self.worker_specs():
+            proc = ctx.Process(target=worker_main, args=(spec,), name=f"bullet-{spec.role}-{self.instance_id}",
+                               daemon=False)
             # mps-percentage: the worker's SM cap must be in its environment before it initialises CUDA
-            with environment(worker_environment(self.args.partition_backend, units[role], self.total_units)):
+            with environment(worker_environment(self.args.partition_backend, spec.initial_units, self.total_units)):
                 proc.start()
-            self.procs[role] = proc
+            self.procs[spec.role] = proc
 
     async def wait_ready(self, timeout: float = 300.0) -> None:
         """Until both workers published READY in this incarnation; raises if one exits first."""
@@ -193,7 +210,7 @@ class Launcher:
     def _profile(self):
         """The estimator profile of this model on this device: cached, or measured now (minutes)."""
         args = self.args
-        if self.shared.device.startswith("cuda"):
+        if self.device.type == "cuda":
             log.info("the bullet policy needs a GPU profile of this model under %s: measuring (once; cached)",
                      args.partition_backend)
             # mps-percentage cannot vary a share within one process: SM scaling is profiled on green contexts
@@ -201,7 +218,7 @@ class Launcher:
             factory = share_factory(backend, os.environ.get(LIBRARY_ENV))
             # decode timed as the workers will run it: CUDA-graph replays where the backend allows them (an
             # eager step is launch-bound — flat in SMs on an H200 — and 1.5-2x slower than a replay)
-            graphs = decide_for_worker(args.partition_backend, torch.device(self.shared.device)).enabled
+            graphs = decide_for_worker(args.partition_backend, self.device, self.cuda).enabled
             return ensure_cuda_profile(args.model_path, args.load_format, self.shared.dtype, factory,
                                        backend, quick=True, decode_graphs=graphs)
         log.info("the bullet policy needs an estimator profile of this model on %d cores: measuring "

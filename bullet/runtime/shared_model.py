@@ -11,7 +11,8 @@ from pathlib import Path
 import torch
 
 from bullet.config import ServerArgs
-from engines.device import quantization_for, resolve_device, resolve_dtype
+from bullet.partition.cuda_access import CudaAccess, tensor_device
+from engines.device import quantization_for, require_device, resolve_dtype
 from engines.host import release_free_heap
 from engines.kv_pool import KVPool
 from engines.model_config import ModelConfig
@@ -26,13 +27,16 @@ class SharedModel:
     kv: torch.Tensor  # [layers, 2, slots, kv heads, head dim], shared
     num_pages: int
     page_size: int
-    device: str
+    device: torch.device  # the serving device, with its index (engines.device.resolve_device)
     dtype: str
     model_name: str
     tokenizer_dir: str | None  # an HF tokenizer directory equivalent to the model's tokenizer
     source: str | None = None  # the file or directory the weights came from
     eos_token_ids: tuple[int, ...] = ()  # from the config and the tokenizer
     quantization: str = "none"  # how the weights are served: none | w8a8_int8 (what a profile must measure)
+
+    def __post_init__(self):
+        require_device(self.device)
 
     def weight_bytes(self) -> int:
         seen, total = set(), 0
@@ -53,10 +57,14 @@ def _share(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.to(device)  # CUDA tensors are shared by IPC handle when sent to a spawned process
 
 
-def load_shared_model(args: ServerArgs) -> tuple[SharedModel, Tokenizer | None]:
-    device = resolve_device(args.device)
+def load_shared_model(args: ServerArgs, device: torch.device,
+                      cuda: CudaAccess | None = None) -> tuple[SharedModel, Tokenizer | None]:
+    """The model served on `device` (`bullet.runtime.device_choice.serving_device`); `cuda` replaces
+    torch.cuda (tests: a fake GPU whose tensors stay in host memory)."""
+    device = require_device(device)
+    data = tensor_device(device, cuda)
     weights = load_weights(args.model_path, args.load_format, resolve_dtype(args.dtype, device), seed=args.seed,
-                           device=device, quantization=quantization_for(args.quantization, args.dtype))
+                           device=data, quantization=quantization_for(args.quantization, args.dtype))
     dtype = weights.dtype  # the int8 model computes (and keeps its KV) in float32 whatever --dtype resolved to
     tokenizer = None
     if weights.load_format != "dummy" or args.tokenizer_path:
@@ -64,16 +72,15 @@ def load_shared_model(args: ServerArgs) -> tuple[SharedModel, Tokenizer | None]:
     source = str(weights.source) if weights.source else None
     state = {}
     for name, tensor in weights.state.items():
-        state[name] = _share(tensor, device)
+        state[name] = _share(tensor, data)
     num_pages = args.num_pages
-    kv = KVPool(weights.config, num_pages, args.page_size, dtype, "cpu" if device.type == "cpu" else device).tensor
-    kv = _share(kv, device)
+    kv = _share(KVPool(weights.config, num_pages, args.page_size, dtype, data).tensor, data)
     name = args.served_model_name or _model_name(args, weights.source, weights.config)
     eos = tuple(sorted(set(weights.config.eos_token_ids) | (tokenizer.eos_token_ids if tokenizer else set())))
     config, quantization = weights.config, weights.quantization
     del weights
     release_free_heap()
-    return SharedModel(config, state, kv, num_pages, args.page_size, str(device), str(dtype).removeprefix("torch."),
+    return SharedModel(config, state, kv, num_pages, args.page_size, device, str(dtype).removeprefix("torch."),
                        name, str(tokenizer.source_dir) if tokenizer else None,
                        source, eos, quantization), tokenizer
 

@@ -17,6 +17,7 @@ from bullet.loops.base import LoopEnv
 from bullet.loops.factory import build_core
 from bullet.loops.timeline import Timeline
 from bullet.partition import PartitionBackend
+from bullet.partition.cuda_access import CudaAccess, cuda_access, tensor_device
 from bullet.partition.decode_graphs import GraphedDecode, build_graphed_decode
 from bullet.partition.graph_policy import decide_for_worker
 from bullet.partition.launch_stream import open_worker_partition
@@ -30,6 +31,7 @@ from bullet.workers.io import WorkerIO
 from bullet.workers.outbox import MessageOutbox
 from bullet.workers.spec import WorkerSpec
 from bullet.workers.vetting import MessageVetter
+from engines.device import require_device
 from engines.host import release_free_heap
 from engines.kv_pool import KVPool
 from engines.model.build import build_model
@@ -77,16 +79,21 @@ class Worker:
                 pass
 
 
-def build_worker(spec: WorkerSpec, stopped: Callable[[], bool]) -> Worker:
+def build_worker(spec: WorkerSpec, stopped: Callable[[], bool], cuda: CudaAccess | None = None) -> Worker:
+    """`cuda` replaces torch.cuda (tests: a fake GPU whose tensors stay on the CPU)."""
     args, shared, role = spec.args, spec.model, spec.role
+    device = require_device(shared.device)
+    if device.type == "cuda":
+        cuda_access(cuda).make_current(device)
     # on a GPU: the worker's own stream, restricted by the backend; every step's kernels launch on it
-    partition, stream = open_worker_partition(args.partition_backend, role.partition_side, shared.device,
-                                              _backend_options(spec))
+    partition, stream = open_worker_partition(args.partition_backend, role.partition_side, device,
+                                              _backend_options(spec), cuda)
     partition.apply(spec.initial_units)  # before the model runs: its threads start inside the share
     torch.set_grad_enabled(False)
-    model = build_model(shared.config, shared.state, shared.device)
-    kv = KVPool(shared.config, shared.num_pages, shared.page_size, shared.kv.dtype, shared.device, tensor=shared.kv)
-    runner = ModelRunner(model, kv, shared.device)
+    data = tensor_device(device, cuda)
+    model = build_model(shared.config, shared.state, data)
+    kv = KVPool(shared.config, shared.num_pages, shared.page_size, shared.kv.dtype, data, tensor=shared.kv)
+    runner = ModelRunner(model, kv, data, paged=device.type == "cuda")  # paged kernels wherever a GPU serves
     tokenizer = DecodeTokenizer(shared.tokenizer_dir) if shared.tokenizer_dir else None
     finish = FinishChecker(tokenizer, set(shared.eos_token_ids), shared.config.max_position_embeddings)
     estimator = limit = None
@@ -100,8 +107,9 @@ def build_worker(spec: WorkerSpec, stopped: Callable[[], bool]) -> Worker:
         # every graph captured now, before the worker reports ready: for each share the decode policy
         # may pick (a fixed split keeps the one applied above)
         shares = partition.feasible_units() if args.uses_estimator else [partition.current_units]
-        decode = build_graphed_decode(runner, stream, decide_for_worker(args.partition_backend, shared.device),
-                                      allocator, max_batch=args.max_running_requests, shares=shares)
+        decode = build_graphed_decode(runner, stream, decide_for_worker(args.partition_backend, device, cuda),
+                                      allocator, max_batch=args.max_running_requests, shares=shares,
+                                      graph_api_factory=cuda_access(cuda).graphs)
     executor = ModelExecutor(runner, finish, stream if stream.on_gpu else None, decode)
     io = WorkerIO(role, spec.endpoints)
     timeline = Timeline(args.timeline_dir, role.value)

@@ -115,14 +115,18 @@ def _served(quantization: str, dtype: torch.dtype, device: torch.device, path: P
 def load_weights(model_path: str | None = None, load_format: str = "auto", dtype: torch.dtype = torch.float32,
                  seed: int = 0, quantization: str = "none", device: torch.device | str = "cpu") -> LoadedWeights:
     """`quantization`: none | w8a8_int8 | auto for the model served on `device` (see
-    `engines.quant.resolve_quantization`; the int8 model computes in float32 whatever `dtype` says)."""
+    `engines.quant.resolve_quantization`; the int8 model computes in float32 whatever `dtype` says).
+    Dummy weights are drawn on `device`; the other formats are read into host memory."""
     path, fmt = resolve_model_path(model_path, load_format)
-    quantization, float_dtype = _served(quantization, dtype, torch.device(device), path, fmt)
+    device = torch.device(device)
+    quantization, float_dtype = _served(quantization, dtype, device, path, fmt)
     if fmt == "dummy":
         from engines.weights.dummy import dummy_weights  # deferred: only the format being loaded imports its loader
 
         config = dummy_config(model_path)
-        state = dummy_weights(config, float_dtype, seed)
+        # drawn where they are served (a GPU draws an 8B model in a moment); int8 quantizes host tensors
+        state = dummy_weights(config, float_dtype, seed,
+                              device if quantization == "none" else torch.device("cpu"))
     elif fmt == "gguf":
         from engines.weights.gguf_loader import load_gguf  # deferred: as above (the gguf library)
 

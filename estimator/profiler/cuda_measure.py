@@ -90,7 +90,8 @@ def measure_cuda_profile(model_path: str | None, load_format: str, dtype, share_
     est_dtype = estimator_dtype(dtype)
     torch_dtype = TORCH_DTYPES[est_dtype]
     plan = plan or gpu_plan(quick)
-    weights = load_weights(model_path, load_format, torch_dtype)
+    # dummy weights are drawn on the GPU (minutes of CPU draws for an 8B model otherwise)
+    weights = load_weights(model_path, load_format, torch_dtype, device=torch.device("cuda", 0))
     state = {name: t.to("cuda") for name, t in weights.state.items()}
     kv_tokens = kv_tokens_needed(plan.all_cases()) + PAGE_SIZE  # + a spare page: decode graphs' scratch
     gpu = gpu_identity()

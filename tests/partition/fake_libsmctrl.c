@@ -8,8 +8,10 @@ static int calls;
 static int last_kind; /* 1 stream, 2 stream_ext, 3 global */
 static void *last_stream;
 static uint64_t last_low, last_high;
+static int last_device = -1; /* the device the last TPC-count query named */
 
 int libsmctrl_get_tpc_info_cuda(uint32_t *num_tpcs, int cuda_dev) {
+    last_device = cuda_dev;
     if (cuda_dev != 0) return 19; /* ENODEV */
     *num_tpcs = tpcs;
     return 0;
@@ -33,6 +35,7 @@ void libsmctrl_set_global_mask(uint64_t mask) {
 /* test-only accessors */
 void fake_set_tpcs(uint32_t n) { tpcs = n; }
 int fake_calls(void) { return calls; }
+int fake_last_device(void) { return last_device; }
 void fake_last(int *kind, void **stream, uint64_t *low, uint64_t *high) {
     *kind = last_kind, *stream = last_stream, *low = last_low, *high = last_high;
 }

@@ -16,7 +16,7 @@ from bullet.partition.graph_policy import (
     read_replay_verdict,
     record_replay_verdict,
 )
-from tests.partition.test_launch_stream import GPU
+from tests.partition.fake_cuda import GPU
 
 FOLLOWS = ReplayVerdict(direct=True, replay_same_partition=True, replay_after_repartition=True)
 KEEPS_CAPTURE = ReplayVerdict(direct=True, replay_same_partition=True, replay_after_repartition=False)
@@ -70,7 +70,7 @@ def test_a_worker_reads_the_record_of_its_gpu(tmp_path, monkeypatch):
     import bullet.partition.graph_policy as policy
 
     monkeypatch.setenv("BULLET_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(policy, "current_device_identity", lambda device=None: ("GPU-X", 12060))
+    monkeypatch.setattr(policy, "current_device_identity", lambda device=None, cuda=None: ("GPU-X", 12060))
     monkeypatch.delenv(OVERRIDE_ENV, raising=False)
     assert decide_for_worker("libsmctrl", GPU).mode == EAGER
     record_replay_verdict("libsmctrl", "GPU-X", 12060, FOLLOWS)

@@ -8,7 +8,6 @@ for every operator of every step — layers, KV writes, sampling — which strea
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,55 +22,11 @@ from bullet.partition.launch_stream import WorkerStream, open_worker_partition
 from bullet.schedulers.views import InflightPrefill
 from bullet.workers.executor import ModelExecutor
 from engines.sampling_params import SamplingParams
+from tests.partition.fake_cuda import GPU, LEGACY_DEFAULT_STREAM, FakeCuda, RecordingStreams
 from tests.partition.test_gpu_helper import cuda_include, fake_cuda, helper  # noqa: F401 (fixtures)
 from tests.partition.test_green_ctx import FakeDriver
 from tests.partition.test_libsmctrl import FakeLibSmCtrl
 from tests.partition.tiny_model import PAGE_SIZE, tiny_runner
-
-GPU = SimpleNamespace(type="cuda", index=0)
-LEGACY_DEFAULT_STREAM = 0
-
-
-class FakeStream:
-    def __init__(self, handle: int, external: bool):
-        self.handle, self.external = handle, external
-
-
-class RecordingStreams:
-    """`StreamApi` with a per-thread current-stream stack, like CUDA's; records synchronizations."""
-
-    def __init__(self):
-        self.current = [FakeStream(LEGACY_DEFAULT_STREAM, external=True)]
-        self.created: list[FakeStream] = []
-        self.synchronized: list[int] = []
-        self._next = 0x7F3A_0000_1000
-
-    def create(self):
-        self._next += 0x200
-        stream = FakeStream(self._next, external=False)
-        self.created.append(stream)
-        return stream
-
-    def wrap(self, handle):
-        return FakeStream(handle, external=True)
-
-    def handle(self, stream):
-        return stream.handle
-
-    @contextmanager
-    def use(self, stream):
-        self.current.append(stream)
-        try:
-            yield
-        finally:
-            self.current.pop()
-
-    def synchronize(self, stream):
-        self.synchronized.append(stream.handle)
-
-    def current_handle(self):
-        return self.current[-1].handle
-
 
 class StreamAudit(TorchDispatchMode):
     """Every aten operator run inside, with the stream that was current when it ran."""
@@ -136,7 +91,7 @@ def run_prefill_then_decode(executor, reqs, audit, between=lambda: None):
 def test_libsmctrl_masks_the_workers_own_stream_and_every_kernel_runs_on_it(smctrl):
     smctrl.set_tpcs(66)  # H100: the 128-bit call
     api = RecordingStreams()
-    backend, stream = open_worker_partition("libsmctrl", "decode", GPU, {"library": smctrl.path}, api=api)
+    backend, stream = open_worker_partition("libsmctrl", "decode", GPU, {"library": smctrl.path}, FakeCuda(streams=api))
     backend.apply(32)
     kind, masked, _ = smctrl.last()
     assert kind == "stream_ext"
@@ -172,7 +127,7 @@ def test_before_this_worker_masked_the_default_stream():
 def test_green_context_repartition_switches_the_step_stream():
     drv = FakeDriver(132, min_partition=8, alignment=8)
     api = RecordingStreams()
-    backend, stream = open_worker_partition("green-ctx", "prefill", GPU, {"driver": drv}, api=api)
+    backend, stream = open_worker_partition("green-ctx", "prefill", GPU, {"driver": drv}, FakeCuda(streams=api))
     assert api.created == []  # the pool's streams are the only ones
     runner = tiny_runner()
     executor = ModelExecutor(runner, FinishChecker(None, set(), 512), stream)
@@ -207,7 +162,8 @@ def test_a_cpu_worker_has_no_stream(monkeypatch):
 
 def test_unpartitioned_gpu_worker_still_runs_on_its_own_stream(monkeypatch):
     api = RecordingStreams()
-    backend, stream = open_worker_partition("none", "decode", GPU, {"total_units": 132, "unit_kind": "SM"}, api=api)
+    backend, stream = open_worker_partition("none", "decode", GPU, {"total_units": 132, "unit_kind": "SM"},
+                                            FakeCuda(streams=api))
     with stream.step():
         assert api.current_handle() == api.created[0].handle != LEGACY_DEFAULT_STREAM
     assert backend.total_units == 132
@@ -216,7 +172,7 @@ def test_unpartitioned_gpu_worker_still_runs_on_its_own_stream(monkeypatch):
 def test_a_backend_without_a_stream_and_no_own_stream_is_an_error():
     drv = FakeDriver(132, 8, 8)
     api = RecordingStreams()
-    backend, _ = open_worker_partition("green-ctx", "decode", GPU, {"driver": drv}, api=api)
+    backend, _ = open_worker_partition("green-ctx", "decode", GPU, {"driver": drv}, FakeCuda(streams=api))
     broken = WorkerStream(SimpleNamespace(name="x", launch_stream=lambda: None, current_units=1), api)
     with pytest.raises(RuntimeError, match="names no stream"):
         broken.current()
@@ -225,15 +181,15 @@ def test_a_backend_without_a_stream_and_no_own_stream_is_an_error():
 
 STEP_STREAMS_THROUGH_THE_HELPER = r"""
 import ctypes, json, sys
-from types import SimpleNamespace
+import torch
 from bullet.partition.gpu_helper import GpuPartitionHelper
 from bullet.partition.launch_stream import open_worker_partition
-from tests.partition.test_launch_stream import RecordingStreams
+from tests.partition.fake_cuda import FakeCuda, RecordingStreams
 helper, fake = GpuPartitionHelper(sys.argv[1]), ctypes.CDLL(sys.argv[2])
 fake.fake_stream_sms.argtypes = [ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint), ctypes.c_uint]
 api = RecordingStreams()
-backend, stream = open_worker_partition("green-ctx", "decode", SimpleNamespace(type="cuda", index=0),
-                                        {"driver": helper}, api=api)
+backend, stream = open_worker_partition("green-ctx", "decode", torch.device("cuda", 0), {"driver": helper},
+                                        FakeCuda(streams=api))
 out = []
 for units in (24, 64, 132, 8):
     backend.apply(units)
@@ -278,7 +234,7 @@ def test_the_profilers_share_control_masks_each_roles_own_stream(smctrl):
 
     smctrl.set_tpcs(54)
     api = RecordingStreams()
-    shares = PartitionShares("libsmctrl", api=api, device=GPU, library=smctrl.path)
+    shares = PartitionShares("libsmctrl", cuda=FakeCuda(streams=api), library=smctrl.path)
     assert shares.total_units == 108 and shares.feasible("decode") == list(range(2, 109, 2))
     prefill_stream, decode_stream = (shares.stream_of(r).handle() for r in ("prefill", "decode"))
     assert prefill_stream != decode_stream and LEGACY_DEFAULT_STREAM not in (prefill_stream, decode_stream)
@@ -296,7 +252,7 @@ def test_the_profilers_share_control_masks_each_roles_own_stream(smctrl):
     # the co-running process rebuilds it from a pickled factory
     factory = pickle.loads(pickle.dumps(functools.partial(PartitionShares, "libsmctrl", library=smctrl.path)))
     assert factory.func is PartitionShares and factory.args == ("libsmctrl",)
-    unpartitioned = PartitionShares("none", api=RecordingStreams(), device=GPU, total_units=132, unit_kind="SM")
+    unpartitioned = PartitionShares("none", cuda=FakeCuda(), total_units=132, unit_kind="SM")
     assert unpartitioned.feasible("prefill") == [132]  # restricts nothing: only the whole device
 
 
@@ -308,7 +264,7 @@ def test_decode_graphs_are_captured_and_replayed_on_the_masked_stream(smctrl):
 
     smctrl.set_tpcs(54)
     api = RecordingStreams()
-    backend, stream = open_worker_partition("libsmctrl", "decode", GPU, {"library": smctrl.path}, api=api)
+    backend, stream = open_worker_partition("libsmctrl", "decode", GPU, {"library": smctrl.path}, FakeCuda(streams=api))
     backend.apply(40)
     runner = tiny_runner(pages=64, paged=True)
     allocator = LocalPageAllocator(64, PAGE_SIZE)
@@ -330,7 +286,8 @@ def test_each_share_makes_every_pool_stream_current_in_turn_and_restores_the_sha
     """The hook a graph owner captures per-share graphs through at start-up."""
     drv = FakeDriver(132, min_partition=8, alignment=8)
     api = RecordingStreams()
-    backend, stream = open_worker_partition("green-ctx", "decode", GPU, {"driver": drv, "pool": "coarse"}, api=api)
+    backend, stream = open_worker_partition("green-ctx", "decode", GPU, {"driver": drv, "pool": "coarse"},
+                                            FakeCuda(streams=api))
     backend.apply(64)
     keys, current = [], []
     for key in stream.each_share():

@@ -28,6 +28,10 @@ class FakeLibSmCtrl:
     def calls(self) -> int:
         return self.lib.fake_calls()
 
+    def last_device(self) -> int:
+        """The CUDA device index the backend last asked libsmctrl about (-1: never)."""
+        return self.lib.fake_last_device()
+
     def last(self) -> tuple[str, int | None, int]:
         kind, stream = ctypes.c_int(), ctypes.c_void_p()
         low, high = ctypes.c_uint64(), ctypes.c_uint64()

@@ -31,7 +31,7 @@ from engines.runner import SeqChunk
 from engines.sampling_params import SamplingParams
 from tests.partition.graph_fakes import RerunGraphs
 from tests.partition.test_green_ctx import FakeDriver
-from tests.partition.test_launch_stream import GPU, RecordingStreams
+from tests.partition.fake_cuda import GPU, FakeCuda, RecordingStreams
 from tests.partition.tiny_model import PAGE_SIZE, prefill, tiny_runner
 
 PROMPTS = [[3, 14, 15, 92, 65], [35, 89], [79, 32, 38, 46, 26, 43, 38, 32, 79, 50, 28]]
@@ -56,7 +56,8 @@ def worker():
     """A decode worker's pieces: green contexts on a fake 32-SM GPU (a pool of 4 shares, decode on 16),
     the tiny paged model with three prompts prefilled, a local page allocator."""
     api = RecordingStreams()
-    backend, stream = open_worker_partition("green-ctx", "decode", GPU, {"driver": FakeDriver(32, 8, 8)}, api=api)
+    backend, stream = open_worker_partition("green-ctx", "decode", GPU, {"driver": FakeDriver(32, 8, 8)},
+                                            FakeCuda(streams=api))
     backend.apply(16)
     runner = tiny_runner(pages=64, paged=True)
     allocator = LocalPageAllocator(64, PAGE_SIZE)
@@ -264,7 +265,7 @@ def run_unified(policy: str, gpu: bool):
     allocator = LocalPageAllocator(64, PAGE_SIZE)
     api = RecordingStreams()
     partition, stream = open_worker_partition("none", "prefill", GPU if gpu else torch.device("cpu"),
-                                              {"total_units": 132 if gpu else 2}, api=api)
+                                              {"total_units": 132 if gpu else 2}, FakeCuda(streams=api))
     decode = build_graphed_decode(runner, stream, GraphDecision(SHARED, "test"), allocator, max_batch=8,
                                   graph_api_factory=RerunGraphs) if gpu else None
     executor = HybridSteps(runner, FinishChecker(None, set(), 512), stream if gpu else None, decode)

@@ -4,6 +4,8 @@ restarts the workers or shuts down, and no process or /dev/shm segment is left b
 from __future__ import annotations
 
 import concurrent.futures as cf
+import http.client
+import json
 import os
 import signal
 import time
@@ -14,28 +16,71 @@ from tests.server_utils import LONG, ServerProcess, bullet_segments, pid_alive, 
 
 
 
-def _kill_during_generation(server: ServerProcess, role: str):
-    """Start 6 long requests, SIGKILL `role` while they run; returns (responses, kill time, victim pid)."""
+# one long streamed request per streaming endpoint
+STREAMS = {
+    "/generate": {**LONG, "stream": True},
+    "/v1/completions": {"prompt": LONG["text"], "max_tokens": 400, "ignore_eos": True, "temperature": 0,
+                        "stream": True},
+    "/v1/chat/completions": {"messages": [{"role": "user", "content": LONG["text"]}], "max_tokens": 400,
+                             "ignore_eos": True, "temperature": 0, "stream": True},
+}
+
+
+class OpenStream:
+    """A streaming POST whose events are read as they come (http.client undoes the chunking)."""
+
+    def __init__(self, server: ServerProcess, path: str, body: dict):
+        self.path = path
+        self.conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        self.conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        self.resp = self.conn.getresponse()
+        assert self.resp.status == 200, self.resp.read()
+        self.events = [self.next_event()]  # the first token: the request is being served
+
+    def next_event(self):
+        while True:
+            line = self.resp.readline()
+            assert line, f"{self.path}: the stream ended without [DONE]"
+            if line.startswith(b"data: "):
+                payload = line[len(b"data: "):].strip().decode()
+                return payload if payload == "[DONE]" else json.loads(payload)
+
+    def rest(self) -> list:
+        """Every event up to and including [DONE]."""
+        while self.events[-1] != "[DONE]":
+            self.events.append(self.next_event())
+        self.conn.close()
+        return self.events
+
+
+def _kill_during_generation(server: ServerProcess, role: str, streams: bool = False):
+    """Start 6 long requests (and with `streams`, one streamed request per streaming endpoint), SIGKILL
+    `role` while they run; returns (responses, kill time, victim pid, streams)."""
     pool = cf.ThreadPoolExecutor(6)
     futures = [pool.submit(server.post, "/generate", LONG) for _ in range(6)]
+    opened = [OpenStream(server, path, body) for path, body in STREAMS.items()] if streams else []
     wait_for(lambda: server.state()["decode"]["batch_size"] > 0, 60, "requests to reach decode")
     victim = server.worker_pids()[role]
     killed_at = time.time()
     os.kill(victim, signal.SIGKILL)
     responses = [f.result(timeout=30) for f in futures]  # must not hang
     pool.shutdown()
-    return responses, killed_at, victim
+    return responses, killed_at, victim, opened
 
 
 @pytest.mark.parametrize("role", ["prefill", "decode"])
 def test_killed_worker_fails_inflight_requests_and_is_restarted(role):
     with ServerProcess("--max-total-tokens", "8192", "--max-worker-restarts", "2") as server:
-        responses, killed_at, victim = _kill_during_generation(server, role)
+        responses, killed_at, victim, streams = _kill_during_generation(server, role, streams=True)
         noticed_after = wait_for(lambda: server.state()["failures"], 10, "the failure record")[-1]["time"] - killed_at
         assert noticed_after < 2.0, f"the launcher noticed the dead {role} worker after {noticed_after:.2f}s"
         for status, body in responses:
             assert status == 503, body
             assert f"the {role} worker died" in body["error"]["message"]
+        for stream in streams:  # a failed stream says so before [DONE], on every streaming endpoint
+            *_, error, done = stream.rest()
+            assert done == "[DONE]" and "error" in error, (stream.path, stream.events[-3:])
+            assert f"the {role} worker died" in error["error"]["message"] and error["error"]["code"] == 503
         wait_for(lambda: server.get("/health")[0] == 200, 120, "the restarted workers")
         state = server.state()
         assert state["worker_restarts"] == 1 and victim not in state["worker_pids"].values()
@@ -49,7 +94,7 @@ def test_server_shuts_down_cleanly_when_out_of_restarts():
     server = ServerProcess("--max-total-tokens", "8192", "--max-worker-restarts", "0")
     with server:
         instance, pids = server.instance_id, list(server.worker_pids().values())
-        responses, _, _ = _kill_during_generation(server, "decode")
+        responses, _, _, _ = _kill_during_generation(server, "decode")
         assert all(status == 503 for status, _ in responses)
         server.proc.wait(60)  # the launcher gives up and exits by itself
         assert server.proc.returncode != 0
