@@ -100,7 +100,8 @@ class Bench:
         self.device, self.dtype = device, dtype
         pages = max([-(-prefill // PAGE_SIZE)] + [b * -(-(c + 1) // PAGE_SIZE) for b, c in decode]) + 1
         model = build_model(self.config, device_state(self.config, dtype, device, seed), device)
-        self.runner = ModelRunner(model, KVPool(self.config, pages, PAGE_SIZE, dtype, device), device)
+        # paged on every device: decode graphs read the paged-attention tables (the CPU's "graphs" rerun the step)
+        self.runner = ModelRunner(model, KVPool(self.config, pages, PAGE_SIZE, dtype, device), device, paged=True)
         # pages in a shuffled order, as a pool hands them out after a while; the last one is the graphs' scratch
         order = torch.randperm(pages - 1, generator=torch.Generator().manual_seed(seed)).tolist()
         self.pages, self.scratch_slot = order, (pages - 1) * PAGE_SIZE

@@ -119,7 +119,7 @@ def test_bullet_simulate_cli_reports_a_simulated_run(shared_data, tmp_path, caps
     assert "SIMULATED" in printed and "attainment" in printed
     data = json.loads(out.read_text())
     assert data["simulated"] is True and data["device"]["calibrated"] is True
-    assert data["slo"] == {"ttft": "1.5ms/token", "tpot": "200ms"}  # Table 4, Azure-Code
+    assert data["slo"] == {"ttft": "1.5ms/token", "tpot": "200ms", "tbt": None}  # Table 4, Azure-Code; no P99 TBT goal unless asked
     assert data["summary"]["completed"] == data["summary"]["requests"] > 0
     assert (tmp_path / "tl" / "prefill.jsonl").exists() and (tmp_path / "tl" / "decode.jsonl").exists()
     assert main(["simulate", "--policy", "chunked", "--duration", "1", "--quiet", "--workload", "azure-code",
