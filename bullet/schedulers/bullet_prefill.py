@@ -74,6 +74,11 @@ class BulletPrefillPolicy(PrefillPolicy):
         self.total = self.feasible[-1]
         # decode's possible shares (prefill keeps at least its smallest), fewest first
         self._decode_candidates = sorted(self.total - f for f in self.feasible if self.total - f > 0)
+        # the share decode takes for each of them (fixed with the pool sizes): asked on every decision
+        self._candidate_gets = [self.decode_gets(d) for d in self._decode_candidates]
+        # prefill's shares that leave decode some units, and decode's share beside each (`balanced`)
+        self._split_shares = [p for p in self.feasible if self.total - p > 0]
+        self._split_gets = [self.decode_gets(self.total - p) for p in self._split_shares]
         self.k, self.num_layers, self.max_tokens = layers_per_step, num_layers, max_prefill_tokens
         self.batch_token_limit, self.max_wait_s = batch_token_limit, max_wait_s
         self.last_reason = ""
@@ -246,8 +251,7 @@ class BulletPrefillPolicy(PrefillPolicy):
     def decode_units_for(self, batch: int, context: int, co_tokens: int, target: float) -> int | None:
         """Fewest units (leaving prefill at least its minimum) with a decode step within target."""
         candidates = self._decode_candidates
-        gets = [self.decode_gets(d) for d in candidates]
-        for d, step in zip(candidates, decode_seconds_over(self.est, batch, context, gets, co_tokens)):
+        for d, step in zip(candidates, decode_seconds_over(self.est, batch, context, self._candidate_gets, co_tokens)):
             if step <= target:
                 return d
         return None
@@ -260,8 +264,7 @@ class BulletPrefillPolicy(PrefillPolicy):
         candidates = self._decode_candidates
         if not candidates:
             return self.total - self.feasible[0]
-        times = dict(zip(candidates, decode_seconds_over(self.est, batch, context,
-                                                         [self.decode_gets(d) for d in candidates], co_tokens)))
+        times = dict(zip(candidates, decode_seconds_over(self.est, batch, context, self._candidate_gets, co_tokens)))
         bound = min(times.values()) * (1.0 + NEAR_BEST)
         return next(d for d in candidates if times[d] <= bound)
 
@@ -297,10 +300,9 @@ class BulletPrefillPolicy(PrefillPolicy):
         """The split that equalizes how far each phase is over its target (minimizes the worse one)."""
         target_p = min(self.slo.ttft_target(n) for n in batch_lens)
         best, best_p = float("inf"), self.feasible[0]
-        shares = [p for p in self.feasible if self.total - p > 0]
+        shares = self._split_shares
         prefill = prefill_seconds_over(self.est, batch_lens, shares, cached, co_decode_batch=batch)
-        decode = decode_seconds_over(self.est, batch, context, [self.decode_gets(self.total - p) for p in shares],
-                                     sum(batch_lens))
+        decode = decode_seconds_over(self.est, batch, context, self._split_gets, sum(batch_lens))
         for p, prefill_s, decode_s in zip(shares, prefill, decode):
             worst = max(prefill_s / target_p, decode_s / self.slo.tpot)
             if worst < best:
