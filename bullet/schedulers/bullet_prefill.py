@@ -50,6 +50,7 @@ TPOT_MARGIN = 0.9  # aim decode steps at 90% of the TPOT target: predictions are
 HAND_BACK_RULES = ("off", "decode-step", "bounded")
 SPLIT_RULES = ("spatial", "aggregate")
 BOUNDED_STRETCH = 0.1  # "bounded": the last layer group may take at most 10 % longer on a smaller share
+MEMO_LIMIT = 4096  # decode_units_for answers kept per estimator epoch
 NEAR_BEST = 0.1  # no share keeps TPOT but it holds: decode takes the fewest units within 10 % of its best step
 
 
@@ -81,6 +82,12 @@ class BulletPrefillPolicy(PrefillPolicy):
         self._split_gets = [self.decode_gets(self.total - p) for p in self._split_shares]
         self.k, self.num_layers, self.max_tokens = layers_per_step, num_layers, max_prefill_tokens
         self.batch_token_limit, self.max_wait_s = batch_token_limit, max_wait_s
+        # decode_units_for's answers while the estimator's decode predictions stay the same (its
+        # `prediction_epoch`): decode's batch changes once per decode step, prefill decides several
+        # times per decode step, and each answer scans up to every share
+        self._epoch_of = getattr(est, "prediction_epoch", None)
+        self._units_for: dict[tuple, int | None] = {}
+        self._units_for_epoch: int | None = None
         self.last_reason = ""
         self.last_ttft_p90 = 0.0
         self.yielded_last = False  # the previous decision was a yield: the next one runs prefill
@@ -250,6 +257,19 @@ class BulletPrefillPolicy(PrefillPolicy):
 
     def decode_units_for(self, batch: int, context: int, co_tokens: int, target: float) -> int | None:
         """Fewest units (leaving prefill at least its minimum) with a decode step within target."""
+        epoch = self._epoch_of("decode") if self._epoch_of is not None else None
+        if epoch is None:
+            return self._decode_units_for(batch, context, co_tokens, target)
+        if epoch != self._units_for_epoch or len(self._units_for) >= MEMO_LIMIT:
+            self._units_for.clear()
+            self._units_for_epoch = epoch
+        key = (batch, context, co_tokens, target)
+        if key in self._units_for:
+            return self._units_for[key]
+        units = self._units_for[key] = self._decode_units_for(batch, context, co_tokens, target)
+        return units
+
+    def _decode_units_for(self, batch: int, context: int, co_tokens: int, target: float) -> int | None:
         candidates = self._decode_candidates
         for d, step in zip(candidates, decode_seconds_over(self.est, batch, context, self._candidate_gets, co_tokens)):
             if step <= target:
