@@ -75,7 +75,7 @@ class SimExecutor:
         self._run(DecodeWork(len(batch), total_seq_len(batch)), batch, on_done)
 
     def run_hybrid(self, items: Sequence[HybridItem], on_done: Callable[[float], None]) -> None:
-        self._run(hybrid_work(items), [i.req for i in items if i.sample], on_done)
+        self._run(hybrid_work(items), [req for req, _, _, _, _, sample in items if sample], on_done)
 
 
 def hybrid_work(items: Sequence[HybridItem]) -> HybridWork:
@@ -83,11 +83,10 @@ def hybrid_work(items: Sequence[HybridItem]) -> HybridWork:
     cached sequence past its prompt is a decode (its context includes that token); anything else is
     a prompt chunk (or the recomputation of a preempted request) after `start` cached tokens."""
     chunks, decodes, context = [], 0, 0
-    for item in items:
-        req = item.req
-        if item.num_tokens == 1 and item.completes and item.start >= len(req.prompt_ids):
+    for req, start, num_tokens, completes, _, _ in items:  # every request of every hybrid step
+        if num_tokens == 1 and completes and start >= len(req.prompt_ids):
             decodes += 1
-            context += item.start + 1
+            context += start + 1
         else:
-            chunks.append((item.num_tokens, item.start))
+            chunks.append((num_tokens, start))
     return HybridWork(tuple(chunks), decodes, context)
