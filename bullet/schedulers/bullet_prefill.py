@@ -250,10 +250,8 @@ class BulletPrefillPolicy(PrefillPolicy):
         return self._prefill_share(self.total - d), "TPOT at risk: prefill yields units"
 
     def _prefill_share(self, units: int) -> int:
-        for f in self.feasible:
-            if f >= units:
-                return f
-        return self.total
+        at = bisect.bisect_left(self.feasible, units)  # the fewest feasible units >= units (else all)
+        return self.feasible[at] if at < len(self.feasible) else self.total
 
     def decode_units_for(self, batch: int, context: int, co_tokens: int, target: float) -> int | None:
         """Fewest units (leaving prefill at least its minimum) with a decode step within target."""
