@@ -94,12 +94,14 @@ class Step:
     # what a step's work fixes, computed when first asked (the configuration changes at every start
     # and end of either worker's step, and each change re-rates every running step): thread-block
     # weight, memory traffic, latency alone by units and co-running by (units, the other's load)
+    rows: int = 0
     weight: int = 0
     traffic: float = -1.0
     latency: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        self.weight = max(1, -(-self.work.rows // TILE_ROWS))
+        self.rows = self.work.rows
+        self.weight = max(1, -(-self.rows // TILE_ROWS))
 
 
 @dataclass
@@ -146,9 +148,18 @@ class SimulatedDevice:
             if step.seconds:
                 step.progress += (now - step.last) / step.seconds
             step.last = now
-        latencies = self.latencies()
-        for step in steps:
-            seconds = latencies[step.role] * step.noise
+        prefill, decode = self.running.get("prefill"), self.running.get("decode")
+        if len(steps) == 1:
+            latencies = (self._step_alone(steps[0], min(self.total, max(1, steps[0].units))),)
+        elif len(steps) == 2 and prefill is not None and decode is not None:
+            latencies = self._pair(prefill, decode)
+            if steps[0] is decode:  # in the order they started (the order their ends are scheduled in)
+                latencies = latencies[::-1]
+        else:
+            by_role = self.latencies()
+            latencies = tuple(by_role[step.role] for step in steps)
+        for step, latency in zip(steps, latencies):
+            seconds = latency * step.noise
             if seconds != step.seconds:
                 step.seconds = seconds
                 step.version += 1
@@ -187,20 +198,32 @@ class SimulatedDevice:
         if len(self.running) == 1:  # alone: its own units, no one to share them or memory with
             (role, step), = self.running.items()
             return {role: self._step_alone(step, min(self.total, max(1, round(float(step.units)))))}
-        effective = self.effective_units()
-        units = {role: min(self.total, max(1, round(u))) for role, u in effective.items()}
         prefill, decode = self.running.get("prefill"), self.running.get("decode")
-        if prefill is not None and decode is not None and self.measured_corun:
-            return {"prefill": self._corun_prefill(prefill, units["prefill"], decode.work.batch),
-                    "decode": self._corun_decode(decode, units["decode"], prefill.work.rows)}
-        alone = {role: self._step_alone(step, units[role]) for role, step in self.running.items()}
-        if prefill is None or decode is None or self.contention is None:
-            return alone
-        p, d, c = prefill.work, decode.work, self.contention
-        alone["prefill"], alone["decode"] = c.corun(
-            alone["prefill"], self._traffic(prefill), p.rows, effective["prefill"],
-            alone["decode"], self._traffic(decode), (d.batch, d.context), units["decode"])
-        return alone
+        if len(self.running) == 2 and prefill is not None and decode is not None:
+            return dict(zip(("prefill", "decode"), self._pair(prefill, decode)))
+        units = {role: min(self.total, max(1, round(u))) for role, u in self.effective_units().items()}
+        return {role: self._step_alone(step, units[role]) for role, step in self.running.items()}
+
+    def _pair(self, prefill: Step, decode: Step) -> tuple[float, float]:
+        """(prefill, decode) latencies side by side: `effective_units` and the contention model,
+        without the dictionaries (every start and end of a step while the other runs asks)."""
+        total = self.total
+        units_p, units_d = float(prefill.units), float(decode.units)
+        shared = overlap(prefill.units, decode.units, total)
+        if shared:
+            wp, wd = (prefill.weight, decode.weight) if self.overlap_share == "demand" else (1, 1)
+            units_p -= shared * wd / (wp + wd)
+            units_d -= shared * wp / (wp + wd)
+        up, ud = min(total, max(1, round(units_p))), min(total, max(1, round(units_d)))
+        if self.measured_corun:
+            return self._corun_prefill(prefill, up, decode.work.batch), self._corun_decode(decode, ud, prefill.rows)
+        alone_p, alone_d = self._step_alone(prefill, up), self._step_alone(decode, ud)
+        c = self.contention
+        if c is None:
+            return alone_p, alone_d
+        d = decode.work
+        return c.corun(alone_p, self._traffic(prefill), prefill.rows, units_p,
+                       alone_d, self._traffic(decode), (d.batch, d.context), ud)
 
     def _step_alone(self, step: Step, units: int) -> float:
         seconds = step.latency.get(units)
