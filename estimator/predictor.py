@@ -42,12 +42,14 @@ class Estimator:
         self.contention = contention if contention is not None else ContentionModel()
         self.dtype = dtype
         self.kernels = KernelModel(model, hardware, DTYPE_BYTES[dtype], dtype)
+        self._refits = 0
         self.refit()
 
     # ---- building ---------------------------------------------------------------------------
 
     def refit(self) -> None:
         """Rebuild the alpha curves and contention tables (after changing samples or tables)."""
+        self._refits += 1  # `prediction_epoch`
         self._contention = self.contention.lookup()
         self._prefill_memo: dict[tuple, float] = {}
         self._prefill_kernels_memo: dict[tuple, float] = {}
@@ -109,6 +111,13 @@ class Estimator:
         if self._corrects("decode"):
             seconds *= self.calibration.online.factor("decode", batch, units, self.hardware.units)
         return seconds
+
+    def prediction_epoch(self, phase: str) -> int | None:
+        """A number that stays the same for as long as every `phase` prediction does — a caller may
+        keep what it derived from them until it changes: the count of refits, while the online
+        correction holds no factor for `phase` (a prefill worker's estimator never observes decode);
+        None while it does (the factors move with every observation)."""
+        return None if self._corrects(phase) else self._refits
 
     def _corrects(self, phase: str) -> bool:
         """The online correction holds a factor for `phase` (else it is 1.0 for every state, and

@@ -75,6 +75,20 @@ class FinishChecker:
             return Length(length=n)
         return None
 
+    def quiet_until(self, req: "Request", token: int) -> int:
+        """How many output tokens `req` can hold before `check` may end it, if every token it samples
+        is `token`: with fewer, `check` returns None (`token` matches no stop token or EOS that could
+        end it yet, and every length limit is further). A caller that knows its tokens (the
+        simulator) checks only from there on. Stop strings are judged on text: 1 (check every token).
+        The request's params and prompt must not change meanwhile (they do not, while it runs)."""
+        p = req.params
+        if p.stop and self.tokenizer is not None:
+            return 1
+        limit = min(p.max_new_tokens, self.max_context - len(req.prompt_ids))
+        if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos):
+            limit = min(limit, p.min_new_tokens)
+        return max(1, limit)
+
     def _stop_string(self, req: "Request") -> str | None:
         stops = req.params.stop
         if not stops or self.tokenizer is None:

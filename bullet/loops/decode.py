@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 from bullet.core.finish import Abort
-from bullet.core.request import Request, total_seq_len
+from bullet.core.request import Request, Status, total_seq_len
 from bullet.core.worker_state import WorkerFlags
 from bullet.loops.base import LoopCore, LoopEnv, Wake
 from bullet.schedulers.views import DecodeDecision, DecodePolicy, DecodeView
@@ -104,12 +104,12 @@ class DecodeCore(LoopCore):
         cross into a new one; a request that cannot get its page skips this step (pages come back as
         other requests finish)."""
         allocator = self.env.allocator
-        pages_for, batch = allocator.pages_for, []
-        for req in running:
-            need = pages_for(len(req.prompt_ids) + len(req.output_ids)) - len(req.page_table)  # req.seq_len
-            if need > 0:
+        page, batch = allocator.page_size, []
+        for req in running:  # every request, every step: a page is due only when the sequence fills its pages
+            tokens, table = len(req.prompt_ids) + len(req.output_ids), req.page_table  # req.seq_len
+            if tokens > len(table) * page:
                 try:
-                    req.page_table.extend(allocator.alloc(need, req.uid))
+                    table.extend(allocator.alloc(allocator.pages_for(tokens) - len(table), req.uid))
                 except OutOfPages:
                     continue
             batch.append(req)
@@ -131,8 +131,11 @@ class DecodeCore(LoopCore):
                 self.gave_way += 1
 
     def _step_done(self, view: DecodeView, decision: DecodeDecision, batch: list[Request], seconds: float) -> None:
-        for r in batch:
+        done, finished = [], Status.FINISHED
+        for r in batch:  # one pass over the batch: every step, every request (`r.finished`, inlined)
             r.num_cached += 1
+            if r.status is finished:
+                done.append(r)
         self.last_step_ms = seconds * 1e3
         reason = decision.reason
         if self.gave_way_after:  # the step ran on two shares: its time fits neither, nothing to learn from
@@ -145,10 +148,9 @@ class DecodeCore(LoopCore):
             self.record(view.now, self.env.partition.current_units, run=True, batch=len(batch),
                         context=total_seq_len(batch), prefill_units=view.peer.compute_units,
                         pred_ms=decision.predicted_s * 1e3, obs_ms=seconds * 1e3, reason=reason)
-        done = [r for r in batch if r.finished]
         if done:
-            finished = set(done)
-            self.running = [r for r in self.running if r not in finished]
+            gone = set(done)
+            self.running = [r for r in self.running if r not in gone]
             for r in done:
                 self.free_pages(r)
         self.env.outbox.tokens(batch)

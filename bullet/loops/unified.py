@@ -6,20 +6,21 @@ chunks up to the token budget; a request whose tokens are all computed samples i
 from __future__ import annotations
 
 from bullet.core.finish import Abort, Length
-from bullet.core.request import Request
+from bullet.core.request import Request, Status
 from bullet.loops.base import HybridItem, LoopCore, LoopEnv, Wake
 from bullet.schedulers.hybrid import HybridScheduler, Scheduled
 
 
 def hybrid_items(batch: list[Scheduled]) -> list[HybridItem]:
-    items = []
-    for s in batch:
-        req, n = s.req, s.num_tokens
+    # one item per request per step: built with tuple.__new__ (what HybridItem(...) does, minus the
+    # named tuple's Python-level constructor call)
+    items, make = [], tuple.__new__
+    for req, n in batch:
         start, params, prompt = req.num_cached, req.params, len(req.prompt_ids)
         completes = start + n == prompt + len(req.output_ids)  # req.seq_len
         wants_all = params.prompt_logprobs and start < prompt
         logits = "all" if wants_all else ("last" if completes else "none")
-        items.append(HybridItem(req, start, n, completes, logits, completes and params.max_new_tokens > 0))
+        items.append(make(HybridItem, (req, start, n, completes, logits, completes and params.max_new_tokens > 0)))
     return items
 
 
@@ -55,22 +56,22 @@ class UnifiedCore(LoopCore):
         if not batch:
             return Wake.EVENT
         items = hybrid_items(batch)
-        return self.launch([i.req for i in items], lambda done: self.env.executor.run_hybrid(items, done),
+        # item[0]: item.req (by index: every request of every step)
+        return self.launch([item[0] for item in items], lambda done: self.env.executor.run_hybrid(items, done),
                            lambda seconds: self._step_done(now, items, queued, seconds))
 
     def _step_done(self, t: float, items: list[HybridItem], queued: int, seconds: float) -> None:
-        progressed = []
-        for item in items:
-            req = item.req
-            req.num_cached += item.num_tokens
-            if not item.completes:
+        progressed, cache, finished = [], self.cache, Status.FINISHED
+        for req, start, num_tokens, completes, _, _ in items:  # every request, every step
+            req.num_cached += num_tokens
+            if not completes:
                 continue  # a middle chunk of its prompt: nothing to report yet
-            if self.cache is not None and item.start < len(req.prompt_ids) and not req.finished:
-                self.cache.insert_computed(req)  # its prompt is computed: later prompts may share it now
-            if req.params.max_new_tokens == 0 and not req.finished:
+            if cache is not None and start < len(req.prompt_ids) and req.status is not finished:
+                cache.insert_computed(req)  # its prompt is computed: later prompts may share it now
+            if req.params.max_new_tokens == 0 and req.status is not finished:
                 req.finish(Length(length=0), self.now())
             progressed.append(req)
-            if req.finished:
+            if req.status is finished:
                 self.scheduler.release(req)
                 self.requests.pop(req.uid, None)
         self.last_step_ms = seconds * 1e3

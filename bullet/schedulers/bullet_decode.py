@@ -11,6 +11,7 @@ decode 0-6 % at batch 8-24 and the next prompt's prefill shared a core with it).
 
 from __future__ import annotations
 
+import bisect
 import math
 
 from bullet.core.request import seq_lens
@@ -70,7 +71,8 @@ class BulletDecodePolicy(DecodePolicy):
                 return DecodeDecision(run=False, units=view.current_units, reason="paused for a prefill burst",
                                       predictions=predictions)
             units, reason = self.feasible[0], "pause budget spent: run on a shared unit"
-        units = next((f for f in self.feasible if f >= units), self.total)
+        at = bisect.bisect_left(self.feasible, units)  # the fewest feasible units >= units (else all)
+        units = self.feasible[at] if at < len(self.feasible) else self.total
         return DecodeDecision(run=True, units=units, predicted_s=step, reason=reason, predictions=predictions)
 
     def units_mid_step(self, peer, current_units: int) -> int | None:
@@ -90,8 +92,8 @@ class BulletDecodePolicy(DecodePolicy):
         none). Rounded down, not up: where shares are groups of SMs plus a remainder only the whole
         device holds (green contexts: 16 x 8 + 4 on an H200), rounding the rest up would reach into
         prefill's groups (prefill 8 leaves 124; 128 = the last 16 groups, one of them prefill's)."""
-        rest = self.total - peer_units
-        return max((f for f in self.feasible if f <= rest), default=0)
+        at = bisect.bisect_right(self.feasible, self.total - peer_units)  # the largest feasible <= the rest
+        return self.feasible[at - 1] if at else 0
 
     def efficient_units(self, lens: list[int]) -> int | None:
         """The fewest units short of every unit whose step is within IDLE_SLACK of the step on all (None:

@@ -50,6 +50,7 @@ TPOT_MARGIN = 0.9  # aim decode steps at 90% of the TPOT target: predictions are
 HAND_BACK_RULES = ("off", "decode-step", "bounded")
 SPLIT_RULES = ("spatial", "aggregate")
 BOUNDED_STRETCH = 0.1  # "bounded": the last layer group may take at most 10 % longer on a smaller share
+MEMO_LIMIT = 4096  # decode_units_for answers kept per estimator epoch
 NEAR_BEST = 0.1  # no share keeps TPOT but it holds: decode takes the fewest units within 10 % of its best step
 
 
@@ -74,8 +75,19 @@ class BulletPrefillPolicy(PrefillPolicy):
         self.total = self.feasible[-1]
         # decode's possible shares (prefill keeps at least its smallest), fewest first
         self._decode_candidates = sorted(self.total - f for f in self.feasible if self.total - f > 0)
+        # the share decode takes for each of them (fixed with the pool sizes): asked on every decision
+        self._candidate_gets = [self.decode_gets(d) for d in self._decode_candidates]
+        # prefill's shares that leave decode some units, and decode's share beside each (`balanced`)
+        self._split_shares = [p for p in self.feasible if self.total - p > 0]
+        self._split_gets = [self.decode_gets(self.total - p) for p in self._split_shares]
         self.k, self.num_layers, self.max_tokens = layers_per_step, num_layers, max_prefill_tokens
         self.batch_token_limit, self.max_wait_s = batch_token_limit, max_wait_s
+        # decode_units_for's answers while the estimator's decode predictions stay the same (its
+        # `prediction_epoch`): decode's batch changes once per decode step, prefill decides several
+        # times per decode step, and each answer scans up to every share
+        self._epoch_of = getattr(est, "prediction_epoch", None)
+        self._units_for: dict[tuple, int | None] = {}
+        self._units_for_epoch: int | None = None
         self.last_reason = ""
         self.last_ttft_p90 = 0.0
         self.yielded_last = False  # the previous decision was a yield: the next one runs prefill
@@ -238,16 +250,26 @@ class BulletPrefillPolicy(PrefillPolicy):
         return self._prefill_share(self.total - d), "TPOT at risk: prefill yields units"
 
     def _prefill_share(self, units: int) -> int:
-        for f in self.feasible:
-            if f >= units:
-                return f
-        return self.total
+        at = bisect.bisect_left(self.feasible, units)  # the fewest feasible units >= units (else all)
+        return self.feasible[at] if at < len(self.feasible) else self.total
 
     def decode_units_for(self, batch: int, context: int, co_tokens: int, target: float) -> int | None:
         """Fewest units (leaving prefill at least its minimum) with a decode step within target."""
+        epoch = self._epoch_of("decode") if self._epoch_of is not None else None
+        if epoch is None:
+            return self._decode_units_for(batch, context, co_tokens, target)
+        if epoch != self._units_for_epoch or len(self._units_for) >= MEMO_LIMIT:
+            self._units_for.clear()
+            self._units_for_epoch = epoch
+        key = (batch, context, co_tokens, target)
+        if key in self._units_for:
+            return self._units_for[key]
+        units = self._units_for[key] = self._decode_units_for(batch, context, co_tokens, target)
+        return units
+
+    def _decode_units_for(self, batch: int, context: int, co_tokens: int, target: float) -> int | None:
         candidates = self._decode_candidates
-        gets = [self.decode_gets(d) for d in candidates]
-        for d, step in zip(candidates, decode_seconds_over(self.est, batch, context, gets, co_tokens)):
+        for d, step in zip(candidates, decode_seconds_over(self.est, batch, context, self._candidate_gets, co_tokens)):
             if step <= target:
                 return d
         return None
@@ -260,8 +282,7 @@ class BulletPrefillPolicy(PrefillPolicy):
         candidates = self._decode_candidates
         if not candidates:
             return self.total - self.feasible[0]
-        times = dict(zip(candidates, decode_seconds_over(self.est, batch, context,
-                                                         [self.decode_gets(d) for d in candidates], co_tokens)))
+        times = dict(zip(candidates, decode_seconds_over(self.est, batch, context, self._candidate_gets, co_tokens)))
         bound = min(times.values()) * (1.0 + NEAR_BEST)
         return next(d for d in candidates if times[d] <= bound)
 
@@ -297,10 +318,9 @@ class BulletPrefillPolicy(PrefillPolicy):
         """The split that equalizes how far each phase is over its target (minimizes the worse one)."""
         target_p = min(self.slo.ttft_target(n) for n in batch_lens)
         best, best_p = float("inf"), self.feasible[0]
-        shares = [p for p in self.feasible if self.total - p > 0]
+        shares = self._split_shares
         prefill = prefill_seconds_over(self.est, batch_lens, shares, cached, co_decode_batch=batch)
-        decode = decode_seconds_over(self.est, batch, context, [self.decode_gets(self.total - p) for p in shares],
-                                     sum(batch_lens))
+        decode = decode_seconds_over(self.est, batch, context, self._split_gets, sum(batch_lens))
         for p, prefill_s, decode_s in zip(shares, prefill, decode):
             worst = max(prefill_s / target_p, decode_s / self.slo.tpot)
             if worst < best:

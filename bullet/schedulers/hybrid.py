@@ -18,15 +18,16 @@ was preempted to free memory."""
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from bullet.cache.prefix_cache import PrefixCache
 from bullet.core.request import Request, Status
 from bullet.shm.page_allocator import OutOfPages, PageAllocator
 
 
-@dataclass(slots=True)
-class Scheduled:
+class Scheduled(NamedTuple):
+    """A request's part of the next step (a tuple: one is built per running request per step)."""
+
     req: Request
     num_tokens: int  # tokens computed for it this step (from req.num_cached)
 
@@ -94,28 +95,31 @@ class HybridScheduler:
     def schedule(self) -> list[Scheduled]:
         if self.mixed:
             return self._schedule(None, admit=True)
-        prefill = self._schedule(lambda req: not self.decoding(req), admit=True)
-        return prefill if prefill else self._schedule(self.decoding, admit=False)
+        prefill = self._schedule(False, admit=True)
+        return prefill if prefill else self._schedule(True, admit=False)
 
-    def _schedule(self, takes, admit: bool) -> list[Scheduled]:
-        """Running requests that `takes` accepts (None: all of them) — decodes, continuing chunks —
-        then, with `admit`, new prompts, while the token budget and memory last."""
+    def _schedule(self, decodes: bool | None, admit: bool) -> list[Scheduled]:
+        """Running requests — the decodes (`decodes` True), the others (False: continuing chunks,
+        recomputations) or all of them (None) — then, with `admit`, new prompts, while the token
+        budget and memory last."""
         batch: list[Scheduled] = []
         budget = self.token_budget
-        pages_for, running = self.allocator.pages_for, Status.RUNNING
+        page, running, make = self.allocator.page_size, Status.RUNNING, tuple.__new__
         # 1. running requests: decodes (1 token) and the continuation of chunked prefills; this loop
-        # visits every running request every step, so it reads each field once
+        # visits every running request every step, so it reads each field once (`decoding`, inlined)
         for req in list(self.running):
             # preempted while making room for an earlier one (a status check is O(1))
-            if req.status is not running or (takes is not None and not takes(req)):
+            if req.status is not running:
                 continue
-            cached = req.num_cached
-            n = len(req.prompt_ids) + len(req.output_ids) - cached  # req.num_uncomputed
+            cached, prompt = req.num_cached, len(req.prompt_ids)
+            n = prompt + len(req.output_ids) - cached  # req.num_uncomputed
+            if decodes is not None and (n == 1 and cached >= prompt) is not decodes:
+                continue
             if n > budget:
                 n = budget
             if n == 0:
                 continue
-            if pages_for(cached + n) > len(req.page_table):  # it needs a page (`_grow`)
+            if cached + n > len(req.page_table) * page:  # it needs a page (`_grow`)
                 while True:
                     try:
                         self._grow(req, n)
@@ -123,7 +127,7 @@ class HybridScheduler:
                     except OutOfPages:
                         if not (self._preempt_newest(keep=req) or self._unpin_waiting(keep=req)):
                             raise
-            batch.append(Scheduled(req, n))
+            batch.append(make(Scheduled, (req, n)))  # Scheduled(req, n)
             budget -= n
         # 2. new prompts, first come first served, while budget and memory last
         while admit and self.waiting and budget > 0 and len(self.running) < self.max_running:

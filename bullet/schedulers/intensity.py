@@ -12,8 +12,10 @@ from estimator.hardware import HardwareSpec
 from estimator.ops import layer_token_ops
 
 
-def intensity(model: ModelConfig, tokens: int, dtype_bytes: int = 2) -> float:
-    ops = layer_token_ops(model, dtype_bytes)
+def intensity(model: ModelConfig, tokens: int, dtype_bytes: int = 2, ops=None) -> float:
+    """FLOPs per byte of one layer's per-token kernels over `tokens` rows (`ops`: that layer's
+    `layer_token_ops`, when the caller has them)."""
+    ops = layer_token_ops(model, dtype_bytes) if ops is None else ops
     flops = sum(op.flops_per_row * tokens * op.count for op in ops)
     moved = sum((op.bytes_fixed + op.bytes_per_row * tokens) * op.count for op in ops)
     return flops / moved
@@ -23,16 +25,18 @@ def ridge_token_limit(model: ModelConfig, hardware: HardwareSpec, dtype: str = "
                       cap: int = 1 << 16):
     """A function units -> the smallest batch size (tokens) whose intensity reaches the ridge point."""
 
+    ops = layer_token_ops(model, dtype_bytes)  # built once: the search asks ~17 times per share
+
     @functools.lru_cache(maxsize=None)
     def limit(units: int) -> int:
         units = max(1, min(units, hardware.units))
         ridge = hardware.compute_rate(units, dtype) / hardware.bandwidth(units)
         lo, hi = 1, cap
-        if intensity(model, hi, dtype_bytes) < ridge:
+        if intensity(model, hi, dtype_bytes, ops) < ridge:
             return cap
         while lo < hi:  # intensity is increasing in tokens
             mid = (lo + hi) // 2
-            if intensity(model, mid, dtype_bytes) >= ridge:
+            if intensity(model, mid, dtype_bytes, ops) >= ridge:
                 hi = mid
             else:
                 lo = mid + 1

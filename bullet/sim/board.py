@@ -19,18 +19,20 @@ class StateBoard:
         self._states = {role: WorkerState() for role in BLOCK_ROLES}
         self._beats = dict.fromkeys(BLOCK_ROLES, 0)
         self._listeners: dict[Role, list[Callable[[], None]]] = {role: [] for role in BLOCK_ROLES}
+        # a role, or its name, -> its block (`Role(role).block`, looked up: every publish and read asks)
+        self._block = {key: role.block for role in Role for key in (role, role.value)}
 
     def publish(self, role: str, state: WorkerState) -> int:
-        role = Role(role).block
-        self._beats[role] += 1
-        state.heartbeat_ns, state.heartbeat_count = int(self.clock.now() * 1e9), self._beats[role]
+        role = self._block.get(role) or Role(role).block  # (an unknown role: Role's ValueError)
+        beat = self._beats[role] = self._beats[role] + 1
+        state.heartbeat_ns, state.heartbeat_count = int(self.clock.now() * 1e9), beat
         self._states[role] = state
         for listener in self._listeners[role]:
             listener()
-        return self._beats[role]
+        return beat
 
     def read(self, role: str) -> WorkerState:
-        return self._states[Role(role).block]
+        return self._states[self._block.get(role) or Role(role).block]
 
     def on_publish(self, role: str, listener: Callable[[], None]) -> None:
         """Call `listener` after every publish by `role`."""

@@ -91,10 +91,17 @@ class Step:
     progress: float = 0.0  # fraction of the work done
     seconds: float = 0.0  # latency of the whole step in the current configuration
     version: int = 0  # bumps when the end is re-scheduled; older end events are stale
+    # what a step's work fixes, computed when first asked (the configuration changes at every start
+    # and end of either worker's step, and each change re-rates every running step): thread-block
+    # weight, memory traffic, latency alone by units and co-running by (units, the other's load)
+    rows: int = 0
+    weight: int = 0
+    traffic: float = -1.0
+    latency: dict = field(default_factory=dict)
 
-    @property
-    def weight(self) -> int:
-        return max(1, -(-self.work.rows // TILE_ROWS))
+    def __post_init__(self):
+        self.rows = self.work.rows
+        self.weight = max(1, -(-self.rows // TILE_ROWS))
 
 
 @dataclass
@@ -141,9 +148,18 @@ class SimulatedDevice:
             if step.seconds:
                 step.progress += (now - step.last) / step.seconds
             step.last = now
-        latencies = self.latencies()
-        for step in steps:
-            seconds = latencies[step.role] * step.noise
+        prefill, decode = self.running.get("prefill"), self.running.get("decode")
+        if len(steps) == 1:
+            latencies = (self._step_alone(steps[0], min(self.total, max(1, steps[0].units))),)
+        elif len(steps) == 2 and prefill is not None and decode is not None:
+            latencies = self._pair(prefill, decode)
+            if steps[0] is decode:  # in the order they started (the order their ends are scheduled in)
+                latencies = latencies[::-1]
+        else:
+            by_role = self.latencies()
+            latencies = tuple(by_role[step.role] for step in steps)
+        for step, latency in zip(steps, latencies):
+            seconds = latency * step.noise
             if seconds != step.seconds:
                 step.seconds = seconds
                 step.version += 1
@@ -181,24 +197,39 @@ class SimulatedDevice:
         """Latency of each running step, whole, in the current configuration (before noise)."""
         if len(self.running) == 1:  # alone: its own units, no one to share them or memory with
             (role, step), = self.running.items()
-            return {role: self._alone(step.work, min(self.total, max(1, round(float(step.units)))))}
-        effective = self.effective_units()
-        units = {role: min(self.total, max(1, round(u))) for role, u in effective.items()}
+            return {role: self._step_alone(step, min(self.total, max(1, round(float(step.units)))))}
         prefill, decode = self.running.get("prefill"), self.running.get("decode")
-        if prefill is not None and decode is not None and self.measured_corun:
-            p, d = prefill.work, decode.work
-            return {"prefill": self.est.prefill_time(list(p.seq_lens), units["prefill"], num_layers=p.layers,
-                                                     include_head=p.include_head, co_decode_batch=d.batch,
-                                                     cached=list(p.cached) or None),
-                    "decode": self.est.decode_time(d.batch, d.context, units["decode"], co_prefill_tokens=p.rows)}
-        alone = {role: self._alone(step.work, units[role]) for role, step in self.running.items()}
-        if prefill is None or decode is None or self.contention is None:
-            return alone
-        p, d, c = prefill.work, decode.work, self.contention
-        alone["prefill"], alone["decode"] = c.corun(
-            alone["prefill"], c.prefill_bytes(p.seq_lens, p.layers, p.include_head), p.rows, effective["prefill"],
-            alone["decode"], c.decode_bytes(d.batch, d.context), (d.batch, d.context), units["decode"])
-        return alone
+        if len(self.running) == 2 and prefill is not None and decode is not None:
+            return dict(zip(("prefill", "decode"), self._pair(prefill, decode)))
+        units = {role: min(self.total, max(1, round(u))) for role, u in self.effective_units().items()}
+        return {role: self._step_alone(step, units[role]) for role, step in self.running.items()}
+
+    def _pair(self, prefill: Step, decode: Step) -> tuple[float, float]:
+        """(prefill, decode) latencies side by side: `effective_units` and the contention model,
+        without the dictionaries (every start and end of a step while the other runs asks)."""
+        total = self.total
+        units_p, units_d = float(prefill.units), float(decode.units)
+        shared = overlap(prefill.units, decode.units, total)
+        if shared:
+            wp, wd = (prefill.weight, decode.weight) if self.overlap_share == "demand" else (1, 1)
+            units_p -= shared * wd / (wp + wd)
+            units_d -= shared * wp / (wp + wd)
+        up, ud = min(total, max(1, round(units_p))), min(total, max(1, round(units_d)))
+        if self.measured_corun:
+            return self._corun_prefill(prefill, up, decode.work.batch), self._corun_decode(decode, ud, prefill.rows)
+        alone_p, alone_d = self._step_alone(prefill, up), self._step_alone(decode, ud)
+        c = self.contention
+        if c is None:
+            return alone_p, alone_d
+        d = decode.work
+        return c.corun(alone_p, self._traffic(prefill), prefill.rows, units_p,
+                       alone_d, self._traffic(decode), (d.batch, d.context), ud)
+
+    def _step_alone(self, step: Step, units: int) -> float:
+        seconds = step.latency.get(units)
+        if seconds is None:
+            seconds = step.latency[units] = self._alone(step.work, units)
+        return seconds
 
     def _alone(self, work, units: int) -> float:
         if isinstance(work, PrefillWork):
@@ -207,6 +238,33 @@ class SimulatedDevice:
         if isinstance(work, DecodeWork):
             return self.est.decode_time(work.batch, work.context, units)
         return self.est.hybrid_step_time(list(work.chunks), work.batch, work.context, units)
+
+    def _corun_prefill(self, step: Step, units: int, decode_batch: int) -> float:
+        """The measured co-running table's prefill latency beside a decode batch (`measured_corun`)."""
+        key = (units, decode_batch)
+        seconds = step.latency.get(key)
+        if seconds is None:
+            p = step.work
+            seconds = step.latency[key] = self.est.prefill_time(
+                list(p.seq_lens), units, num_layers=p.layers, include_head=p.include_head,
+                co_decode_batch=decode_batch, cached=list(p.cached) or None)
+        return seconds
+
+    def _corun_decode(self, step: Step, units: int, prefill_tokens: int) -> float:
+        key = (units, prefill_tokens)
+        seconds = step.latency.get(key)
+        if seconds is None:
+            d = step.work
+            seconds = step.latency[key] = self.est.decode_time(d.batch, d.context, units, co_prefill_tokens=prefill_tokens)
+        return seconds
+
+    def _traffic(self, step: Step) -> float:
+        """Bytes the step moves (the analytic contention model's demand)."""
+        if step.traffic < 0:
+            w, c = step.work, self.contention
+            step.traffic = (c.prefill_bytes(w.seq_lens, w.layers, w.include_head) if isinstance(w, PrefillWork)
+                            else c.decode_bytes(w.batch, w.context))
+        return step.traffic
 
     def _account(self, now: float) -> None:
         """Co-running time since the last change (the configuration was constant over it)."""

@@ -25,6 +25,8 @@ class SimExecutor:
         self.on_step_end = on_step_end  # the driver goes round again once the core has taken the step's end
         # where each token's time goes, by request uid (the request log's, for its TBT); None: nowhere
         self.token_times = token_times
+        # `FinishChecker.quiet_until` of each request it emitted for (forgotten when it ends one)
+        self._quiet: dict[int, int] = {}
 
     def _run(self, work, sampled: Sequence[Request], on_done: Callable[[float], None]) -> None:
         def ended(seconds: float) -> None:
@@ -39,10 +41,14 @@ class SimExecutor:
         self.emit_tokens((req,))
 
     def emit_tokens(self, reqs: Sequence[Request]) -> None:
-        """A token for each of `reqs`, all at this instant (a decode step samples every request)."""
-        now, check, stamps = self.clock.now(), self.finish.check, self.token_times
+        """A token for each of `reqs`, all at this instant (a decode step samples every request). This
+        runs for every token of a run: the finish rules are checked once a request holds as many
+        tokens as `FinishChecker.quiet_until` says (before that they cannot end it — the same
+        answers as checking every token, for a dictionary look-up per token instead of a call)."""
+        now, stamps, quiet = self.clock.now(), self.token_times, self._quiet
         for req in reqs:
-            req.output_ids.append(SIM_TOKEN_ID)
+            output = req.output_ids
+            output.append(SIM_TOKEN_ID)
             if req.first_token_time is None:
                 req.first_token_time = now
             if stamps is not None:
@@ -51,9 +57,14 @@ class SimExecutor:
                     stamps[req.uid] = [now]
                 else:
                     times.append(now)
-            reason = check(req)
-            if reason is not None:
-                req.finish(reason, now)
+            until = quiet.get(req.uid)
+            if until is None:
+                until = quiet[req.uid] = self.finish.quiet_until(req, SIM_TOKEN_ID)
+            if len(output) >= until:
+                reason = self.finish.check(req)
+                if reason is not None:
+                    req.finish(reason, now)
+                    del quiet[req.uid]
 
     def run_prefill(self, batch: InflightPrefill, layers: int, finishing: Sequence[Request] | None,
                     on_done: Callable[[float], None]) -> None:
@@ -64,7 +75,7 @@ class SimExecutor:
         self._run(DecodeWork(len(batch), total_seq_len(batch)), batch, on_done)
 
     def run_hybrid(self, items: Sequence[HybridItem], on_done: Callable[[float], None]) -> None:
-        self._run(hybrid_work(items), [i.req for i in items if i.sample], on_done)
+        self._run(hybrid_work(items), [req for req, _, _, _, _, sample in items if sample], on_done)
 
 
 def hybrid_work(items: Sequence[HybridItem]) -> HybridWork:
@@ -72,11 +83,10 @@ def hybrid_work(items: Sequence[HybridItem]) -> HybridWork:
     cached sequence past its prompt is a decode (its context includes that token); anything else is
     a prompt chunk (or the recomputation of a preempted request) after `start` cached tokens."""
     chunks, decodes, context = [], 0, 0
-    for item in items:
-        req = item.req
-        if item.num_tokens == 1 and item.completes and item.start >= len(req.prompt_ids):
+    for req, start, num_tokens, completes, _, _ in items:  # every request of every hybrid step
+        if num_tokens == 1 and completes and start >= len(req.prompt_ids):
             decodes += 1
-            context += item.start + 1
+            context += start + 1
         else:
-            chunks.append((item.num_tokens, item.start))
+            chunks.append((num_tokens, start))
     return HybridWork(tuple(chunks), decodes, context)

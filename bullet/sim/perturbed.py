@@ -48,6 +48,11 @@ class PerturbedPredictor:
             self._by_call[(phase, size, units)] = f
         return f
 
+    def prediction_epoch(self, phase: str) -> int | None:
+        """`Estimator.prediction_epoch`: the error factors are fixed per region, so this predictor's
+        answers change exactly when the estimator's do."""
+        return self.est.prediction_epoch(phase)
+
     # -- the Predictor protocol ---------------------------------------------------------------------
     def prefill_time(self, seq_lens: Sequence[int], units: int, num_layers: int | None = None,
                      include_head: bool = True, co_decode_batch: int = 0,

@@ -128,8 +128,7 @@ class Simulation:
     def _schedule_arrivals(self) -> None:
         """Every request at its arrival time (a closed-loop workload schedules later ones as earlier
         ones finish: `bullet.sim.conversations`)."""
-        for i, (arrival, _, _) in enumerate(self.requests):
-            self.loop.at(arrival, self._arrive, i)
+        self.loop.at_each((arrival, self._arrive, (i,)) for i, (arrival, _, _) in enumerate(self.requests))
 
     def _prompt_ids(self, index: int, length: int) -> list[int]:
         """Token ids for the prefix cache to compare: a request's own unless its workload says which

@@ -70,3 +70,17 @@ def test_a_run_stamps_every_token():
         assert sum(r.token_gaps) == pytest.approx(r.finish_time - r.first_token_time)
         assert r.tbt_p99 == percentile(r.token_gaps, 99)
     assert result.summary["tbt_attained"] == 1.0
+
+
+def test_percentile_by_selection_equals_the_full_sort():
+    """A high percentile takes the largest few values instead of sorting them all: the same number."""
+    import random
+
+    rng = random.Random(1)
+    for n in [*range(1, 40), 100, 257, 1000]:
+        values = [rng.choice((rng.random(), 0.5, 0.25)) for _ in range(n)]  # ties too
+        for q in (0, 50, 90, 99, 99.9, 100):
+            s = sorted(values)
+            pos = (n - 1) * q / 100.0
+            lo, hi = math.floor(pos), min(math.floor(pos) + 1, n - 1)
+            assert percentile(values, q) == s[lo] + (s[hi] - s[lo]) * (pos - lo)
