@@ -98,7 +98,7 @@ class ServerArgs(BaseModel):
     @classmethod
     def _device(cls, v):
         # a torch.device is accepted by its name ("cuda:0"; the policy layer imports this model, so
-        # no torch here); the launcher resolves the name once (bullet.runtime.device_choice) and
+        # no torch here); the launcher resolves the name once (bullet.launcher.device_choice) and
         # hands the workers a torch.device
         v = v if isinstance(v, str) else str(v)
         kind, colon, index = v.partition(":")

@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
 
     from engines.sampling_params import validation_message  # deferred: `bullet --help` lists commands without torch
 
-    from bullet.runtime.device_choice import serving_device  # deferred: as above
+    from bullet.launcher.device_choice import serving_device  # deferred: as above
 
     fields = {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "command"}
     try:
@@ -89,9 +89,9 @@ class DrainingServer(uvicorn.Server):
 
 def serve(server_args) -> int:
     # deferred: `bullet --help` lists commands without loading torch, the model loaders and the server
-    from bullet.http.app import create_app
-    from bullet.runtime.launcher import WorkerStartupError  # deferred: as above
-    from bullet.runtime.serving import ServingRuntime  # deferred: as above
+    from bullet.frontend.http.app import create_app
+    from bullet.frontend.serving import ServingRuntime  # deferred: as above
+    from bullet.launcher.launcher import WorkerStartupError  # deferred: as above
     from engines.host import bound_heap_growth  # deferred: as above
     from engines.weights import ModelLoadError  # deferred: as above
 

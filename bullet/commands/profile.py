@@ -50,12 +50,13 @@ def run(args) -> int:
     from bullet.doctor.gpu_checks import check_mps  # deferred: GPU-only pieces
     from bullet.partition import PartitionUnavailable  # deferred: as above
     from bullet.partition.graph_policy import decide_for_worker  # deferred: as above
-    from estimator.profiler.cache import estimator_dtype, model_cache_name  # deferred: as above
-    from estimator.profiler.cuda_measure import (  # deferred: as above
+    from estimator.profiler.cache import (  # deferred: as above
         cuda_profile_path,
+        estimator_dtype,
         gpu_identity,
-        measure_cuda_profile,
+        model_cache_name,
     )
+    from estimator.profiler.cuda_measure import measure_cuda_profile  # deferred: as above
 
     def log(line: str) -> None:
         print(f"[bullet profile] {line}", file=sys.stderr, flush=True)

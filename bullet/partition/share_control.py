@@ -1,6 +1,6 @@
 """The GPU profiler's way of running on a share of the SMs: the serving workers' own partition
 backend, one per role, each with the stream its kernels launch on (`launch_stream`). It implements
-`estimator.profiler.cuda_shares.ShareControl`; the estimator receives it from `bullet profile`
+`estimator.profiler.shares.ShareControl`; the estimator receives it from `bullet profile`
 because it may not import the control plane.
 
 It is picklable as `functools.partial(PartitionShares, backend, **options)`, which is how the

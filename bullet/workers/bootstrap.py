@@ -18,7 +18,7 @@ import traceback
 
 import setproctitle
 
-from bullet.runtime.endpoints import remove_runtime_dir
+from bullet.shared.endpoints import remove_runtime_dir
 from bullet.shm.segments import cleanup_instance
 from bullet.workers.spec import WorkerSpec
 from bullet.workers.wiring import Worker, build_worker

@@ -12,7 +12,7 @@ import zmq
 from bullet.core.messages import (Handoff, MalformedMessage, Message, OutputBatch, Recompute, RequestOutput, decode,
                                   encode)
 from bullet.core.roles import Role
-from bullet.runtime.endpoints import Endpoints
+from bullet.shared.endpoints import Endpoints
 
 log = logging.getLogger("bullet.worker.io")
 SEND_TIMEOUT_MS = 10_000

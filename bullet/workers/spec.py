@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from bullet.config import ServerArgs
 from bullet.core.roles import Role
-from bullet.runtime.endpoints import Endpoints
-from bullet.runtime.shared_model import SharedModel
+from bullet.shared.endpoints import Endpoints
+from bullet.shared.model import SharedModel
 
 
 @dataclass

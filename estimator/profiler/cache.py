@@ -1,12 +1,14 @@
-"""Cached estimator profiles of this CPU and the served model (Bullet §3.2.4): names, the cache,
-whether a cached profile still fits, and measuring one in a child process when none does.
+"""Cached estimator profiles of this CPU or GPU and the served model (Bullet §3.2.4): names, the
+cache, whether a cached profile still fits, and measuring one when none does (`cached_or_measured`,
+for both devices).
 
     path = ensure_profile(None, "auto", "bfloat16", cores=[0, 1])   # cached, or measured (~1 min)
     load_estimator(path).decode_time(16, 16 * 512, units=1, co_prefill_tokens=256)
 
-`estimator.profiler.measure.measure_profile` does the work; it pins every thread of its process
-while it measures, so `ensure_profile` runs it in a child process (`python -m estimator.profiler`,
-the same command as `bullet profile`) and leaves its caller's threads alone."""
+On the CPU `estimator.profiler.measure.measure_profile` does the work; it pins every thread of its
+process while it measures, so `ensure_profile` runs it in a child process (`python -m
+estimator.profiler`, the same command as `bullet profile`) and leaves its caller's threads alone.
+A GPU profile is measured in the caller's process (`cuda_measure.ensure_cuda_profile`)."""
 
 from __future__ import annotations
 
@@ -17,17 +19,18 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from engines.device import cpu_identity, resolve_dtype
 from engines.weights import DEFAULT_MODEL
 from engines.weights.resolve import dummy_config, resolve_model_path
-from estimator.profile import EstimatorProfile
+from estimator.profile import EstimatorProfile, Provenance
 from estimator.version import package_version
 
 ESTIMATOR_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}  # and back
 
 
 # ---- names and cache ---------------------------------------------------------------------------
@@ -78,6 +81,18 @@ def default_profile_path(model_name: str, dtype: str, cores: int | Sequence[int]
     return cache_dir() / name
 
 
+def gpu_identity(device: int = 0) -> str:
+    props = torch.cuda.get_device_properties(device)
+    return f"{props.name} ({props.multi_processor_count} SMs)"
+
+
+def cuda_profile_path(model_name: str, dtype: str, gpu: str, backend: str) -> Path:
+    """Where the GPU profile of `model_name` in `dtype` on `gpu` under the partition `backend`,
+    measured by this version of bullet, is cached."""
+    name = f"{_slug(model_name)}-{_slug(dtype)}-{_slug(gpu)}-{_slug(backend)}-bullet{package_version()}.json"
+    return cache_dir() / name
+
+
 def resolve_cores(cores: int | Sequence[int] | None) -> list[int]:
     allowed = sorted(os.sched_getaffinity(0))
     if cores is None:
@@ -89,17 +104,47 @@ def resolve_cores(cores: int | Sequence[int] | None) -> list[int]:
     return sorted(set(cores))
 
 
+def _provenance(path: Path) -> Provenance | None:
+    try:
+        return EstimatorProfile.read(path).provenance
+    except (OSError, ValueError):
+        return None
+
+
+def _current(p: Provenance, quick: bool) -> bool:
+    """Measured by this bullet version, with a plan that serves the request (a full profile also
+    serves a quick request, not the other way round)."""
+    return p.bullet_version == package_version() and (quick or p.plan == "full")
+
+
 def reusable(path: Path, model: str, dtype: str, cores: Sequence[int], quick: bool, quantization: str = "none") -> bool:
     """A cached profile fits if it was measured for this model, dtype, quantization, core count, CPU
     and bullet version (a full profile also serves a quick request, not the other way round)."""
-    try:
-        profile = EstimatorProfile.read(path)
-    except (OSError, ValueError):
-        return False
-    p = profile.provenance
+    p = _provenance(path)
     return (p is not None and p.model == model and p.dtype == dtype and p.quantization == quantization
-            and len(p.cores) == len(cores)
-            and p.cpu == cpu_model_name() and p.bullet_version == package_version() and (quick or p.plan == "full"))
+            and len(p.cores) == len(cores) and p.cpu == cpu_model_name() and _current(p, quick))
+
+
+def cuda_reusable(path: Path, model: str, dtype: str, gpu: str, backend: str, quick: bool) -> bool:
+    """A cached GPU profile fits if it was measured for this model, dtype, GPU, partition backend
+    and bullet version (a full profile serves a quick request, not the other way round)."""
+    p = _provenance(path)
+    return p is not None and p.model == model and p.dtype == dtype and p.cpu == f"{gpu} via {backend}" \
+        and _current(p, quick)
+
+
+def cached_or_measured(path: Path, fits: Callable[[Path], bool], measure: Callable[[], object]) -> Path:
+    """`path`, once a profile that `fits` is there: the cached one, or the one `measure()` writes
+    now. Two servers starting together measure once: the second waits on the lock, then finds the
+    profile."""
+    if path.exists() and fits(path):
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (path.exists() and fits(path)):
+            measure()
+    return path
 
 
 def ensure_profile(model_path: str | None, load_format: str = "auto", dtype="auto",
@@ -113,15 +158,9 @@ def ensure_profile(model_path: str | None, load_format: str = "auto", dtype="aut
     est_dtype = estimator_dtype(dtype)
     name = model_cache_name(model_path, load_format)
     path = Path(output) if output else default_profile_path(name, est_dtype, core_ids, quantization)
-    if path.exists() and reusable(path, name, est_dtype, core_ids, quick, quantization):
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "w") as lock:
-        # Two servers starting together measure once: the second waits, then finds the profile.
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if path.exists() and reusable(path, name, est_dtype, core_ids, quick, quantization):
-            return path
-        return _measure_in_child(model_path, load_format, est_dtype, core_ids, quick, progress, path, quantization)
+    return cached_or_measured(
+        path, lambda p: reusable(p, name, est_dtype, core_ids, quick, quantization),
+        lambda: _measure_in_child(model_path, load_format, est_dtype, core_ids, quick, progress, path, quantization))
 
 
 def _measure_in_child(model_path, load_format: str, dtype: str, core_ids: list[int], quick: bool, progress: bool,

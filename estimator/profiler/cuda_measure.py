@@ -1,16 +1,15 @@
 """Measuring a GPU profile: the model on the GPU, per-share GEMM and copy rates (`cuda_probe`), the
 plan's kernel sweeps and steps on each profiled share, each phase beside the other in a second
-process (`cuda_corun`), the same Eq. 2 calibration as the CPU profile (`fit.build_estimator`),
-written where `bullet launch --policy bullet` looks for it.
+process (`corun.CoRunner`), the same Eq. 2 calibration as the CPU profile (`fit.build_estimator`),
+written where `bullet launch --policy bullet` looks for it (`cache.cuda_profile_path`).
 
-The partition mechanism arrives as `share_factory` (see `cuda_shares`); `decode_graphs` says whether
+The partition mechanism arrives as `share_factory` (see `shares`); `decode_graphs` says whether
 decode steps are timed as the CUDA-graph replays a worker would run (only where `bullet doctor` found
 the backend's partitions reach replays — the caller decides), `kernel_graphs` likewise for the
 kernel sweeps. Profiles are cached per model, dtype, GPU, partition backend and bullet version."""
 
 from __future__ import annotations
 
-import fcntl
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -21,40 +20,17 @@ import torch
 from engines.cuda_graphs import DecodeGraphs, TorchCudaGraphs, graph_blocker
 from engines.weights import load_weights
 from estimator.profile import EstimatorProfile, Provenance
-from estimator.profiler.cache import _slug, cache_dir, estimator_dtype, model_cache_name
-from estimator.profiler.cuda_corun import CudaCoRunner
-from estimator.profiler.cuda_plan import gpu_plan
+from estimator.profiler.cache import (TORCH_DTYPES, cached_or_measured, cuda_profile_path, cuda_reusable,
+                                     estimator_dtype, gpu_identity, model_cache_name)
+from estimator.profiler.corun import CoRunner
 from estimator.profiler.cuda_probe import COPY_BYTES, GEMM_N, gpu_hardware, probe_rates
-from estimator.profiler.cuda_shares import ShareFactory, profiled_shares
 from estimator.profiler.cuda_sweep import run_cuda_plan
 from estimator.profiler.cuda_timing import CudaEventTimer
 from estimator.profiler.fit import build_estimator
+from estimator.profiler.plan import gpu_plan
+from estimator.profiler.shares import ShareFactory, profiled_shares
 from estimator.profiler.workload import PAGE_SIZE, DecodeCase, ModelBench, kv_tokens_needed
 from estimator.version import package_version
-
-TORCH_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
-
-
-def gpu_identity(device: int = 0) -> str:
-    props = torch.cuda.get_device_properties(device)
-    return f"{props.name} ({props.multi_processor_count} SMs)"
-
-
-def cuda_profile_path(model_name: str, dtype: str, gpu: str, backend: str) -> Path:
-    name = f"{_slug(model_name)}-{_slug(dtype)}-{_slug(gpu)}-{_slug(backend)}-bullet{package_version()}.json"
-    return cache_dir() / name
-
-
-def cuda_reusable(path: Path, model: str, dtype: str, gpu: str, backend: str, quick: bool) -> bool:
-    """A cached GPU profile fits if it was measured for this model, dtype, GPU, partition backend
-    and bullet version (a full profile serves a quick request, not the other way round)."""
-    try:
-        p = EstimatorProfile.read(path).provenance
-    except (OSError, ValueError):
-        return False
-    return (p is not None and p.model == model and p.dtype == dtype and p.cpu == f"{gpu} via {backend}"
-            and p.bullet_version == package_version() and (quick or p.plan == "full"))
-
 
 def _decode_steps_as_graphs(bench: ModelBench, max_batch: int):
     """`step_for(case)` timing decode steps as graph replays. Graphs are dropped at every new
@@ -113,7 +89,7 @@ def measure_cuda_profile(model_path: str | None, load_format: str, dtype, share_
             log(f"decode steps timed eagerly: {blocker}")
             decode_graphs = False
         step_for = _decode_steps_as_graphs(bench, max_batch) if decode_graphs else None
-        other = stack.enter_context(CudaCoRunner(weights.config, state, torch_dtype, kv_tokens, share_factory)) \
+        other = stack.enter_context(CoRunner(weights.config, state, torch_dtype, kv_tokens, share_factory, "cuda")) \
             if corun else None
         samples, notes = run_cuda_plan(bench, shares, timer, plan, step_for, other, log)
     estimator = build_estimator(weights.config, hardware, est_dtype, samples)
@@ -140,11 +116,6 @@ def ensure_cuda_profile(model_path: str | None, load_format: str, dtype, share_f
     # a profile whose decode steps were graph replays is another profile than an eager one
     label = f"{backend}-graphs" if options.get("decode_graphs") else backend
     path = Path(output) if output else cuda_profile_path(name, est_dtype, gpu, label)
-    if path.exists() and cuda_reusable(path, name, est_dtype, gpu, backend, quick):
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (path.exists() and cuda_reusable(path, name, est_dtype, gpu, backend, quick)):
-            measure_cuda_profile(model_path, load_format, dtype, share_factory, backend, quick, path, **options)
-    return path
+    return cached_or_measured(
+        path, lambda p: cuda_reusable(p, name, est_dtype, gpu, backend, quick),
+        lambda: measure_cuda_profile(model_path, load_format, dtype, share_factory, backend, quick, path, **options))

@@ -2,9 +2,11 @@
 phase beside the other on complementary shares. Returns calibration samples in the same form as the
 CPU profile, so the same Eq. 2 code (`fit.build_estimator`) calibrates both.
 
-Everything GPU-specific is passed in — the share control (the partition backend), the timer (CUDA
-events), the co-runner (a second process looping the other phase) and how a decode step runs (eager,
-or graph replays where the backend allows them) — so the plan logic runs under test with fakes.
+Every measurement goes through the profiler's one measuring core (`session.MeasuringSession`), on
+the GPU's backends, all passed in — the share control (the partition backend), the timer (CUDA
+events, `cuda_timing.CudaTimer`), the co-runner (a second process looping the other phase,
+`corun.CoRunner`) and how a decode step runs (eager, or graph replays where the backend allows
+them) — so the plan logic runs under test with fakes.
 
 Unlike the CPU sweep, kernel sweeps are not scaled to the end-to-end step: on a GPU the kernels are
 timed without launch gaps, and what a step adds to its kernels (Python, launches) is the per-phase
@@ -15,11 +17,10 @@ from __future__ import annotations
 from typing import Callable, ContextManager, Protocol
 
 from estimator.calibration import Sample
-from estimator.profiler.cuda_ops import op_times
-from estimator.profiler.cuda_shares import ShareControl, corun_splits, profiled_shares
-from estimator.profiler.cuda_timing import GpuTimer
+from estimator.profiler.cuda_timing import CudaTimer, GpuTimer
 from estimator.profiler.plan import ProfilePlan
-from estimator.profiler.session import op_samples, phase_sample, role_of
+from estimator.profiler.session import Beside, MeasuringSession, role_of
+from estimator.profiler.shares import ShareControl, corun_splits, profiled_shares
 from estimator.profiler.workload import DecodeCase, ModelBench, PrefillCase, uniform_decode
 
 Case = PrefillCase | DecodeCase
@@ -27,7 +28,7 @@ StepFactory = Callable[[Case], Callable[[], object]]
 
 
 class OtherPhase(Protocol):
-    """Keeps a step of the other phase running on its share while a block runs (`cuda_corun`)."""
+    """Keeps a step of the other phase running on its share while a block runs (`corun.CoRunner`)."""
 
     def looping(self, role: str, units: int, case: Case) -> ContextManager: ...
 
@@ -38,45 +39,33 @@ def run_cuda_plan(bench: ModelBench, shares: ShareControl, timer: GpuTimer, plan
     """Samples of every measurement of `plan` and notes. `step_for(case)`: the callable a worker
     would run for that step (default: the bench's eager step). Without `other`, contention is not
     measured (the notes say so)."""
-    step_for = step_for or bench.step
     quick = plan.name == "quick"
     units_of = {role: profiled_shares(shares.feasible(role), quick) for role in ("prefill", "decode")}
+    session = MeasuringSession(bench, shares, CudaTimer(timer), step_for, log)
     samples: list[Sample] = []
     notes: list[str] = []
     for case in plan.sweeps:
-        role = role_of(case)
-        for units in units_of[role]:
-            with shares.use(role, units):
-                times = op_times(bench, case, timer.kernels)
-            samples += op_samples(case, units, times)
-            log(f"kernels of {case.label()} on {units} SMs: {sum(times.values()) * 1e3:.2f} ms per layer-set")
+        for units in units_of[role_of(case)]:
+            samples += session.sweep(case, units, plan.sweep_repeats).samples
     for case in plan.steps:
-        role = role_of(case)
-        for units in units_of[role]:
-            with shares.use(role, units):  # the step's inputs are made on the share's stream too
-                seconds = timer.step(step_for(case))
-            samples.append(phase_sample(case, units, seconds))
-            log(f"{case.label()} on {units} SMs: {seconds * 1e3:.2f} ms")
+        for units in units_of[role_of(case)]:
+            samples += session.step(case, units, plan.repeats).samples
     if other is None:
         notes.append("contention not measured (no co-running process): the estimator assumes none")
         return samples, notes
     splits = corun_splits(shares.feasible("prefill"), shares.feasible("decode"))
     if not splits:
         notes.append("contention not measured: no two disjoint shares fit this device")
+    # the other phase keeps looping across every case measured beside it (restarting it costs a warm-up step)
     for prefill_units, decode_units in splits:
         for tokens in plan.corun_prefill_lengths:
-            with other.looping("prefill", prefill_units, PrefillCase((tokens,))):
+            prefill = PrefillCase((tokens,))
+            with other.looping("prefill", prefill_units, prefill):
                 for case in plan.corun_decode_cases:
-                    with shares.use("decode", decode_units):
-                        seconds = timer.step(step_for(case))
-                    samples.append(phase_sample(case, decode_units, seconds, co_running=tokens))
-                    log(f"{case.label()} on {decode_units} SMs beside prefill[{tokens}]: {seconds * 1e3:.2f} ms")
+                    samples += session.step(case, decode_units, plan.repeats, Beside(prefill, prefill_units)).samples
         for batch in plan.corun_decode_batches:
             decode = uniform_decode(batch, plan.corun_decode_context)
             with other.looping("decode", decode_units, decode):
                 for case in plan.corun_prefill_cases:
-                    with shares.use("prefill", prefill_units):
-                        seconds = timer.step(step_for(case))
-                    samples.append(phase_sample(case, prefill_units, seconds, co_running=batch))
-                    log(f"{case.label()} on {prefill_units} SMs beside {decode.label()}: {seconds * 1e3:.2f} ms")
+                    samples += session.step(case, prefill_units, plan.repeats, Beside(decode, decode_units)).samples
     return samples, notes

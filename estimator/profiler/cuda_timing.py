@@ -10,13 +10,18 @@
 A GPU is not shared with other jobs the way the development CPUs are, so there is no disturbance
 filtering here; the median guards against the odd slow run (clock ramp-up, a page fault).
 
-Nothing here runs without CUDA; the profiler's logic is tested with a fake `GpuTimer`."""
+`CudaTimer` is the GPU's `session.Timer` around a `GpuTimer`: `CudaEventTimer`, or in the tests a
+fake (nothing here runs without CUDA; the profiler's logic is tested with the fake)."""
 
 from __future__ import annotations
 
 import statistics
 import time
 from typing import Callable, Protocol
+
+from estimator.profiler.cuda_ops import op_times
+from estimator.profiler.timing import Timing
+from estimator.profiler.workload import DecodeCase, ModelBench, PrefillCase
 
 
 class GpuTimer(Protocol):
@@ -72,3 +77,28 @@ class CudaEventTimer:
             stream.synchronize()
             times.append(time.perf_counter() - t0)
         return statistics.median(times)
+
+
+class CudaTimer:
+    """The GPU's `session.Timer`: steps and each kernel class (`cuda_ops.op_times`) timed by a
+    `GpuTimer`, which sets its own repeats. Nothing to wait for and no run to leave out: every
+    timing counts as usable. The log keeps the lines `from_log` reads back."""
+
+    unit_name = "SMs"
+
+    def __init__(self, timer: GpuTimer):
+        self.timer = timer
+
+    def settle(self, own_pids: tuple[int, ...]) -> None:
+        pass  # a GPU is not shared with other jobs (see above)
+
+    def step(self, run: Callable[[], object], repeats: int, own_pids: tuple[int, ...]) -> Timing:
+        return Timing(self.timer.step(run), runs=(), usable=1)
+
+    def kernels(self, bench: ModelBench, case: PrefillCase | DecodeCase, units: int,
+                repeats: int) -> tuple[dict[str, float], Timing]:
+        times = op_times(bench, case, self.timer.kernels)
+        return times, Timing(sum(times.values()), runs=(), usable=1)
+
+    def describe(self, timing: Timing, kernel_times: dict[str, float] | None = None) -> str:
+        return f"{timing.seconds * 1e3:.2f} ms" + (" per layer-set" if kernel_times is not None else "")

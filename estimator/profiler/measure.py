@@ -12,7 +12,7 @@ import torch
 
 from engines.weights import load_weights
 from estimator.profile import EstimatorProfile, Provenance
-from estimator.profiler.cache import cpu_model_name, estimator_dtype, model_cache_name, resolve_cores
+from estimator.profiler.cache import TORCH_DTYPES, cpu_model_name, estimator_dtype, model_cache_name, resolve_cores
 from estimator.profiler.fit import build_estimator
 from estimator.profiler.plan import ProfilePlan
 from estimator.profiler.sweep import run_plan
@@ -28,7 +28,7 @@ def measure_profile(model_path: str | None, load_format: str, dtype, cores: Sequ
     began = time.monotonic()
     core_ids = resolve_cores(cores)
     est_dtype = estimator_dtype(dtype)
-    torch_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}[est_dtype]
+    torch_dtype = TORCH_DTYPES[est_dtype]
     plan = plan or ProfilePlan.named(quick)
     weights = load_weights(model_path, load_format, torch_dtype, quantization=quantization)
     if weights.dtype != torch_dtype:

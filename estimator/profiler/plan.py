@@ -1,11 +1,12 @@
-"""What `bullet profile` measures: a sparse set of execution states (Bullet §3.2.4), quick or full.
+"""What `bullet profile` measures: a sparse set of execution states (Bullet §3.2.4), quick or full,
+at CPU sizes (`ProfilePlan.quick`, `.full`) or GPU sizes (`gpu_plan`).
 
-At every core count:
+On every profiled share (every core count of a small CPU, a few SM shares of a GPU):
 * kernel sweeps (`sweeps`): every kernel class of the model timed inside a real forward pass, for a
   few prefill lengths and decode batches — the op samples of the SRM calibration;
 * end-to-end steps (`steps`): whole prefills (single prompts and packed batches), K-layer prefill
   steps as the layer-wise scheduler runs them, and decode steps — the phase samples of Eq. 2.
-With the other phase running on the complementary cores (`corun_*`): decode steps beside prefills
+With the other phase running on the complementary share (`corun_*`): decode steps beside prefills
 of a few lengths sl (-> D_{p,sl}), and prefill steps beside decode batches (-> prefill slowdown).
 
 The benchmark (`artifact/benchmarks/bench_estimator_cpu.py`) validates on states that are none of
@@ -88,6 +89,44 @@ class ProfilePlan:
         corun_decodes = [uniform_decode(b, self.corun_decode_context) for b in self.corun_decode_batches]
         return [*self.sweeps, *self.steps, *self.corun_decode_cases, *self.corun_prefill_cases, *corun_prefills,
                 *corun_decodes]
+
+
+def gpu_plan(quick: bool) -> ProfilePlan:
+    """The same kinds of states at GPU sizes — prefills of hundreds to thousands of tokens, decode
+    batches up to the serving limit — measured on a few SM shares (`shares.profiled_shares`) instead
+    of every core count."""
+    if quick:
+        return ProfilePlan(
+            name="quick",
+            sweeps=(PrefillCase((512,)), PrefillCase((2048,)), uniform_decode(1, 1024), uniform_decode(32, 1024),
+                    uniform_decode(128, 512)),
+            steps=(PrefillCase((512,)), PrefillCase((2048,)), PrefillCase((512,) * 4), PrefillCase((2048,), 4),
+                   uniform_decode(1, 1024), uniform_decode(8, 2048), uniform_decode(32, 1024),
+                   uniform_decode(128, 512)),
+            corun_prefill_lengths=(512, 2048),
+            corun_decode_cases=(uniform_decode(32, 1024), uniform_decode(128, 512)),
+            corun_decode_batches=(32, 128),
+            corun_decode_context=1024,
+            corun_prefill_cases=(PrefillCase((2048,)), PrefillCase((2048,), 4)),
+            repeats=5, sweep_repeats=3, budget_s=10.0, quiet_wait_s=0.0,
+        )
+    return ProfilePlan(
+        name="full",
+        sweeps=(PrefillCase((128,)), PrefillCase((512,)), PrefillCase((2048,)), PrefillCase((8192,)),
+                uniform_decode(1, 512), uniform_decode(1, 4096), uniform_decode(16, 1024), uniform_decode(64, 1024),
+                uniform_decode(128, 2048), uniform_decode(256, 512)),
+        steps=(PrefillCase((128,)), PrefillCase((512,)), PrefillCase((2048,)), PrefillCase((8192,)),
+               PrefillCase((512,) * 4), PrefillCase((1500, 300, 200)), PrefillCase((2048,), 4),
+               PrefillCase((8192,), 4), PrefillCase((2048,), 1), uniform_decode(1, 512), uniform_decode(1, 4096),
+               uniform_decode(16, 1024), uniform_decode(64, 1024), uniform_decode(128, 2048),
+               uniform_decode(256, 512)),
+        corun_prefill_lengths=(512, 2048, 8192),
+        corun_decode_cases=(uniform_decode(8, 1024), uniform_decode(64, 1024), uniform_decode(256, 512)),
+        corun_decode_batches=(8, 64, 256),
+        corun_decode_context=1024,
+        corun_prefill_cases=(PrefillCase((512,)), PrefillCase((2048,)), PrefillCase((2048,), 4)),
+        repeats=10, sweep_repeats=5, budget_s=30.0, quiet_wait_s=0.0,
+    )
 
 
 def case_key(case: PrefillCase | DecodeCase) -> tuple:

@@ -1,22 +1,30 @@
-"""One profiling session: the model loaded once, measurements turned into calibration samples.
+"""The measuring core of a profile, one for the CPU and the GPU: a step put on a share of the
+device, timed, and turned into calibration samples.
 
-* `step`: an end-to-end step (prefill or decode) on a core share -> a phase sample;
-* `sweep`: the per-kernel times of a state -> op samples (one per kernel class);
-* `beside_prefill` / `beside_decode`: a step timed while the other phase loops on the
-  complementary cores (a spawned `CoRunner`) -> a phase sample with `co_running` set.
+* `step`: an end-to-end step (prefill or decode) on a share -> a phase sample; beside the other
+  phase (`Beside`: a co-runner looping a step on the complementary share) -> a phase sample with
+  `co_running` set;
+* `sweep`: the per-kernel times of a state -> op samples (one per kernel class).
 Each returns a `Measurement`: the samples and how many undisturbed runs they rest on.
 
-Prefill steps run on the prefill role's share (lowest cores), decode steps on the decode role's
-(highest), as the workers do. Before each measurement the session waits briefly for the machine to
-be quiet (other jobs may share it)."""
+What differs between the devices comes in as two backends: the `Shares` (`shares.CoreShares`: core
+sets; on a GPU the partition backend's SM shares) and the `Timer` (`CpuTimer`: the wall clock, a
+lone thread's own clock for one-core kernel sweeps, runs disturbed by other jobs left out;
+`cuda_timing.CudaTimer`: CUDA events). Prefill steps run on the prefill role's share (lowest units),
+decode steps on the decode role's (highest), as the workers do.
+
+`ProfileSession` is the CPU's session, with its `CpuTimer` (the CPU plan, `sweep.run_plan`, drives
+it); the GPU plan (`cuda_sweep.run_cuda_plan`) drives a `MeasuringSession` on the GPU's backends."""
 
 from __future__ import annotations
 
 import os
 import statistics
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from functools import partial
+from typing import Callable, Protocol, Sequence
 
 import torch
 
@@ -25,8 +33,9 @@ from engines.model_config import ModelConfig
 from estimator.calibration import Sample
 from estimator.profiler.corun import CoRunner
 from estimator.profiler.kernel_timing import kernel_times, sweep_clock
+from estimator.profiler.shares import CoreShares, Shares
 from estimator.profiler.timing import Timing, time_calls, wait_until_quiet
-from estimator.profiler.workload import DecodeCase, ModelBench, PrefillCase, apply_share, kv_tokens_needed
+from estimator.profiler.workload import DecodeCase, ModelBench, PrefillCase, kv_tokens_needed
 
 TOKEN_CLASSES = ("input_norm", "qkv_proj", "rope", "o_proj", "post_attn_norm", "gate_up_proj", "act", "down_proj",
                  "residual_add")
@@ -43,7 +52,7 @@ def phase_sample(case: Case, units: int, seconds: float, co_running: int = 0) ->
 
 
 def op_samples(case: Case, units: int, times: dict[str, float]) -> list[Sample]:
-    """One sample per kernel class from a sweep (`local_kernels.kernel_times`)."""
+    """One sample per kernel class from a sweep (`kernel_timing.kernel_times`, `cuda_ops.op_times`)."""
     decode = isinstance(case, DecodeCase)
     rows = case.batch if decode else case.tokens
     outputs = case.batch if decode else len(case.seq_lens)  # rows reaching the LM head
@@ -78,79 +87,144 @@ def role_of(case: Case) -> str:
     return "prefill" if isinstance(case, PrefillCase) else "decode"
 
 
-class ProfileSession:
+class Timer(Protocol):
+    """How a device times what the session runs on one of its shares."""
+
+    unit_name: str  # how a share is counted in the log: "core(s)", "SMs"
+
+    def settle(self, own_pids: tuple[int, ...]) -> None:
+        """Before a measurement: let the machine calm down (other jobs; `own_pids` are ours)."""
+
+    def step(self, run: Callable[[], object], repeats: int, own_pids: tuple[int, ...]) -> Timing:
+        """Seconds per call of `run`."""
+
+    def kernels(self, bench: ModelBench, case: Case, units: int, repeats: int) -> tuple[dict[str, float], Timing]:
+        """Seconds of one launch of each kernel class of `case`, and the timing of the sweeps."""
+
+    def describe(self, timing: Timing, kernel_times: dict[str, float] | None = None) -> str:
+        """A measurement as the log shows it ("12.3 ms (5 usable of 6 runs)")."""
+
+
+@dataclass(frozen=True)
+class Beside:
+    """The other phase, looping `case` on `units` of its role's share while a step is timed. With a
+    `runner`, the session starts it after the step is ready and stops it after the timed runs;
+    without one, the caller keeps it looping across several measurements."""
+
+    case: Case
+    units: int
+    runner: CoRunner | None = None
+
+    @property
+    def co_running(self) -> int:
+        """What the calibration records of it: the prefill's tokens, or the decode batch."""
+        return self.case.tokens if isinstance(self.case, PrefillCase) else self.case.batch
+
+
+class MeasuringSession:
+    """Measurements on one device: `shares` put each step on its share, `timer` times it."""
+
+    def __init__(self, bench: ModelBench, shares: Shares, timer: Timer,
+                 step_for: Callable[[Case], Callable[[], object]] | None = None,
+                 log: Callable[[str], None] = lambda _: None):
+        """`step_for(case)`: the callable a worker would run for that step (default: the bench's
+        eager step; a GPU may time decode steps as CUDA-graph replays)."""
+        self.bench, self.shares, self.timer, self.log = bench, shares, timer, log
+        self.step_for = step_for or bench.step
+
+    def step(self, case: Case, units: int, repeats: int, beside: Beside | None = None) -> Measurement:
+        """`case` on `units` of its role's share, alone or `beside` the other phase."""
+        runner = beside.runner if beside is not None else None
+        own_pids = (runner.pid,) if runner is not None else ()
+        with self.shares.use(role_of(case), units):  # the step's inputs are made on the share too
+            run = self.step_for(case)
+            self.timer.settle(own_pids)
+            with runner.looping(role_of(beside.case), beside.units, beside.case) if runner else nullcontext():
+                start = time.perf_counter()
+                timing = self.timer.step(run, repeats, own_pids)
+                end = time.perf_counter()
+        label = f"{case.label()} on {units} {self.timer.unit_name}"
+        if beside is None:
+            return self._done(label, timing, [phase_sample(case, units, timing.seconds)])
+        inside = runner.iterations_within(start, end) if runner is not None else []
+        extra = f" ({beside.case.label()} steps: {statistics.median(inside) * 1e3:.0f} ms)" if inside else ""
+        return self._done(f"{label} beside {beside.case.label()}", timing,
+                          [phase_sample(case, units, timing.seconds, co_running=beside.co_running)], extra)
+
+    def sweep(self, case: Case, units: int, repeats: int) -> Measurement:
+        """Per-kernel times of `case` on `units` of its role's share."""
+        with self.shares.use(role_of(case), units):
+            self.timer.settle(())
+            times, timing = self.timer.kernels(self.bench, case, units, repeats)
+        return self._done(f"kernels of {case.label()} on {units} {self.timer.unit_name}", timing,
+                          op_samples(case, units, times), kernel_times=times)
+
+    def _done(self, label: str, timing: Timing, samples: list[Sample], extra: str = "",
+              kernel_times: dict[str, float] | None = None) -> Measurement:
+        self.log(f"{label}: {self.timer.describe(timing, kernel_times)}{extra}")
+        return Measurement(label, samples, timing.seconds, timing.usable)
+
+
+class CpuTimer:
+    """The CPU's `Timer`: steps and kernel sweeps timed by `timing.time_calls` (the wall clock; a
+    lone thread's own clock for the kernels of a one-core sweep: `kernel_timing.sweep_clock`), within
+    `budget_s` per measurement, waiting up to `quiet_wait_s` for other jobs to pause."""
+
+    unit_name = "core(s)"
+
+    def __init__(self, budget_s: float, quiet_wait_s: float):
+        self.budget_s, self.quiet_wait_s = budget_s, quiet_wait_s
+
+    def settle(self, own_pids: tuple[int, ...]) -> None:
+        wait_until_quiet(self.quiet_wait_s, own_pids=own_pids)
+
+    def step(self, run: Callable[[], object], repeats: int, own_pids: tuple[int, ...]) -> Timing:
+        return time_calls(run, repeats=repeats, budget_s=self.budget_s, own_pids=own_pids,
+                          quiet_wait_s=self.quiet_wait_s)
+
+    def kernels(self, bench: ModelBench, case: Case, units: int, repeats: int) -> tuple[dict[str, float], Timing]:
+        """Per-kernel medians over the usable sweeps (a sweep = one forward, timed kernel by kernel)."""
+        clock = sweep_clock(units)
+        timing = time_calls(lambda: kernel_times(bench, case, clock)[0], repeats=repeats, budget_s=self.budget_s,
+                            quiet_wait_s=self.quiet_wait_s)
+        sweeps = timing.values
+        return {k: statistics.median(s[k] for s in sweeps) for k in sweeps[0]}, timing
+
+    def describe(self, timing: Timing, kernel_times: dict[str, float] | None = None) -> str:
+        return f"{timing.seconds * 1e3:.1f} ms ({timing.usable} usable of {len(timing.runs)} runs)"
+
+
+class ProfileSession(MeasuringSession):
+    """The CPU's session: the model loaded once, shares are core sets of `cores`, runs timed with
+    `CpuTimer`, and the other phase in a spawned `CoRunner` on the complementary cores. Before each
+    measurement it waits briefly for the machine to be quiet (other jobs may share it)."""
+
     def __init__(self, config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype, cores: Sequence[int],
                  cases: Sequence[Case], budget_s: float = 10.0, quiet_wait_s: float = 2.0,
                  log: Callable[[str], None] = lambda _: None):
         self.config, self.state, self.dtype, self.cores = config, state, dtype, list(cores)
-        self.budget_s, self.quiet_wait_s, self.log = budget_s, quiet_wait_s, log
         self.kv_tokens = kv_tokens_needed(cases)
-        self.bench = ModelBench(config, state, self.kv_tokens, dtype)
+        super().__init__(ModelBench(config, state, self.kv_tokens, dtype), CoreShares(self.cores),
+                         CpuTimer(budget_s, quiet_wait_s), log=log)
         self._corunner: CoRunner | None = None
         # measuring re-pins every thread of this process; put them back on close, or every process
         # started from here afterwards (a test suite's next server) would inherit a one-core share
         self._original_cores, self._original_threads = os.sched_getaffinity(0), torch.get_num_threads()
 
-    # ---- solo -------------------------------------------------------------------------------------
-
-    def _prepare(self, case: Case, units: int, own_pids: tuple[int, ...] = ()) -> Callable[[], object]:
-        apply_share(role_of(case), units, self.cores)
-        fn = self.bench.step(case)
-        wait_until_quiet(self.quiet_wait_s, own_pids=own_pids)
-        return fn
-
-    def step(self, case: Case, units: int, repeats: int) -> Measurement:
-        timing = time_calls(self._prepare(case, units), repeats=repeats, budget_s=self.budget_s,
-                            quiet_wait_s=self.quiet_wait_s)
-        return self._done(f"{case.label()} on {units} core(s)", timing, [phase_sample(case, units, timing.seconds)])
-
-    def sweep(self, case: Case, units: int, repeats: int) -> Measurement:
-        """Per-kernel medians over the usable sweeps (a sweep = one forward, timed kernel by kernel)."""
-        apply_share(role_of(case), units, self.cores)
-        clock = sweep_clock(units)
-        wait_until_quiet(self.quiet_wait_s)
-        timing = time_calls(lambda: kernel_times(self.bench, case, clock)[0], repeats=repeats,
-                            budget_s=self.budget_s, quiet_wait_s=self.quiet_wait_s)
-        sweeps = timing.values
-        times = {k: statistics.median(s[k] for s in sweeps) for k in sweeps[0]}
-        return self._done(f"kernels of {case.label()} on {units} core(s)", timing, op_samples(case, units, times))
-
-    def _done(self, label: str, timing: Timing, samples: list[Sample], extra: str = "") -> Measurement:
-        self.log(f"{label}: {timing.seconds * 1e3:.1f} ms ({timing.usable} usable of {len(timing.runs)} runs){extra}")
-        return Measurement(label, samples, timing.seconds, timing.usable)
-
-    # ---- co-running -------------------------------------------------------------------------------
-
     def corunner(self) -> CoRunner:
         if self._corunner is None:
-            self._corunner = CoRunner(self.config, self.state, self.dtype, self.kv_tokens, self.cores)
+            self._corunner = CoRunner(self.config, self.state, self.dtype, self.kv_tokens,
+                                      partial(CoreShares, self.cores))
         return self._corunner
-
-    def _beside(self, case: Case, units: int, other_role: str, other_case: Case, repeats: int) -> tuple[Timing, str]:
-        """Time `case` on `units` cores while `other_case` loops on the other role's share of the
-        remaining cores; also says how long the co-runner's steps took meanwhile."""
-        other = self.corunner()
-        other_units = len(self.cores) - units
-        fn = self._prepare(case, units, own_pids=(other.pid,))
-        with other.looping(other_role, other_units, other_case):
-            start = time.perf_counter()
-            timing = time_calls(fn, repeats=repeats, budget_s=self.budget_s, own_pids=(other.pid,),
-                                quiet_wait_s=self.quiet_wait_s)
-            end = time.perf_counter()
-        inside = other.iterations_within(start, end)
-        return timing, (f" ({other_case.label()} steps: {statistics.median(inside) * 1e3:.0f} ms)" if inside else "")
 
     def beside_prefill(self, case: DecodeCase, units: int, prefill_tokens: int, repeats: int) -> Measurement:
         """A decode step on `units` cores while a prefill of `prefill_tokens` loops on the rest."""
-        timing, extra = self._beside(case, units, "prefill", PrefillCase((prefill_tokens,)), repeats)
-        return self._done(f"{case.label()} on {units} core(s) beside prefill[{prefill_tokens}]", timing,
-                          [phase_sample(case, units, timing.seconds, co_running=prefill_tokens)], extra)
+        other = Beside(PrefillCase((prefill_tokens,)), len(self.cores) - units, self.corunner())
+        return self.step(case, units, repeats, other)
 
     def beside_decode(self, case: PrefillCase, units: int, decode: DecodeCase, repeats: int) -> Measurement:
         """A prefill step on `units` cores while `decode` steps loop on the rest."""
-        timing, extra = self._beside(case, units, "decode", decode, repeats)
-        return self._done(f"{case.label()} on {units} core(s) beside {decode.label()}", timing,
-                          [phase_sample(case, units, timing.seconds, co_running=decode.batch)], extra)
+        return self.step(case, units, repeats, Beside(decode, len(self.cores) - units, self.corunner()))
 
     def close(self) -> None:
         if self._corunner is not None:

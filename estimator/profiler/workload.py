@@ -1,6 +1,6 @@
 """The served model's real steps, as the profiler times them: a packed prefill (whole model, or K
 layers as the layer-wise prefill scheduler runs them) and one decode step, through the same
-`ModelRunner` the workers use, on a core share applied by the same partition backend.
+`ModelRunner` the workers use (on a share the caller applies: `shares`).
 
 Every sequence gets its own KV pages, as in serving: decode attention then reads distinct memory
 for every request instead of one cached copy. Token ids are arbitrary (latency does not depend on
@@ -13,20 +13,12 @@ from typing import Sequence
 
 import torch
 
-from engines.host import share_of, use_cores
 from engines.kv_pool import KVPool
 from engines.model.build import build_model
 from engines.model_config import ModelConfig
 from engines.runner import ModelRunner, SeqChunk
 
 PAGE_SIZE = 16
-
-
-def apply_share(role: str, units: int, cores: Sequence[int]) -> None:
-    """Pin every thread of this process to `role`'s share of `units` of `cores` (prefill: the low
-    cores, decode: the high ones) with as many torch threads, exactly as a worker's `cpu` partition
-    backend does."""
-    use_cores(share_of(cores, units, from_high=role == "decode"))
 
 
 @dataclass(frozen=True)

@@ -221,7 +221,7 @@ def test_a_server_that_did_not_start_is_reported_by_the_exceptions_its_log_names
     log = tmp_path / "server.log"
     log.write_text("INFO loaded\nTraceback (most recent call last):\n  File \"x.py\", line 1\n"
                    "AttributeError: 'str' object has no attribute 'type'\nERROR:    Traceback\n"
-                   "bullet.runtime.launcher.WorkerStartupError: unified worker exited with code 1\n")
+                   "bullet.launcher.launcher.WorkerStartupError: unified worker exited with code 1\n")
     assert failure_reason(log) == ("AttributeError: 'str' object has no attribute 'type' / "
-                                   "bullet.runtime.launcher.WorkerStartupError: unified worker exited with code 1")
+                                   "bullet.launcher.launcher.WorkerStartupError: unified worker exited with code 1")
     assert failure_reason(tmp_path / "missing.log") is None

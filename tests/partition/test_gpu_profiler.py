@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -17,14 +18,14 @@ from engines.weights.dummy import dummy_weights
 from estimator.hardware import BUILTIN
 from estimator.predictor import Estimator
 from estimator.profiler.cuda_ops import PER_STEP, ClassRun, check_steps_compose_layer, class_runs, op_times
-from estimator.profiler.cuda_plan import gpu_plan
 from estimator.profiler.cuda_probe import builtin_for, gpu_hardware, interpolate, probe_rates
-from estimator.profiler.cuda_shares import corun_splits, profiled_shares, round_up
 from estimator.profiler.cuda_sweep import run_cuda_plan
 from estimator.profiler.fit import build_estimator
 from estimator.profiler.kernel_timing import kernel_times
+from estimator.profiler.plan import gpu_plan
 from estimator.profiler.report import predict
 from estimator.profiler.session import op_samples, phase_sample
+from estimator.profiler.shares import corun_splits, profiled_shares, round_up
 from estimator.profiler.workload import DecodeCase, ModelBench, PrefillCase, kv_tokens_needed, uniform_decode
 from tests.partition.tiny_model import CONFIG
 
@@ -218,6 +219,29 @@ def test_without_a_co_runner_contention_is_noted_as_unmeasured(bench):
     assert not any(s.co_running for s in samples)
     assert {s.units for s in samples} == {132}
     assert "contention not measured" in notes[0]
+
+
+def test_the_plans_log_lines_are_what_from_log_reads_back(bench):
+    """`from_log` rebuilds a profile from these printed lines when the profile file is lost: every
+    step and kernel sweep the plan measures must come back from its line, beside what it ran."""
+    from estimator.profiler.from_log import parse_log
+
+    shares, other = FakeShares(H100_GREEN), FakeOther()
+    decode = uniform_decode(8, 256)
+    plan = replace(gpu_plan(quick=True), sweeps=(PrefillCase((512,)), decode),
+                   steps=(PrefillCase((512,)), PrefillCase((512, 64), 4), decode), corun_prefill_lengths=(512,),
+                   corun_decode_cases=(decode,), corun_decode_batches=(8,), corun_prefill_cases=(PrefillCase((512,)),))
+    lines = ["24 SMs: 166 TFLOP/s, 1771 GB/s;"]  # the probe's line, printed by cuda_measure before the plan
+    samples, _ = run_cuda_plan(bench, shares, TrueGpuTimer(shares, other), plan, step_for=tagged_steps, other=other,
+                               log=lines.append)
+    _, _, sweeps, phases = parse_log(lines)
+    measured = [s for s in samples if s.kind in ("prefill", "decode")]
+    assert any(s.co_running for s in measured)
+    assert [(p.kind, p.units, p.co_running, p.prefill_lens, p.num_layers, p.decode_batch, p.decode_context)
+            for p in phases] == [(s.kind, s.units, s.co_running, s.prefill_lens, s.num_layers, s.decode_batch,
+                                  s.decode_context) for s in measured]
+    assert all(p.seconds == pytest.approx(s.seconds, abs=1e-5) for p, s in zip(phases, measured))  # ms, 2 decimals
+    assert len(sweeps) == len(plan.sweeps) * len(profiled_shares(H100_GREEN, quick=True))
 
 
 # ---- the probe ------------------------------------------------------------------------------------

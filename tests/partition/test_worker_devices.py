@@ -19,10 +19,10 @@ import torch
 
 from bullet.config import ServerArgs
 from bullet.core.roles import Role
+from bullet.launcher.launcher import Launcher
 from bullet.partition import cuda_driver
 from bullet.partition.graph_policy import EAGER, PER_SHARE, SHARED
 from bullet.partition.libsmctrl import LIBRARY_ENV
-from bullet.runtime.launcher import Launcher
 from bullet.workers.wiring import build_worker
 from estimator.reference.profiles import SHIPPED_PROFILE
 from tests.partition.fake_cuda import GPU, FakeCuda

@@ -13,7 +13,7 @@ import torch
 
 from bullet.cli import main
 from bullet.config import ServerArgs
-from bullet.runtime.device_choice import serving_device
+from bullet.launcher.device_choice import serving_device
 from engines.device import require_device, resolve_device
 from tests.partition.fake_cuda import GPU, FakeCuda
 
@@ -25,7 +25,7 @@ DUMMY = ["--load-format", "dummy", "--model-path", "smollm2-135m"]
 def no_weights_loaded(monkeypatch):
     """Fails the test if anything starts loading weights or a server."""
     import bullet.commands.launch as launch
-    import bullet.runtime.shared_model as shared_model
+    import bullet.shared.model as shared_model
 
     def refuse(*args, **kwargs):
         raise AssertionError("weights were loaded before the device was checked")

@@ -204,7 +204,7 @@ def test_leftovers_of_a_killed_instance_are_reclaimed_at_the_next_launch(tmp_pat
     code = ("import os, signal, sys\n"
             "from bullet.shm.segments import new_instance_id\n"
             "from bullet.shm.state_buffer import StateBuffer\n"
-            "from bullet.runtime.endpoints import make_runtime_dir\n"
+            "from bullet.shared.endpoints import make_runtime_dir\n"
             "iid = new_instance_id(); StateBuffer.create(iid); d = make_runtime_dir(iid)\n"
             "print(iid, d, flush=True); os.kill(os.getpid(), signal.SIGKILL)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

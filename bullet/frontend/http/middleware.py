@@ -10,7 +10,7 @@ from __future__ import annotations
 import hmac
 import json
 
-from bullet.http.errors import APIError, is_openai_path
+from bullet.frontend.http.errors import APIError, is_openai_path
 
 # Liveness probes and scrapers need no key (SGLang leaves /health* and /metrics open as well).
 OPEN_PATHS = ("/health", "/health_generate", "/metrics")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from bullet.http.errors import APIError, is_openai_path
+from bullet.frontend.http.errors import APIError, is_openai_path
 
 
 def too_large(limit: int) -> APIError:

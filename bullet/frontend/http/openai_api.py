@@ -9,8 +9,8 @@ from contextlib import aclosing
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from bullet.http.errors import APIError, stream_error_event
-from bullet.http.generation import (
+from bullet.frontend.http.errors import APIError, stream_error_event
+from bullet.frontend.http.generation import (
     ClientGone,
     Update,
     check_batch_size,
@@ -20,10 +20,10 @@ from bullet.http.generation import (
     run_all,
     submit_all,
 )
-from bullet.http.offload import sized
-from bullet.http.protocol import ChatBody, CompletionBody, OpenAISampling, read_body
-from bullet.http.sampling import MAX_N, build_sampling_params, per_sample
-from bullet.http.streaming import EventStream, merged_updates, sse
+from bullet.frontend.http.offload import sized
+from bullet.frontend.http.protocol import ChatBody, CompletionBody, OpenAISampling, read_body
+from bullet.frontend.http.sampling import MAX_N, build_sampling_params, per_sample
+from bullet.frontend.http.streaming import EventStream, merged_updates, sse
 
 router = APIRouter(prefix="/v1")
 CREATED = int(time.time())

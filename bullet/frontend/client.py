@@ -1,4 +1,4 @@
-"""The frontend's side of the runtime: submit tokenized requests to the prefill worker, merge the
+"""The frontend's client of the two workers: submit tokenized requests to the prefill worker, merge the
 outputs that stream back from both workers, abort, and fail everything when a worker dies.
 
 Outputs carry the index of their first token, so updates from prefill (the first token) and decode
@@ -29,7 +29,7 @@ from bullet.core.messages import (
     encode,
 )
 from bullet.core.validation import RequestError, validate_prompt
-from bullet.runtime.endpoints import Endpoints
+from bullet.shared.endpoints import Endpoints
 from engines.sampling_params import SamplingParams
 
 log = logging.getLogger("bullet.client")

@@ -12,12 +12,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from bullet import __version__
-from bullet.http.errors import APIError, stream_error_event
-from bullet.http.generate_items import Item, prepare
-from bullet.http.generation import ClientGone, Update, follow, latency, run_all, run_to_completion, submit, submit_all
-from bullet.http.offload import sized
-from bullet.http.protocol import AbortBody, GenerateBody, read_body
-from bullet.http.streaming import EventStream, merged_updates, sse
+from bullet.frontend.http.errors import APIError, stream_error_event
+from bullet.frontend.http.generate_items import Item, prepare
+from bullet.frontend.http.generation import ClientGone, Update, follow, latency, run_all, run_to_completion, submit, submit_all
+from bullet.frontend.http.offload import sized
+from bullet.frontend.http.protocol import AbortBody, GenerateBody, read_body
+from bullet.frontend.http.streaming import EventStream, merged_updates, sse
 from engines.sampling_params import SamplingParams
 
 router = APIRouter()

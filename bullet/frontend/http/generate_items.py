@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bullet.http.errors import APIError
-from bullet.http.generation import check_batch_size, check_fits, check_text_options, require_tokenizer
-from bullet.http.offload import sized
-from bullet.http.protocol import GenerateBody
-from bullet.http.sampling import build_sampling_params, per_sample, sample_count
+from bullet.frontend.http.errors import APIError
+from bullet.frontend.http.generation import check_batch_size, check_fits, check_text_options, require_tokenizer
+from bullet.frontend.http.offload import sized
+from bullet.frontend.http.protocol import GenerateBody
+from bullet.frontend.http.sampling import build_sampling_params, per_sample, sample_count
 from engines.sampling_params import SamplingParams
 
 MAX_TOP_LOGPROBS = 20

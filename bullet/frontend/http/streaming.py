@@ -23,9 +23,9 @@ from typing import AsyncIterator
 
 from fastapi.responses import StreamingResponse
 
-from bullet.http.errors import APIError, stream_error_event
-from bullet.http.generation import Update, follow
-from bullet.runtime.client import RequestState
+from bullet.frontend.client import RequestState
+from bullet.frontend.http.errors import APIError, stream_error_event
+from bullet.frontend.http.generation import Update, follow
 
 log = logging.getLogger("bullet.http")
 

@@ -11,10 +11,10 @@ from typing import AsyncIterator
 from fastapi import Request
 
 from bullet.core.validation import RequestError
-from bullet.http.errors import APIError
-from bullet.http.text import TextAssembler
-from bullet.runtime.client import RequestState
-from bullet.runtime.serving import ServingRuntime
+from bullet.frontend.client import RequestState
+from bullet.frontend.http.errors import APIError
+from bullet.frontend.http.text import TextAssembler
+from bullet.frontend.serving import ServingRuntime
 from engines.sampling_params import SamplingParams
 
 

@@ -14,12 +14,12 @@ from starlette.requests import ClientDisconnect
 
 from bullet import __version__
 from bullet.config import ServerArgs
-from bullet.http import native, openai_api
-from bullet.http.body_limit import BodyLimit
-from bullet.http.errors import APIError, api_error_handler
-from bullet.http.metrics import Metrics
-from bullet.http.middleware import AuthAndCount
-from bullet.runtime.serving import ServingRuntime
+from bullet.frontend.http import native, openai_api
+from bullet.frontend.http.body_limit import BodyLimit
+from bullet.frontend.http.errors import APIError, api_error_handler
+from bullet.frontend.http.metrics import Metrics
+from bullet.frontend.http.middleware import AuthAndCount
+from bullet.frontend.serving import ServingRuntime
 
 log = logging.getLogger("bullet.http")
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from bullet.http.errors import APIError
+from bullet.frontend.http.errors import APIError
 from engines.sampling_params import SamplingParams, validation_message
 
 IGNORED = {"spaces_between_special_tokens", "no_stop_trim", "stream_interval", "custom_params", "lora_path"}

@@ -10,8 +10,8 @@ import pydantic_core
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from bullet.http.errors import APIError
-from bullet.http.offload import sized
+from bullet.frontend.http.errors import APIError
+from bullet.frontend.http.offload import sized
 from engines.sampling_params import MAX_COUNT
 
 # Every integer a client sends is bounded here, at the edge, whatever the field means: 2**63 is a

@@ -1,4 +1,4 @@
-"""A running server's core, without HTTP: the launcher, the frontend client and the supervisor
+"""A running server without HTTP: the launcher, the client of the workers and the supervisor
 that watches the workers. The HTTP app and the tests drive this object."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import logging
 import time
 
 from bullet.config import ServerArgs
-from bullet.runtime.client import RuntimeClient
-from bullet.runtime.launcher import Launcher
+from bullet.frontend.client import RuntimeClient
+from bullet.launcher.launcher import Launcher
 from engines.host import release_free_heap
 
 log = logging.getLogger("bullet.serving")

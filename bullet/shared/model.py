@@ -59,7 +59,7 @@ def _share(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 def load_shared_model(args: ServerArgs, device: torch.device,
                       cuda: CudaAccess | None = None) -> tuple[SharedModel, Tokenizer | None]:
-    """The model served on `device` (`bullet.runtime.device_choice.serving_device`); `cuda` replaces
+    """The model served on `device` (`bullet.launcher.device_choice.serving_device`); `cuda` replaces
     torch.cuda (tests: a fake GPU whose tensors stay in host memory)."""
     device = require_device(device)
     data = tensor_device(device, cuda)

@@ -1,0 +1,1 @@
+"""The HTTP server of the frontend: SGLang-native and OpenAI-compatible endpoints, Prometheus metrics."""

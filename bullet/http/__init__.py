@@ -1,1 +1,0 @@
-"""HTTP frontend: SGLang-native and OpenAI-compatible endpoints, Prometheus metrics."""

@@ -1,1 +1,0 @@
-"""The multi-process runtime: shared model, launcher, supervision, frontend client."""
