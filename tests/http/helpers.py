@@ -22,10 +22,9 @@ BODY_LIMIT = 1 << 20
 MAX_QUEUED = 4  # and room for only a few requests at once (`--max-queued-requests`)
 SECURED_ARGS = ("--max-total-tokens", str(SMALL_POOL_TOKENS), "--api-key", API_KEY,
                 "--max-request-body-bytes", str(BODY_LIMIT), "--max-queued-requests", str(MAX_QUEUED),
-                # fp32: a request recomputed after the pool ran out continues token for token as it would
-                # have run alone only where prefill and decode compute the same numbers; the int8 model
-                # requantizes activations, so a near-tie can flip (test_http_kv_full compares outputs)
-                "--quantization", "none",
+                # fp32 on every CPU (auto would pick bf16 where the CPU has it, or the int8 model, which
+                # requantizes activations): test_http_kv_full compares outputs with solo runs
+                "--quantization", "none", "--dtype", "float32",
                 # auth, limits and a full pool behave alike under every policy; `static` needs no estimator
                 # profile, so this fp32 server starts without measuring one (~90 s on a fresh 2-core machine)
                 "--policy", "static")

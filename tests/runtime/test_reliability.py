@@ -100,24 +100,31 @@ def _endpoints(server) -> dict[str, str]:
             "frontend": socks["frontend.sock"]}
 
 
-def test_worker_sockets_live_in_a_directory_only_the_server_user_can_enter():
+@pytest.fixture(scope="module")
+def server():
+    """One server for the checks that leave it as they found it (sockets, garbage, forged messages):
+    each asserts the server is still healthy, with the same workers, after its own turn."""
     with ServerProcess("--max-total-tokens", "4096") as server:
-        runtime_dir = Path(server.state()["runtime_dir"])
-        info = runtime_dir.stat()
-        assert stat.S_IMODE(info.st_mode) == 0o700 and info.st_uid == os.getuid()
-        paths = _endpoints(server)
-        assert all(Path(p).is_socket() for p in paths.values())
-        with open("/proc/net/unix") as f:  # no abstract-namespace (permission-less) socket of ours
-            assert "@bullet-" not in f.read()
-        if os.getuid() != 0:
-            pytest.skip("checking another user's access needs root to switch to that user")
-        probe = ("import os, socket, sys; os.setgid(65534); os.setuid(65534)\n"
-                 "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
-                 "try:\n    s.connect(sys.argv[1]); print('connected')\n"
-                 "except PermissionError:\n    print('refused')\n")
-        for path in paths.values():
-            out = subprocess.run([sys.executable, "-c", probe, path], capture_output=True, text=True, timeout=30)
-            assert out.stdout.strip() == "refused", (path, out.stdout, out.stderr)
+        yield server
+
+
+def test_worker_sockets_live_in_a_directory_only_the_server_user_can_enter(server):
+    runtime_dir = Path(server.state()["runtime_dir"])
+    info = runtime_dir.stat()
+    assert stat.S_IMODE(info.st_mode) == 0o700 and info.st_uid == os.getuid()
+    paths = _endpoints(server)
+    assert all(Path(p).is_socket() for p in paths.values())
+    with open("/proc/net/unix") as f:  # no abstract-namespace (permission-less) socket of ours
+        assert "@bullet-" not in f.read()
+    if os.getuid() != 0:
+        pytest.skip("checking another user's access needs root to switch to that user")
+    probe = ("import os, socket, sys; os.setgid(65534); os.setuid(65534)\n"
+             "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+             "try:\n    s.connect(sys.argv[1]); print('connected')\n"
+             "except PermissionError:\n    print('refused')\n")
+    for path in paths.values():
+        out = subprocess.run([sys.executable, "-c", probe, path], capture_output=True, text=True, timeout=30)
+        assert out.stdout.strip() == "refused", (path, out.stdout, out.stderr)
 
 
 class _Marker:
@@ -130,28 +137,27 @@ class _Marker:
         return (os.system, (f"touch {self.path}",))
 
 
-def test_garbage_and_pickles_on_every_socket_are_dropped(tmp_path):
+def test_garbage_and_pickles_on_every_socket_are_dropped(server, tmp_path):
     marker = tmp_path / "pwned"
-    with ServerProcess("--max-total-tokens", "4096") as server:
-        pids = server.worker_pids()
-        ctx = zmq.Context()
-        payloads = [b"", b"\x00\xff" * 1000, b"not json", b'{"kind": "generate"}', b'{"kind": "outputs", "outputs": 5}',
-                    b'{"kind": "abort", "uid": -1}', json.dumps({"kind": "outputs", "outputs": [{"uid": 999999}]}).encode(),
-                    pickle.dumps(_Marker(str(marker))), b"[" * 5000 + b"]" * 5000]
-        for name, path in _endpoints(server).items():
-            sock = ctx.socket(zmq.PUSH)
-            sock.setsockopt(zmq.LINGER, 1000)
-            sock.connect(f"ipc://{path}")
-            for data in payloads:
-                sock.send(data)
-            sock.close()
-        ctx.term()
-        time.sleep(1.0)
-        assert not marker.exists()
-        assert server.get("/health")[0] == 200 and server.worker_pids() == pids  # no worker died or restarted
-        status, body = server.post("/generate", {"text": "Hello", "sampling_params": {"max_new_tokens": 4}})
-        assert status == 200 and body["meta_info"]["completion_tokens"] == 4
-        assert "dropped a malformed" in server.tail(200)
+    pids = server.worker_pids()
+    ctx = zmq.Context()
+    payloads = [b"", b"\x00\xff" * 1000, b"not json", b'{"kind": "generate"}', b'{"kind": "outputs", "outputs": 5}',
+                b'{"kind": "abort", "uid": -1}', json.dumps({"kind": "outputs", "outputs": [{"uid": 999999}]}).encode(),
+                pickle.dumps(_Marker(str(marker))), b"[" * 5000 + b"]" * 5000]
+    for name, path in _endpoints(server).items():
+        sock = ctx.socket(zmq.PUSH)
+        sock.setsockopt(zmq.LINGER, 1000)
+        sock.connect(f"ipc://{path}")
+        for data in payloads:
+            sock.send(data)
+        sock.close()
+    ctx.term()
+    time.sleep(1.0)
+    assert not marker.exists()
+    assert server.get("/health")[0] == 200 and server.worker_pids() == pids  # no worker died or restarted
+    status, body = server.post("/generate", {"text": "Hello", "sampling_params": {"max_new_tokens": 4}})
+    assert status == 200 and body["meta_info"]["completion_tokens"] == 4
+    assert "dropped a malformed" in server.tail(200)
 
 
 def _forged() -> list[bytes]:
@@ -175,28 +181,27 @@ def _forged() -> list[bytes]:
             encode(Release(uid=uid + 7, token_ids=[1, 2, 3], page_table=[7], shared_pages=1))]
 
 
-def test_forged_well_formed_messages_are_dropped_before_they_reach_the_model():
-    with ServerProcess("--max-total-tokens", "4096") as server:
-        pids, paths = server.worker_pids(), _endpoints(server)
-        ctx = zmq.Context()
-        for name in ("prefill", "decode"):
-            sock = ctx.socket(zmq.PUSH)
-            sock.setsockopt(zmq.LINGER, 1000)
-            sock.connect(f"ipc://{paths[name]}")
-            for data in _forged():
-                sock.send(data)
-            sock.close()
-        ctx.term()
-        time.sleep(1.0)
-        assert server.get("/health")[0] == 200 and server.worker_pids() == pids
-        status, body = server.post("/generate", {"text": "Hello", "sampling_params": {"max_new_tokens": 4}})
-        assert status == 200 and body["meta_info"]["completion_tokens"] == 4
-        tail = server.tail(300)
-        assert "dropped a Handoff message: its page table names pages" in tail
-        assert "dropped a GenerateRequest message: token ids outside" in tail
-        assert "dropped a Release message: its page table names" in tail
-        assert "a step of" not in tail  # nothing forged got as far as a step
-        wait_pages_accounted(server)  # every page free or in the prefix cache
+def test_forged_well_formed_messages_are_dropped_before_they_reach_the_model(server):
+    pids, paths = server.worker_pids(), _endpoints(server)
+    ctx = zmq.Context()
+    for name in ("prefill", "decode"):
+        sock = ctx.socket(zmq.PUSH)
+        sock.setsockopt(zmq.LINGER, 1000)
+        sock.connect(f"ipc://{paths[name]}")
+        for data in _forged():
+            sock.send(data)
+        sock.close()
+    ctx.term()
+    time.sleep(1.0)
+    assert server.get("/health")[0] == 200 and server.worker_pids() == pids
+    status, body = server.post("/generate", {"text": "Hello", "sampling_params": {"max_new_tokens": 4}})
+    assert status == 200 and body["meta_info"]["completion_tokens"] == 4
+    tail = server.tail(300)
+    assert "dropped a Handoff message: its page table names pages" in tail
+    assert "dropped a GenerateRequest message: token ids outside" in tail
+    assert "dropped a Release message: its page table names" in tail
+    assert "a step of" not in tail  # nothing forged got as far as a step
+    wait_pages_accounted(server)  # every page free or in the prefix cache
 
 
 def test_leftovers_of_a_killed_instance_are_reclaimed_at_the_next_launch(tmp_path):
