@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engines.decode_groups import DecodePlan
+from engines.model.cpu_attention import InPlacePlan
 from engines.model.paged_attention import PagedKernels, PagedTables
 
 
@@ -32,7 +33,8 @@ class ForwardContext:
     # CUDA-graph tables, which then take the padded path above):
     rope_cos: torch.Tensor | None = None  # [T, 1, D] RoPE tables of `positions`, gathered once per step
     rope_sin: torch.Tensor | None = None
-    decode_plan: DecodePlan | None = None  # every q_len == 1 sequence, in groups of one context width
+    # every q_len == 1 sequence: in groups of one context width (gathered), or read in place (half-width pool)
+    decode_plan: DecodePlan | InPlacePlan | None = None
     # The GPU path (engines.model.paged_attention): kernels read K/V from the pool's pages through
     # these tables; when set, attention takes it and the gather tables above stay None.
     paged: PagedTables | None = None

@@ -13,8 +13,10 @@ import torch
 from engines.decode_groups import plan_decode
 from engines.forward_context import ForwardContext
 from engines.kv_pool import KVPool
+from engines.model.cpu_attention import plan_in_place, uses_kernel
 from engines.model.llama import LlamaModel
 from engines.model.paged_attention import PagedKernels, build_tables, kernels_for
+from engines.quant.int8 import Int8Embedding
 
 
 @dataclass
@@ -57,6 +59,8 @@ class ModelRunner:
         self.max_context = model.config.max_position_embeddings
         self.paged = self.device.type == "cuda" if paged is None else paged
         self.kernels = (kernels or kernels_for(self.device)) if self.paged else None
+        # the int8 model's decode rows on a CPU read the pool in place (engines.model.cpu_attention)
+        self.in_place_decode = not self.paged and uses_kernel(kv.tensor, isinstance(model.embed_tokens, Int8Embedding))
 
     # -- batch preparation -------------------------------------------------------------------
     def _context(self, chunks: list[SeqChunk]) -> tuple[torch.Tensor, ForwardContext]:
@@ -88,15 +92,22 @@ class ModelRunner:
             ctx.paged = build_tables([c.page_table for c in chunks], ctx_lens, q_lens, ps, dev)
             ctx.kernels = self.kernels
         elif ctx.all_decode or any(c.start > 0 for c in chunks):
-            table, valid = self._context_slots(chunks, ctx_lens)
-            ctx.kv_slots = torch.from_numpy(table).to(dev)
-            ctx.kv_valid = torch.from_numpy(valid).to(dev).view(len(chunks), 1, 1, table.shape[1])
             decode = np.flatnonzero(np.asarray(q_lens) == 1)
+            table = None
+            if not (ctx.all_decode and self.in_place_decode):  # slot tables: for gathers
+                table, valid = self._context_slots(chunks, ctx_lens)
+                ctx.kv_slots = torch.from_numpy(table).to(dev)
+                ctx.kv_valid = torch.from_numpy(valid).to(dev).view(len(chunks), 1, 1, table.shape[1])
             if len(decode):
                 lens = np.asarray(ctx_lens, dtype=np.int64)
                 rows = np.asarray(ctx.q_starts, dtype=np.int64)[decode]
-                ctx.decode_plan = plan_decode(rows, lens[decode], table[decode], self.kv.tensor.shape[2],
-                                              self.kv.num_slots, self.kv.tensor.dtype, dev)
+                if self.in_place_decode:
+                    ctx.decode_plan = plan_in_place(rows.tolist(), lens[decode].tolist(),
+                                                    [chunks[i].page_table for i in decode], ps, len(ids),
+                                                    self.kv.num_pages)
+                else:
+                    ctx.decode_plan = plan_decode(rows, lens[decode], table[decode], self.kv.tensor.shape[2],
+                                                  self.kv.num_slots, self.kv.tensor.dtype, dev)
         return torch.tensor(ids, dtype=torch.long, device=dev), ctx
 
     def _context_slots(self, chunks: list[SeqChunk], ctx_lens: list[int]) -> tuple[np.ndarray, np.ndarray]:

@@ -157,7 +157,7 @@ def model_shape(config) -> dict:
 # dispatch between ops (the runner, the model's layer loop, building the step's context)
 CATEGORIES = (("projections (GEMM)", ("linear", "addmm", "aten::mm", "matmul", "quantized::")),
               ("KV gather/scatter", ("index_select", "index_copy", "gather", "index_put", "aten::index")),
-              ("attention math", ("baddbmm", "aten::bmm", "softmax", "scaled_dot_product")),
+              ("attention math", ("baddbmm", "aten::bmm", "softmax", "scaled_dot_product", "cpu_attention")),
               ("activation quantize", ("abs", "amax", "aten::div", "clamp", "round")),
               ("norms, RoPE, SiLU, residual", ("norm", "rsqrt", "silu", "mul", "add", "cat", "neg", "pow", "mean")))
 

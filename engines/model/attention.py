@@ -4,10 +4,11 @@ The pool is head-major, [KV heads, slots, head_dim] per layer and K/V: a gather 
 along dim 1 yields [KV heads, n, D] ready for a batched matmul per head, with no transpose copy.
 
 Three shapes of work, chosen per sequence from the ForwardContext:
-* decode (one new token): in groups of same-width sequences (`engines.decode_groups`): one gather of
-  K, V and queries for the batch, then a baddbmm (scores + padding mask), a softmax and a bmm per
-  group — no per-sequence loop; without a plan (a caller's own padded tables, e.g. CUDA graphs) the
-  whole batch is one group;
+* decode (one new token): for the int8 model on a CPU, a C kernel that reads
+  each row's pages in place (`engines.model.cpu_attention`); otherwise in groups of same-width
+  sequences (`engines.decode_groups`): one gather of K, V and queries for the batch, then a baddbmm
+  (scores + padding mask), a softmax and a bmm per group — no per-sequence loop; without a plan (a
+  caller's own padded tables, e.g. CUDA graphs) the whole batch is one group;
 * plain prefill (a sequence's whole context is new): causal SDPA over its fresh K/V, no gather;
 * continued prefill (a chunk after cached tokens): gather its context, bottom-right causal mask.
 Only torch ops, so the same code runs on CUDA tensors. On a GPU the runner sets `ctx.paged`
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 
 from engines.decode_groups import DecodePlan, padded_plan
 from engines.forward_context import ForwardContext
+from engines.model.cpu_attention import InPlacePlan, decode_in_place
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
@@ -40,7 +42,9 @@ def paged_attention(
     if plan is None and ctx.all_decode:
         plan = padded_plan(ctx.kv_slots, ctx.kv_valid, k_cache.shape[0], k_cache.shape[1], q.dtype)
     out = torch.empty_like(q) if plan is None or not ctx.all_decode else None
-    if plan is not None:
+    if isinstance(plan, InPlacePlan):  # a half-width pool on a CPU: read in place (engines.model.cpu_attention)
+        out = decode_in_place(q, k_cache, v_cache, plan, scale, out)
+    elif plan is not None:
         out = _decode(q, k_cache, v_cache, plan, scale, out)
     if ctx.all_decode:
         return out
