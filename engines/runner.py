@@ -60,7 +60,10 @@ class ModelRunner:
         self.paged = self.device.type == "cuda" if paged is None else paged
         self.kernels = (kernels or kernels_for(self.device)) if self.paged else None
         # the int8 model's decode rows on a CPU read the pool in place (engines.model.cpu_attention)
-        self.in_place_decode = not self.paged and uses_kernel(kv.tensor, isinstance(model.embed_tokens, Int8Embedding))
+        quantized = isinstance(model.embed_tokens, Int8Embedding)
+        self.in_place_decode = not self.paged and uses_kernel(kv.tensor, quantized)
+        # what attention computes in (the pool may store another dtype: --kv-cache-dtype)
+        self.compute_dtype = torch.float32 if quantized else model.embed_tokens.weight.dtype
 
     # -- batch preparation -------------------------------------------------------------------
     def _context(self, chunks: list[SeqChunk]) -> tuple[torch.Tensor, ForwardContext]:
@@ -107,7 +110,7 @@ class ModelRunner:
                                                     self.kv.num_pages)
                 else:
                     ctx.decode_plan = plan_decode(rows, lens[decode], table[decode], self.kv.tensor.shape[2],
-                                                  self.kv.num_slots, self.kv.tensor.dtype, dev)
+                                                  self.kv.num_slots, self.compute_dtype, dev)
         return torch.tensor(ids, dtype=torch.long, device=dev), ctx
 
     def _context_slots(self, chunks: list[SeqChunk], ctx_lens: list[int]) -> tuple[np.ndarray, np.ndarray]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from bullet.config import ServerArgs
-from engines.device import quantization_for, resolve_device, resolve_dtype
+from engines.device import quantization_for, resolve_device, resolve_dtype, resolve_kv_dtype
 from engines.host import release_free_heap
 from engines.kv_pool import KVPool
 from engines.model_config import ModelConfig
@@ -66,7 +66,8 @@ def load_shared_model(args: ServerArgs) -> tuple[SharedModel, Tokenizer | None]:
     for name, tensor in weights.state.items():
         state[name] = _share(tensor, device)
     num_pages = args.num_pages
-    kv = KVPool(weights.config, num_pages, args.page_size, dtype, "cpu" if device.type == "cpu" else device).tensor
+    kv_dtype = resolve_kv_dtype(args.kv_cache_dtype, dtype)
+    kv = KVPool(weights.config, num_pages, args.page_size, kv_dtype, "cpu" if device.type == "cpu" else device).tensor
     kv = _share(kv, device)
     name = args.served_model_name or _model_name(args, weights.source, weights.config)
     eos = tuple(sorted(set(weights.config.eos_token_ids) | (tokenizer.eos_token_ids if tokenizer else set())))

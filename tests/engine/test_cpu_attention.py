@@ -98,4 +98,26 @@ def test_the_int8_model_decodes_through_the_kernel_and_float_models_keep_the_gat
     tables = [list(range(0, 4)), list(range(4, 6)), [6]]
     kernel.forward([SeqChunk(p, 0, t, "none") for p, t in zip(prompts, tables)])
     step = [SeqChunk([42], len(p), t) for p, t in zip(prompts, tables)]
-    torch.testing.assert_close(kernel.forward(step).last_logits, gather.forward(step).last_logits, atol=1e-4, rtol=0)
+    reference = gather.forward(step).last_logits
+    torch.testing.assert_close(kernel.forward(step).last_logits, reference, atol=1e-4, rtol=0)
+    # --kv-cache-dtype float16: the same steps over a half-width pool, through the kernel and through the
+    # gather path (float queries over a float16 pool)
+    monkeypatch.delenv(ca.ENV)
+    for quantized in (True, False):
+        m = model if quantized else build_model(config, dummy_weights(config, torch.float32, seed=3))
+        half = ModelRunner(m, KVPool(config, 64, PS, torch.float16))
+        assert half.in_place_decode == quantized
+        half.forward([SeqChunk(p, 0, t, "none") for p, t in zip(prompts, tables)])
+        got = half.forward(step).last_logits
+        assert got.dtype == torch.float32 and torch.isfinite(got).all()
+        if quantized:
+            torch.testing.assert_close(got, reference, atol=5e-2, rtol=0)
+
+
+def test_kv_cache_dtype_names():
+    from engines.device import resolve_kv_dtype
+
+    assert resolve_kv_dtype("auto", torch.bfloat16) == torch.bfloat16
+    assert resolve_kv_dtype("fp16", torch.float32) == torch.float16
+    with pytest.raises(ValueError, match="fp8"):
+        resolve_kv_dtype("fp8_e5m2", torch.float32)
