@@ -111,7 +111,7 @@ def kernels_for(device: torch.device | str, q_dtype: torch.dtype | None = None,
                 kv_dtype: torch.dtype | None = None) -> PagedKernels:
     """Triton kernels on a CUDA device (when triton imports); on a CPU, the in-place C kernel
     (`engines.model.cpu_attention`) where it serves `q_dtype` queries over a `kv_dtype` pool (float32
-    queries: the int8 model's) and is built; the torch reference otherwise. `BULLET_ATTENTION_KERNELS`
+    queries) and is built; the torch reference otherwise (and where the dtypes are not given). `BULLET_ATTENTION_KERNELS`
     forces one (`triton` on CPU tensors needs `TRITON_INTERPRET=1`)."""
     choice = os.environ.get(KERNELS_ENV, "auto").lower()
     if choice not in ("auto", "torch", "triton", "cpu"):
@@ -122,7 +122,7 @@ def kernels_for(device: torch.device | str, q_dtype: torch.dtype | None = None,
 
         if choice == "cpu" and not on_cpu:
             raise ValueError(f"{KERNELS_ENV}=cpu serves CPU tensors, not {device}")
-        if cpu_attention.available(q_dtype or torch.float32, kv_dtype or torch.float32):
+        if q_dtype is not None and kv_dtype is not None and cpu_attention.available(q_dtype, kv_dtype):
             return cpu_attention.CpuPagedKernels()
         if choice == "cpu":
             raise RuntimeError(f"{KERNELS_ENV}=cpu but the CPU kernel does not serve {q_dtype} queries over a "
