@@ -21,6 +21,9 @@ class ServerArgs(BaseModel):
     tokenizer_path: str | None = Field(None, description="HF tokenizer directory (default: the model's own)")
     load_format: Literal["auto", "gguf", "safetensors", "dummy"] = Field("auto", description="weight format")
     dtype: str = Field("auto", description="auto (bf16 where the hardware has it, else fp32) | float32 | bfloat16 | float16")
+    kv_cache_dtype: Literal["auto", "float16", "fp16", "bfloat16", "bf16", "float32", "fp32"] = Field(
+        "auto", description="what the KV pool stores: auto (the model's compute dtype; float32 for the int8 model) | "
+        "float16 | bfloat16 | float32 (float16 halves the bytes each decode step reads, and the pool's size)")
     quantization: str = Field("auto", description="auto (int8 W8A8 for a quantized GGUF on a CPU when --dtype is "
                               "auto, else none) | none (dequantize to --dtype) | w8a8_int8")
     device: str = Field("cpu", description="cpu | cuda | cuda:<index> | auto (a GPU if one is visible)")

@@ -27,7 +27,7 @@ from bullet.schedulers.hybrid import HybridScheduler
 from bullet.schedulers.views import MonotonicClock
 from bullet.shm.page_allocator import LocalPageAllocator
 from bullet.workers.executor import ModelExecutor
-from engines.device import quantization_for, resolve_device, resolve_dtype
+from engines.device import quantization_for, resolve_device, resolve_dtype, resolve_kv_dtype
 from engines.kv_pool import KVPool
 from engines.model.build import build_model
 from engines.runner import ModelRunner
@@ -116,7 +116,8 @@ class LLM:
     def __init__(self, model_path: str | None = None, *, load_format: str = "auto", dtype: str = "auto",
                  device: str | torch.device = "cpu", tokenizer_path: str | None = None, page_size: int = 16,
                  max_total_tokens: int = 32768, chunked_prefill_size: int = 8192, max_running_requests: int = 64,
-                 num_threads: int | None = None, seed: int = 0, quantization: str = "auto", prefix_cache: bool = False):
+                 num_threads: int | None = None, seed: int = 0, quantization: str = "auto", prefix_cache: bool = False,
+                 kv_cache_dtype: str = "auto"):
         self.device = resolve_device(device)  # "cuda" is cuda:0: one device object for every consumer below
         self.dtype = resolve_dtype(dtype, self.device)
         if num_threads:
@@ -128,7 +129,7 @@ class LLM:
                           if weights.load_format != "dummy" or tokenizer_path else None)
         model = build_model(weights.config, {k: v.to(self.device) for k, v in weights.state.items()}, self.device)
         pages = KVPool.pages_for_tokens(max_total_tokens, page_size)
-        kv = KVPool(weights.config, pages, page_size, self.dtype, self.device)
+        kv = KVPool(weights.config, pages, page_size, resolve_kv_dtype(kv_cache_dtype, self.dtype), self.device)
         self.runner = ModelRunner(model, kv, self.device)
         eos = set(weights.config.eos_token_ids) | (self.tokenizer.eos_token_ids if self.tokenizer else set())
         finish = FinishChecker(self.tokenizer, eos, weights.config.max_position_embeddings)

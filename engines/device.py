@@ -105,6 +105,18 @@ def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype:
     return DTYPES[name]
 
 
+def resolve_kv_dtype(name: str | None, compute_dtype: torch.dtype) -> torch.dtype:
+    """What the KV pool stores (SGLang's `--kv-cache-dtype`): `auto` = the model's compute dtype, or a
+    float dtype by name. Attention reads it in the compute dtype (the int8 model's CPU kernel widens a
+    float16 pool in registers: half the bytes a decode step reads)."""
+    if name in (None, "auto"):
+        return compute_dtype
+    if name not in DTYPES:
+        raise ValueError(f"unknown KV cache dtype {name!r}; choose auto, {', '.join(sorted(set(DTYPES)))} "
+                         "(fp8 KV caches are not supported)")
+    return DTYPES[name]
+
+
 def quantization_for(quantization: str | None, dtype_name: str | None) -> str:
     """`auto` quantization applies only with `auto` dtype: an explicit `--dtype float32` asks for the
     dequantized weights (the reference path the tests compare with `transformers`)."""

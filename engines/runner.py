@@ -15,6 +15,7 @@ from engines.forward_context import ForwardContext
 from engines.kv_pool import KVPool
 from engines.model.llama import LlamaModel
 from engines.model.paged_attention import PagedKernels, build_tables, kernels_for
+from engines.quant.int8 import Int8Embedding
 
 
 @dataclass
@@ -47,16 +48,29 @@ class LayerwiseState:
 
 class ModelRunner:
     """`paged`: attention reads the pool's pages through page tables (`paged_attention`) instead of
-    gathering each step's context — the default on CUDA; `kernels` picks the implementation (default
-    `kernels_for(device)`)."""
+    gathering each step's context — the default on CUDA, and on a CPU for the int8 model where the
+    in-place C kernel serves its pool (`engines.model.cpu_attention`); float models on a CPU keep
+    the gather path, so the fp32 reference stays bit for bit. `kernels` picks the implementation
+    (default `kernels_for(device, compute dtype, pool dtype)`)."""
 
     def __init__(self, model: LlamaModel, kv: KVPool, device: torch.device | str = "cpu", paged: bool | None = None,
                  kernels: PagedKernels | None = None):
         self.model, self.kv, self.device = model, kv, torch.device(device)
         self.page_size = kv.page_size
         self.max_context = model.config.max_position_embeddings
-        self.paged = self.device.type == "cuda" if paged is None else paged
-        self.kernels = (kernels or kernels_for(self.device)) if self.paged else None
+        quantized = isinstance(model.embed_tokens, Int8Embedding)
+        # what attention computes in (the pool may store another dtype: --kv-cache-dtype)
+        self.compute_dtype = torch.float32 if quantized else model.embed_tokens.weight.dtype
+        if paged is None and self.device.type != "cuda":
+            # on a CPU only the int8 model pages, and only through the in-place kernel (the torch
+            # reference, e.g. under BULLET_ATTENTION_KERNELS=torch, is slower than the gather path)
+            if kernels is None and quantized:
+                kernels = kernels_for(self.device, self.compute_dtype, kv.tensor.dtype)
+            paged = quantized and getattr(kernels, "name", None) == "cpu"
+        self.paged = True if paged is None else paged
+        if self.paged and kernels is None:
+            kernels = kernels_for(self.device, self.compute_dtype, kv.tensor.dtype)
+        self.kernels = kernels if self.paged else None
 
     # -- batch preparation -------------------------------------------------------------------
     def _context(self, chunks: list[SeqChunk]) -> tuple[torch.Tensor, ForwardContext]:
@@ -96,7 +110,7 @@ class ModelRunner:
                 lens = np.asarray(ctx_lens, dtype=np.int64)
                 rows = np.asarray(ctx.q_starts, dtype=np.int64)[decode]
                 ctx.decode_plan = plan_decode(rows, lens[decode], table[decode], self.kv.tensor.shape[2],
-                                              self.kv.num_slots, self.kv.tensor.dtype, dev)
+                                              self.kv.num_slots, self.compute_dtype, dev)
         return torch.tensor(ids, dtype=torch.long, device=dev), ctx
 
     def _context_slots(self, chunks: list[SeqChunk], ctx_lens: list[int]) -> tuple[np.ndarray, np.ndarray]:

@@ -50,7 +50,9 @@ ROOT = Path(__file__).resolve().parents[2]
 PREFILL_LENS = (128, 512)
 BATCHES = (1, 8, 32)
 CONTEXT = 300
-MODES = {"int8": ("w8a8_int8", torch.float32), "fp32": ("none", torch.float32), "bf16": ("none", torch.bfloat16)}
+# mode -> (quantization, compute dtype[, KV pool dtype]); int8-kv16: the int8 model over a float16 pool
+MODES = {"int8": ("w8a8_int8", torch.float32), "fp32": ("none", torch.float32), "bf16": ("none", torch.bfloat16),
+         "int8-kv16": ("w8a8_int8", torch.float32, torch.float16)}
 
 
 def _clock():
@@ -59,7 +61,7 @@ def _clock():
 
 # -- the engine, through engines/ only (so that an older tree runs the same code) -------------------
 class EngineBench:
-    def __init__(self, quantization: str, dtype: torch.dtype = torch.float32):
+    def __init__(self, quantization: str, dtype: torch.dtype = torch.float32, kv_dtype: torch.dtype | None = None):
         import inspect
 
         kw = {"quantization": quantization} if "quantization" in inspect.signature(load_weights).parameters else {}
@@ -68,7 +70,7 @@ class EngineBench:
         w = load_weights(None, "auto", dtype, **kw)
         self.config, self.SeqChunk, ps = w.config, SeqChunk, 16
         pages = -(-max(BATCHES) * (2 * CONTEXT + 64) // ps) + max(PREFILL_LENS) // ps + 8
-        self.runner = ModelRunner(build_model(w.config, w.state), KVPool(w.config, pages, ps, dtype))
+        self.runner = ModelRunner(build_model(w.config, w.state), KVPool(w.config, pages, ps, kv_dtype or dtype))
         self.perm = torch.randperm(pages, generator=torch.Generator().manual_seed(0)).tolist()
         self.ps, self.clock = ps, _clock()
 
@@ -131,15 +133,15 @@ def _timed(clock, fn) -> float:
 def roofline(task: str, arg: int, mode: str, machine: dict, cfg: dict, contexts: list[int]) -> float:
     """Seconds a step needs at this machine's bandwidth and compute rate (see the module doc)."""
     layers, h, kvd = cfg["layers"], cfg["heads"] * cfg["head_dim"], cfg["kv_size"]
-    rate = machine[{"int8": "int8_gops", "bf16": "bf16_gflops"}.get(mode, "fp32_gflops")] * 1e9
+    rate = machine[{"int8": "int8_gops", "int8-kv16": "int8_gops", "bf16": "bf16_gflops"}.get(mode, "fp32_gflops")] * 1e9
     bw = machine["bandwidth_gbs"] * 1e9
     proj, head = cfg["projection_params"], cfg["head_params"]
-    elem = {"int8": 1, "bf16": 2}.get(mode, 4)
+    elem = {"int8": 1, "int8-kv16": 1, "bf16": 2}.get(mode, 4)
     weight_bytes = (proj + head) * elem
     if task == "prefill":  # one LM-head row; causal QK^T and PV: 2 x (n^2 / 2) x 2 x H x D per layer
         return max((2 * arg * proj + 2 * head + 2 * layers * arg * arg * h) / rate, weight_bytes / bw)
     ctx = sum(contexts)
-    kv_bytes = ctx * layers * 2 * kvd * (2 if mode == "bf16" else 4)
+    kv_bytes = ctx * layers * 2 * kvd * (2 if mode in ("bf16", "int8-kv16") else 4)
     flops = 2 * arg * (proj + head) + 4 * layers * ctx * h
     return max(flops / rate, (weight_bytes + kv_bytes) / bw)
 
@@ -157,7 +159,7 @@ def model_shape(config) -> dict:
 # dispatch between ops (the runner, the model's layer loop, building the step's context)
 CATEGORIES = (("projections (GEMM)", ("linear", "addmm", "aten::mm", "matmul", "quantized::")),
               ("KV gather/scatter", ("index_select", "index_copy", "gather", "index_put", "aten::index")),
-              ("attention math", ("baddbmm", "aten::bmm", "softmax", "scaled_dot_product")),
+              ("attention math", ("baddbmm", "aten::bmm", "softmax", "scaled_dot_product", "cpu_attention")),
               ("activation quantize", ("abs", "amax", "aten::div", "clamp", "round")),
               ("norms, RoPE, SiLU, residual", ("norm", "rsqrt", "silu", "mul", "add", "cat", "neg", "pow", "mean")))
 

@@ -4,7 +4,8 @@
                                                [--systems llama.cpp chunked:1024 default] [--repeats 1]
 
 A system is `llama.cpp`, or a Bullet policy (`default` = the server's default) with optional launch
-flags in the same string: `--systems llama.cpp default "default --tpot-slo 60ms"`.
+flags in the same string, optionally preceded by environment assignments for the server:
+`--systems llama.cpp default "default --tpot-slo 60ms" "BULLET_ATTENTION_KERNELS=torch default"`.
 
 `--isa avx2` runs both servers on AVX2 kernels on a CPU that has AVX-512: llama-server built without
 AVX-512 (`llamacpp_build --isa avx2`), Bullet with every kernel library torch uses capped at AVX2
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
 import signal
 import statistics
 import subprocess
@@ -109,10 +111,24 @@ class LlamaServer:
 
 def bullet_server(system: str, args, log: Path) -> BulletServer:
     """`system` is a policy (`default` = the server's default) optionally followed by launch flags,
-    e.g. "default --tpot-slo 60ms"."""
+    e.g. "default --tpot-slo 60ms", and optionally preceded by environment assignments for the server,
+    as in a shell: "BULLET_ATTENTION_KERNELS=torch BULLET_CACHE_DIR=/tmp/c default"."""
+    env, system = split_env(system)
     launch = ["--cores", args.cores, "--max-total-tokens", str(args.max_total_tokens), "--log-level", "warning",
               *system_launch(system)]
-    return BulletServer(*launch, log_path=str(log), env=AVX2_ONLY_ENV if args.isa == "avx2" else None)
+    env = {**(AVX2_ONLY_ENV if args.isa == "avx2" else {}), **env}
+    server = BulletServer(*launch, log_path=str(log), env=env)
+    server.extra_env = env  # recorded with the command
+    return server
+
+
+def split_env(system: str) -> tuple[dict[str, str], str]:
+    """Leading NAME=value words of a system string -> (environment, the rest)."""
+    words, env = shlex.split(system), {}
+    while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0]):
+        name, _, value = words.pop(0).partition("=")
+        env[name] = value
+    return env, shlex.join(words)
 
 
 def make_server(system: str, args, binary: Path | None, out: Path):
@@ -140,7 +156,8 @@ def summarize(system: str, rate: float, runs: list[dict]) -> dict:
 
 
 def command_of(server) -> list[str]:
-    return getattr(server, "cmd", None) or ["bullet", "launch", *server.args]
+    env = [f"{k}={v}" for k, v in getattr(server, "extra_env", {}).items()]
+    return getattr(server, "cmd", None) or [*env, "bullet", "launch", *server.args]
 
 
 def run_sequential(args, binary, tokenizer: str, dataset: Path, out: Path) -> dict:

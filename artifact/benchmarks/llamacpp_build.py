@@ -1,11 +1,13 @@
-"""Build llama.cpp's `llama-server` from the `llama-cpp-python` source release (the sdist vendors a
-pinned llama.cpp), once per machine: the binary is cached under ~/.cache/bullet/llamacpp/<version>/.
+"""Build llama.cpp's `llama-server` (and its `llama-perplexity` tool) from the `llama-cpp-python`
+source release (the sdist vendors a pinned llama.cpp), once per machine: the binaries are cached under
+~/.cache/bullet/llamacpp/<version>/.
 
   python -m artifact.benchmarks.llamacpp_build [--version 0.3.36] [--isa native|avx2]
+                                               [--tools llama-server llama-perplexity]
 
 Steps: `pip download --no-binary :all: --no-deps llama-cpp-python==<version>` (the ordinary pip
 client), unpack, `cmake -DGGML_NATIVE=ON` (the flags of *this* CPU: AVX2 here, AVX512 where present),
-build only the `llama-server` target. A build takes ~10-20 minutes on 2 cores.
+build only the requested targets (`llama-server` by default). A build takes ~10-20 minutes on 2 cores.
 
 `--isa avx2` builds a second binary (`llama-server-avx2`) with `-DGGML_NATIVE=OFF` and ggml's x86
 defaults (AVX, AVX2, BMI2, FMA, F16C; no AVX-512): the kernels an AVX2-only machine runs."""
@@ -22,11 +24,12 @@ from pathlib import Path
 
 DEFAULT_VERSION = "0.3.36"
 ISAS = ("native", "avx2")
+TOOLS = ("llama-server", "llama-perplexity")
 CACHE = Path(os.environ.get("BULLET_CACHE_DIR", Path.home() / ".cache" / "bullet")) / "llamacpp"
 
 
-def server_binary(version: str = DEFAULT_VERSION, isa: str = "native") -> Path:
-    return CACHE / version / ("llama-server" if isa == "native" else f"llama-server-{isa}")
+def server_binary(version: str = DEFAULT_VERSION, isa: str = "native", tool: str = "llama-server") -> Path:
+    return CACHE / version / (tool if isa == "native" else f"{tool}-{isa}")
 
 
 def _run(cmd: list[str], cwd: Path | None = None, log: Path | None = None) -> None:
@@ -37,13 +40,24 @@ def _run(cmd: list[str], cwd: Path | None = None, log: Path | None = None) -> No
         raise RuntimeError(f"{cmd[0]} failed ({proc.returncode})" + (f": see {log}" if log else ""))
 
 
-def build(version: str = DEFAULT_VERSION, jobs: int | None = None, isa: str = "native") -> Path:
-    """The cached llama-server binary for `isa`, built first if absent."""
+def build(version: str = DEFAULT_VERSION, jobs: int | None = None, isa: str = "native",
+          tool: str = "llama-server") -> Path:
+    """The cached binary of `tool` for `isa`, built first if absent."""
+    return build_tools(version, jobs, isa, (tool,))[tool]
+
+
+def build_tools(version: str = DEFAULT_VERSION, jobs: int | None = None, isa: str = "native",
+                tools: tuple[str, ...] = ("llama-server",)) -> dict[str, Path]:
+    """tool -> its cached binary for `isa`; the missing ones are built in one cmake invocation."""
     if isa not in ISAS:
         raise ValueError(f"unknown isa {isa!r}; choose one of {', '.join(ISAS)}")
-    binary = server_binary(version, isa)
-    if binary.exists():
-        return binary
+    unknown = set(tools) - set(TOOLS)
+    if unknown:
+        raise ValueError(f"unknown tool(s) {sorted(unknown)}; choose from {', '.join(TOOLS)}")
+    binaries = {tool: server_binary(version, isa, tool) for tool in tools}
+    missing = [tool for tool, path in binaries.items() if not path.exists()]
+    if not missing:
+        return binaries
     work = CACHE / version / "src"
     work.mkdir(parents=True, exist_ok=True)
     log = CACHE / version / "build.log"
@@ -63,13 +77,14 @@ def build(version: str = DEFAULT_VERSION, jobs: int | None = None, isa: str = "n
     _run(["cmake", "-S", str(source), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release", *isa_flags,
           "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
           "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON"], log=log)
-    _run(["cmake", "--build", str(build_dir), "--target", "llama-server", "-j", str(jobs or os.cpu_count() or 1)], log=log)
-    built = next((p for p in (build_dir / "bin" / "llama-server", build_dir / "tools" / "server" / "llama-server")
-                  if p.exists()), None)
-    if built is None:
-        raise RuntimeError(f"the build finished but no llama-server binary was found under {build_dir}")
-    shutil.copy2(built, binary)
-    return binary
+    _run(["cmake", "--build", str(build_dir), "--target", *missing, "-j", str(jobs or os.cpu_count() or 1)], log=log)
+    for tool in missing:
+        built = next((p for p in (build_dir / "bin" / tool, build_dir / "tools" / tool.removeprefix("llama-") / tool)
+                      if p.exists()), None)
+        if built is None:
+            raise RuntimeError(f"the build finished but no {tool} binary was found under {build_dir}")
+        shutil.copy2(built, binaries[tool])
+    return binaries
 
 
 def main() -> None:
@@ -77,8 +92,10 @@ def main() -> None:
     ap.add_argument("--version", default=DEFAULT_VERSION)
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--isa", choices=ISAS, default="native", help="native: this CPU's flags; avx2: no AVX-512")
+    ap.add_argument("--tools", nargs="+", choices=TOOLS, default=["llama-server"])
     args = ap.parse_args()
-    print(build(args.version, args.jobs, args.isa))
+    for tool, path in build_tools(args.version, args.jobs, args.isa, tuple(args.tools)).items():
+        print(f"{tool}: {path}")
 
 
 if __name__ == "__main__":

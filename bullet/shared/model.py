@@ -12,7 +12,7 @@ import torch
 
 from bullet.config import ServerArgs
 from bullet.partition.cuda_access import CudaAccess, tensor_device
-from engines.device import quantization_for, require_device, resolve_dtype
+from engines.device import quantization_for, require_device, resolve_dtype, resolve_kv_dtype
 from engines.host import release_free_heap
 from engines.kv_pool import KVPool
 from engines.model_config import ModelConfig
@@ -74,7 +74,8 @@ def load_shared_model(args: ServerArgs, device: torch.device,
     for name, tensor in weights.state.items():
         state[name] = _share(tensor, data)
     num_pages = args.num_pages
-    kv = _share(KVPool(weights.config, num_pages, args.page_size, dtype, data).tensor, data)
+    kv_dtype = resolve_kv_dtype(args.kv_cache_dtype, dtype)
+    kv = _share(KVPool(weights.config, num_pages, args.page_size, kv_dtype, data).tensor, data)
     name = args.served_model_name or _model_name(args, weights.source, weights.config)
     eos = tuple(sorted(set(weights.config.eos_token_ids) | (tokenizer.eos_token_ids if tokenizer else set())))
     config, quantization = weights.config, weights.quantization

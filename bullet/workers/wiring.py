@@ -93,7 +93,9 @@ def build_worker(spec: WorkerSpec, stopped: Callable[[], bool], cuda: CudaAccess
     data = tensor_device(device, cuda)
     model = build_model(shared.config, shared.state, data)
     kv = KVPool(shared.config, shared.num_pages, shared.page_size, shared.kv.dtype, data, tensor=shared.kv)
-    runner = ModelRunner(model, kv, data, paged=device.type == "cuda")  # paged kernels wherever a GPU serves
+    # paged kernels wherever a GPU serves (the fake GPU's tensors are on the CPU); on a CPU the runner
+    # decides (the int8 model reads its pool in place, float models gather)
+    runner = ModelRunner(model, kv, data, paged=True if device.type == "cuda" else None)
     tokenizer = DecodeTokenizer(shared.tokenizer_dir) if shared.tokenizer_dir else None
     finish = FinishChecker(tokenizer, set(shared.eos_token_ids), shared.config.max_position_embeddings)
     estimator = limit = None

@@ -10,9 +10,10 @@ Three shapes of work, chosen per sequence from the ForwardContext:
   whole batch is one group;
 * plain prefill (a sequence's whole context is new): causal SDPA over its fresh K/V, no gather;
 * continued prefill (a chunk after cached tokens): gather its context, bottom-right causal mask.
-Only torch ops, so the same code runs on CUDA tensors. On a GPU the runner sets `ctx.paged`
-instead: kernels then read K/V from the pool's pages (`engines.model.paged_attention`), except
-in a step of fresh prompts only, which SDPA serves from its new K/V as above."""
+Only torch ops, so the same code runs on CUDA tensors. On a GPU (and on a CPU for the int8 model,
+`engines.model.cpu_attention`) the runner sets `ctx.paged` instead: kernels then read K/V from the
+pool's pages (`engines.model.paged_attention`), except in a step of fresh prompts only, which SDPA
+serves from its new K/V as above."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Attention read straight from the KV pool's pages — the GPU path — behind one interface.
 
-The CPU path (`engines.model.attention`) gathers each step's context slots into dense tensors: on
-a CPU that gather is cheap next to the matmuls. On a GPU it dominates a decode step (every layer
+The gather path (`engines.model.attention`) copies each step's context slots into dense tensors: on
+a CPU, next to float32 matmuls, that copy is cheap, and the float models keep it. On a GPU it dominates a decode step (every layer
 copies every sequence's whole context, padded to the longest), so the GPU path hands kernels the
 step's *page tables* instead and they read K/V where they lie:
 
@@ -13,10 +13,11 @@ step's *page tables* instead and they read K/V where they lie:
   is the case of an empty prefix).
 
 Both expect the step's new K/V already written to the pool (`attention.write_kv`), so every key a
-query sees comes from the pages. Two implementations: `torch` (this module: a loop per sequence,
-exact and slow — the reference) and `triton` (`engines.model.triton_attention`, on CUDA tensors,
-or on CPU tensors under `TRITON_INTERPRET=1` in the tests). `kernels_for(device)` picks one;
-`BULLET_ATTENTION_KERNELS=torch|triton` overrides it."""
+query sees comes from the pages. Three implementations: `torch` (this module: a loop per sequence,
+exact and slow — the reference), `triton` (`engines.model.triton_attention`, on CUDA tensors,
+or on CPU tensors under `TRITON_INTERPRET=1` in the tests) and `cpu` (`engines.model.cpu_attention`:
+a C kernel, the int8 model's on a CPU). `kernels_for(device, ...)` picks one;
+`BULLET_ATTENTION_KERNELS=torch|triton|cpu` overrides it."""
 
 from __future__ import annotations
 
@@ -106,13 +107,28 @@ class TorchPagedKernels:
         return out
 
 
-def kernels_for(device: torch.device | str) -> PagedKernels:
-    """Triton kernels on a CUDA device (when triton imports), the torch reference otherwise;
-    `BULLET_ATTENTION_KERNELS` forces one (`triton` on CPU tensors needs `TRITON_INTERPRET=1`)."""
+def kernels_for(device: torch.device | str, q_dtype: torch.dtype | None = None,
+                kv_dtype: torch.dtype | None = None) -> PagedKernels:
+    """Triton kernels on a CUDA device (when triton imports); on a CPU, the in-place C kernel
+    (`engines.model.cpu_attention`) where it serves `q_dtype` queries over a `kv_dtype` pool (float32
+    queries) and is built; the torch reference otherwise (and where the dtypes are not given). `BULLET_ATTENTION_KERNELS`
+    forces one (`triton` on CPU tensors needs `TRITON_INTERPRET=1`)."""
     choice = os.environ.get(KERNELS_ENV, "auto").lower()
-    if choice not in ("auto", "torch", "triton"):
-        raise ValueError(f"{KERNELS_ENV} must be auto, torch or triton, got {choice!r}")
-    if choice == "torch" or (choice == "auto" and torch.device(device).type != "cuda"):
+    if choice not in ("auto", "torch", "triton", "cpu"):
+        raise ValueError(f"{KERNELS_ENV} must be auto, torch, triton or cpu, got {choice!r}")
+    on_cpu = torch.device(device).type == "cpu"
+    if choice == "cpu" or (choice == "auto" and on_cpu):
+        from engines.model import cpu_attention  # deferred: it imports this module's tables
+
+        if choice == "cpu" and not on_cpu:
+            raise ValueError(f"{KERNELS_ENV}=cpu serves CPU tensors, not {device}")
+        if q_dtype is not None and kv_dtype is not None and cpu_attention.available(q_dtype, kv_dtype):
+            return cpu_attention.CpuPagedKernels()
+        if choice == "cpu":
+            raise RuntimeError(f"{KERNELS_ENV}=cpu but the CPU kernel does not serve {q_dtype} queries over a "
+                               f"{kv_dtype} pool here (or engines._cpu_attention is not built)")
+        return TorchPagedKernels()
+    if choice == "torch":
         return TorchPagedKernels()
     try:
         from engines.model.triton_attention import TritonPagedKernels  # deferred: triton is optional

@@ -186,5 +186,8 @@ def summarize(runs: list[Run], values: list, single_core: bool) -> Timing:
     if kept:
         return Timing(statistics.median(t for _, t in kept), tuple(runs), len(kept), tuple(values[i] for i, _ in kept))
     order = sorted(range(len(runs)), key=lambda i: runs[i].disturbance())[: max(1, (len(runs) + 1) // 2)]
-    corrected = [runs[i].wall - (runs[i].delay if single_core else 0.0) for i in order]
+    # a correction can exceed the run itself (the delay counts every thread of ours, and on a busy
+    # machine helper threads wait too): it never takes a run below the share a usable run keeps
+    corrected = [max(runs[i].wall - (runs[i].delay if single_core else 0.0), runs[i].wall * (1 - SINGLE_CORE_DELAY_LIMIT))
+                 for i in order]
     return Timing(statistics.median(corrected), tuple(runs), 0, tuple(values[i] for i in order))

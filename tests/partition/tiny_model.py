@@ -18,7 +18,8 @@ CONFIG = ModelConfig(name="tiny", hidden_size=64, intermediate_size=128, num_hid
 
 def tiny_runner(pages: int = 64, seed: int = 0, paged: bool = False, kernels=None) -> ModelRunner:
     """`paged`: attention through page tables (the GPU's path, which decode graphs need), with
-    `kernels` (default: the torch reference)."""
+    `kernels` (default: what `kernels_for` picks for float32 on the CPU: the in-place C kernel where
+    it is built, else the torch reference)."""
     model = build_model(CONFIG, dummy_weights(CONFIG, torch.float32, seed=seed))
     kv = KVPool(CONFIG, pages, PAGE_SIZE, torch.float32)
     return ModelRunner(model, kv, paged=paged, kernels=kernels)

@@ -1,0 +1,176 @@
+"""The `cpu` paged kernels (engines.model.cpu_attention, the engines._cpu_attention C kernel): every
+implementation this build and CPU run agrees with the torch reference on ragged contexts, mixed steps
+and every pool dtype; a row's output does not depend on the batch; bad tables are refused by the C
+side; `kernels_for` picks them for float32 queries on a CPU; the runner pages the int8 model through
+them and leaves the fp32 reference on its gather path, bit for bit.
+
+Run on the narrower code too: `BULLET_CPU_ATTENTION_ISA=avx2 python setup.py build_ext --inplace`
+builds without AVX-512 (then `_ext.compiled_isa() == 1` and only the AVX2 and portable paths run)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engines.kv_pool import KVPool
+from engines.model import cpu_attention as ca
+from engines.model.paged_attention import KERNELS_ENV, TorchPagedKernels, build_tables, kernels_for
+from engines.runner import ModelRunner, SeqChunk
+
+pytestmark = pytest.mark.skipif(ca._ext is None, reason="engines._cpu_attention is not built")
+
+KVH, HEADS, D, PS, PAGES = 3, 9, 64, 16, 160
+CONTEXTS = [1, 15, 16, 17, 95, 300, 523]
+ISAS = range(ca.kernel_isa() + 1) if ca._ext is not None else []
+
+
+def _pool(dtype: torch.dtype, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    k = (torch.randn(KVH, PAGES * PS, D, generator=g) * 2).to(dtype)
+    v = torch.randn(KVH, PAGES * PS, D, generator=g).to(dtype)
+    perm = torch.randperm(PAGES, generator=g).tolist()
+    tables, used = [], 0
+    for n in CONTEXTS:
+        m = -(-n // PS)
+        tables.append(perm[used : used + m])
+        used += m
+    return k, v, tables
+
+
+def test_the_build_runs_only_what_the_cpu_has():
+    assert ca._ext.best_isa() <= ca._ext.compiled_isa()
+    flags = open("/proc/cpuinfo").read().split("\n\n")[0]
+    if ca._ext.best_isa() == ca.ISA_AVX512:
+        assert " avx512f" in flags and " avx512bw" in flags and " avx512vl" in flags
+    if ca._ext.best_isa() >= ca.ISA_AVX2:
+        assert " avx2" in flags and " fma" in flags and " f16c" in flags
+    with pytest.raises(ValueError, match="lacks"):  # asked for more than the CPU or build has: refused
+        k, v, tables = _pool(torch.float32)
+        ca.CpuPagedKernels(isa=ca._ext.best_isa() + 1).decode(
+            torch.zeros(1, HEADS, D), k, v, build_tables(tables[:1], CONTEXTS[:1], [1], PS, "cpu"), 0.1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_every_implementation_matches_the_reference_on_a_mixed_step(dtype):
+    """Decode rows (one new token) and chunks after a cached prefix in one step: `extend`."""
+    k, v, tables = _pool(dtype)
+    q_lens = [1, 1, 5, 1, 16, 1, 1]  # chunks of 5 and 16 new tokens among decode rows
+    tabs = build_tables(tables, CONTEXTS, q_lens, PS, "cpu")
+    # q is a view with rows further apart than H x D, as the layer's fused QKV output gives it
+    qkv = torch.randn(sum(q_lens), HEADS + 2 * KVH, D, generator=torch.Generator().manual_seed(1))
+    q = qkv[:, :HEADS]
+    ref = TorchPagedKernels().extend(q.contiguous(), k, v, tabs, 0.125)
+    for isa in ISAS:
+        out = ca.CpuPagedKernels(isa).extend(q, k, v, tabs, 0.125)
+        torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4, msg=f"implementation {isa}")
+        dec = ca.CpuPagedKernels(isa).decode(q, k, v, tabs, 0.125, torch.full(q.shape, 7.0))
+        rows = tabs.q_starts[:-1][torch.tensor(q_lens) == 1].long()
+        torch.testing.assert_close(dec[rows], ref[rows], atol=2e-5, rtol=1e-4)
+        others = torch.ones(q.shape[0], dtype=torch.bool)
+        others[rows] = False
+        assert (dec[others] == 7).all()  # decode leaves the chunks' rows alone
+
+
+def test_a_row_is_bit_identical_alone_and_batched():
+    k, v, tables = _pool(torch.float32)
+    b = len(CONTEXTS)
+    q = torch.randn(b, HEADS, D, generator=torch.Generator().manual_seed(2))
+    kern = ca.CpuPagedKernels()
+    batched = kern.decode(q, k, v, build_tables(tables, CONTEXTS, [1] * b, PS, "cpu"), 0.1)
+    for i in range(b):
+        alone = kern.decode(q[i : i + 1], k, v, build_tables([tables[i]], [CONTEXTS[i]], [1], PS, "cpu"), 0.1)
+        assert torch.equal(alone[0], batched[i])
+
+
+def test_bad_tables_are_refused_before_the_kernel_runs():
+    k, v, _ = _pool(torch.float32)
+    kern, q = ca.CpuPagedKernels(), torch.zeros(1, HEADS, D)
+    with pytest.raises(ValueError, match="page past the pool"):
+        kern.decode(q, k, v, build_tables([[PAGES, 1]], [20], [1], PS, "cpu"), 0.1)
+    with pytest.raises(ValueError, match="past the batch"):
+        kern.decode(q, k, v, build_tables([[1], [2]], [3, 3], [1, 1], PS, "cpu"), 0.1)
+    short = build_tables([[1, 2]], [20], [1], PS, "cpu")
+    short.seq_lens[0] = 40  # a context longer than its table row
+    with pytest.raises(ValueError, match="more pages"):
+        kern.decode(q, k, v, short, 0.1)
+    with pytest.raises(ValueError, match="float32"):
+        kern.decode(q.bfloat16(), k, v, build_tables([[1, 2]], [20], [1], PS, "cpu"), 0.1)
+
+
+def test_kernels_for_a_cpu(monkeypatch):
+    assert kernels_for("cpu", torch.float32, torch.float16).name == ("cpu" if ca.kernel_isa() else "torch")
+    assert kernels_for("cpu", torch.bfloat16, torch.bfloat16).name == "torch"
+    monkeypatch.setenv(KERNELS_ENV, "torch")
+    assert kernels_for("cpu", torch.float32, torch.float32).name == "torch"
+    monkeypatch.setenv(KERNELS_ENV, "cpu")
+    with pytest.raises(RuntimeError, match="does not serve"):
+        kernels_for("cpu", torch.bfloat16, torch.bfloat16)
+
+
+def _small_model(quantized: bool):
+    from engines.model.build import build_model
+    from engines.model_config import ModelConfig
+    from engines.quant import quantize_state
+    from engines.weights.dummy import dummy_weights
+
+    config = ModelConfig(name="small", hidden_size=192, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=6, num_key_value_heads=2, head_dim=64, vocab_size=300,
+                         max_position_embeddings=1024)
+    state = dummy_weights(config, torch.float32, seed=3)
+    return config, build_model(config, quantize_state(config, state) if quantized else state)
+
+
+PROMPTS = [[(7 * i) % 299 + 1 for i in range(50)], [(5 * i) % 299 + 1 for i in range(17)], [11]]
+TABLES = [list(range(0, 4)), list(range(4, 6)), [6]]
+
+
+def _steps(runner: ModelRunner) -> list[torch.Tensor]:
+    """A prefill, a decode step, then a mixed step (two decode rows and a chunk after its prefix)."""
+    runner.forward([SeqChunk(p, 0, t, "none") for p, t in zip(PROMPTS, TABLES)])
+    out = [runner.forward([SeqChunk([42], len(p), t) for p, t in zip(PROMPTS, TABLES)]).last_logits]
+    mixed = [SeqChunk([43], len(PROMPTS[0]) + 1, TABLES[0]), SeqChunk([44, 45, 46], len(PROMPTS[1]) + 1, TABLES[1]),
+             SeqChunk([47], len(PROMPTS[2]) + 1, TABLES[2])]
+    out.append(runner.forward(mixed).last_logits)
+    return out
+
+
+@pytest.mark.skipif(ca._ext is not None and ca.kernel_isa() == ca.ISA_GENERIC, reason="no vector kernel on this CPU")
+def test_the_int8_model_pages_through_the_kernel_and_float_models_keep_the_gather(monkeypatch):
+    """A small random Llama (head dim 64, GQA 3:1), quantized as the server quantizes the GGUF: its
+    logits through the kernel equal the gather path's; over a float16 pool (--kv-cache-dtype) too."""
+    config, model = _small_model(quantized=True)
+    kernel = ModelRunner(model, KVPool(config, 64, PS, torch.float32))
+    gather = ModelRunner(model, KVPool(config, 64, PS, torch.float32), paged=False)
+    assert kernel.paged and kernel.kernels.name == "cpu" and not gather.paged
+    reference = _steps(gather)
+    for got, want in zip(_steps(kernel), reference):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+    half = ModelRunner(model, KVPool(config, 64, PS, torch.float16))
+    assert half.kernels.name == "cpu"
+    for got, want in zip(_steps(half), reference):
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, want, atol=5e-2, rtol=0)
+    monkeypatch.setenv(KERNELS_ENV, "torch")  # the reference kernels are slower than the gather: not paged
+    assert not ModelRunner(model, KVPool(config, 64, PS, torch.float32)).paged
+
+
+def test_the_fp32_model_keeps_its_gather_path_bit_for_bit():
+    """The exact fp32 mode: not paged by default, and the same logits to the bit as a runner told not to page."""
+    config, model = _small_model(quantized=False)
+    default = ModelRunner(model, KVPool(config, 64, PS, torch.float32))
+    assert not default.paged and default.kernels is None
+    explicit = ModelRunner(model, KVPool(config, 64, PS, torch.float32), paged=False)
+    for got, want in zip(_steps(default), _steps(explicit)):
+        assert torch.equal(got, want)
+    # a float16 pool under a float model: gathered and widened to the model's dtype, finite
+    half = ModelRunner(model, KVPool(config, 64, PS, torch.float16))
+    assert not half.paged and all(torch.isfinite(x).all() for x in _steps(half))
+
+
+def test_kv_cache_dtype_names():
+    from engines.device import resolve_kv_dtype
+
+    assert resolve_kv_dtype("auto", torch.bfloat16) == torch.bfloat16
+    assert resolve_kv_dtype("fp16", torch.float32) == torch.float16
+    with pytest.raises(ValueError, match="fp8"):
+        resolve_kv_dtype("fp8_e5m2", torch.float32)
