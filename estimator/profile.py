@@ -41,7 +41,7 @@ class Provenance(BaseModel):
     """Where a measured profile comes from; `estimator.profiler.cache.ensure_profile` reuses a cached
     profile only if these still describe the model, dtype, cores, CPU and code at hand."""
 
-    model: str  # cache name: the model's name and a digest of its file (see local_profile)
+    model: str  # cache name: the model's name and a digest of its file (estimator.profiler.cache.model_cache_name)
     model_source: str | None = None
     load_format: str = "auto"
     dtype: str

@@ -67,10 +67,6 @@ class RequestState:
         """The finish reason in SGLang's JSON shape (the HTTP edge)."""
         return None if self.finish_reason is None else self.finish_reason.to_json()
 
-    @property
-    def stage(self) -> str:
-        return "decode" if len(self.output_ids) > 0 else "prefill"
-
 
 class RuntimeClient:
     def __init__(self, vocab_size: int, max_context: int, pool_tokens: int, has_decode_worker: bool = True):

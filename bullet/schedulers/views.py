@@ -1,4 +1,4 @@
-"""What a scheduling policy sees and decides — the seam between policy and the world (DESIGN §4).
+"""What a scheduling policy sees and decides — the seam between policy and the world.
 
 A loop core (`bullet.loops`) builds a *view* each step from its clock, its queue/batch, the peer's
 published state and the partition backend, asks the policy for a *decision*, and carries it out —
