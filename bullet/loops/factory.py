@@ -26,7 +26,10 @@ def build_core(env: LoopEnv, args: ServerArgs, num_layers: int, predictor: Predi
         return PrefillCore(env, policy, num_layers, PrefixCache(env.allocator) if cached else None,
                            args.max_running_requests)
     if env.role is Role.DECODE:
-        return DecodeCore(env, make_decode_policy(args, feasible, predictor), remote_cache=cached)
+        # the SLO-aware policies may change a step's share between layers (fixed splits never do)
+        yields = args.uses_estimator and args.decode_yield_at == "layer"
+        return DecodeCore(env, make_decode_policy(args, feasible, predictor), remote_cache=cached,
+                          yield_between_layers=yields)
     scheduler = HybridScheduler(env.allocator, args.policy_arg, args.max_running_requests,
                                 mixed=args.policy_name == "chunked",
                                 cache=PrefixCache(env.allocator) if cached else None)  # in-process, as prefill's

@@ -71,7 +71,9 @@ class SimExecutor:
         work = PrefillWork(tuple(batch.lengths), layers, include_head=finishing is not None, cached=tuple(batch.starts))
         self._run(work, finishing or (), on_done)
 
-    def run_decode(self, batch: Sequence[Request], on_done: Callable[[float], None]) -> None:
+    def run_decode(self, batch: Sequence[Request], on_done: Callable[[float], None],
+                   between_layers: Callable[[int], None] | None = None) -> None:
+        # the simulated device charges a decode step as one piece: no layer boundary to yield at
         self._run(DecodeWork(len(batch), total_seq_len(batch)), batch, on_done)
 
     def run_hybrid(self, items: Sequence[HybridItem], on_done: Callable[[float], None]) -> None:

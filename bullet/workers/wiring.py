@@ -117,10 +117,6 @@ def build_worker(spec: WorkerSpec, stopped: Callable[[], bool], cuda: CudaAccess
                   timeline=timeline, executor=executor, outbox=MessageOutbox(io, role.value),
                   pid=os.getpid())
     core = build_core(env, args, model.num_layers, estimator, limit)
-    # the SLO-aware decode policies may change a step's share between layers (fixed splits never do):
-    # otherwise a step runs its layers in one go
-    if role is Role.DECODE and args.uses_estimator and args.decode_yield_at == "layer":
-        executor.between_layers = core.between_layers
 
     def should_stop() -> bool:
         return stopped() or os.getppid() != spec.launcher_pid or bool(state.control() & ControlFlags.SHUTDOWN)

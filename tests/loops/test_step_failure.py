@@ -30,9 +30,9 @@ class FailsOn(ScriptedExecutor):
         self.batch = batch.requests
         super().run_prefill(batch, layers, finishing, on_done)
 
-    def run_decode(self, batch, on_done):
+    def run_decode(self, batch, on_done, between_layers=None):
         self.batch = batch
-        super().run_decode(batch, on_done)
+        super().run_decode(batch, on_done, between_layers)
 
     def run_hybrid(self, items, on_done):
         self.batch = [i.req for i in items]

@@ -218,14 +218,13 @@ def test_a_decode_step_replays_even_where_the_policy_yields_between_layers(worke
     decode, _ = build(w, SHARED)
     executor = ModelExecutor(w.runner, FinishChecker(None, set(), 512), w.stream, decode)
     calls = []
-    executor.between_layers = calls.append
     reqs = requests([[5, 6, 7, 8, 9], [10, 11]])
     for r, t in zip(reqs, [[40, 41], [42]]):
         r.page_table = t
     executor.run_prefill(InflightPrefill(reqs, 0, 2, 0.0), 2, reqs, lambda s: None)
     for r in reqs:
         r.num_cached = len(r.prompt_ids)
-    executor.run_decode(reqs, lambda s: None)
+    executor.run_decode(reqs, lambda s: None, calls.append)
     assert decode.graph_steps == 1 and calls == []
     assert all(len(r.output_ids) == 2 for r in reqs)
 
