@@ -30,8 +30,8 @@ from pydantic import BaseModel, Field
 from engines.model_config import ModelConfig
 from estimator.calibration import Calibration
 from estimator.contention import ContentionModel
+from estimator.estimator import Estimator
 from estimator.hardware import HardwareSpec
-from estimator.predictor import Estimator
 
 FORMAT = "bullet-estimator-profile"
 VERSION = 1

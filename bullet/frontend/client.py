@@ -17,8 +17,8 @@ from typing import AsyncIterator
 import zmq
 import zmq.asyncio
 
-from bullet.core.finish import Abort, FinishReason
-from bullet.core.messages import (
+from bullet.types.finish import Abort, FinishReason
+from bullet.types.messages import (
     AbortRequest,
     FlushCache,
     GenerateRequest,
@@ -28,8 +28,8 @@ from bullet.core.messages import (
     decode,
     encode,
 )
-from bullet.core.validation import RequestError, validate_prompt
 from bullet.shared.endpoints import Endpoints
+from bullet.types.validation import RequestError, validate_prompt
 from engines.sampling_params import SamplingParams
 
 log = logging.getLogger("bullet.client")

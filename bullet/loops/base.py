@@ -26,14 +26,15 @@ from enum import Enum
 from typing import Callable, NamedTuple, Protocol, Sequence
 
 from bullet.cache.prefix_cache import PrefixCache
-from bullet.core.finish import Abort
-from bullet.core.request import Request
-from bullet.core.roles import Role
-from bullet.core.worker_state import Predictions, WorkerFlags, WorkerState
+from bullet.loops.clock import Clock
 from bullet.loops.timeline import Timeline
 from bullet.partition.base import PartitionBackend
-from bullet.schedulers.views import Clock, InflightPrefill
+from bullet.policies.views import InflightPrefill
 from bullet.shm.page_allocator import PageAllocator
+from bullet.types.finish import Abort
+from bullet.types.request import Request
+from bullet.types.roles import Role
+from bullet.types.worker_state import Predictions, WorkerFlags, WorkerState
 
 log = logging.getLogger("bullet.loop")
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import logging
 
-from bullet.core.finish import Abort
-from bullet.core.request import Request, Status, total_seq_len
-from bullet.core.worker_state import WorkerFlags
 from bullet.loops.base import LoopCore, LoopEnv, Wake
-from bullet.schedulers.views import DecodeDecision, DecodePolicy, DecodeView
+from bullet.policies.views import DecodeDecision, DecodePolicy, DecodeView
 from bullet.shm.page_allocator import OutOfPages
+from bullet.types.finish import Abort
+from bullet.types.request import Request, Status, total_seq_len
+from bullet.types.worker_state import WorkerFlags
 
 log = logging.getLogger("bullet.decode")
 PAUSED_POLL_S = 1e-3  # a paused decode re-decides this often (prefill's share may change any time)

@@ -7,14 +7,14 @@ from typing import Callable
 
 from bullet.cache.prefix_cache import PrefixCache
 from bullet.config import ServerArgs
-from bullet.core.roles import Role
 from bullet.loops.base import LoopCore, LoopEnv
 from bullet.loops.decode import DecodeCore
 from bullet.loops.prefill import PrefillCore
 from bullet.loops.unified import UnifiedCore
-from bullet.schedulers.factory import make_decode_policy, make_prefill_policy
-from bullet.schedulers.hybrid import HybridScheduler
-from bullet.schedulers.predict import Predictor
+from bullet.policies.factory import make_decode_policy, make_prefill_policy
+from bullet.policies.hybrid import HybridScheduler
+from bullet.policies.predict import Predictor
+from bullet.types.roles import Role
 
 
 def build_core(env: LoopEnv, args: ServerArgs, num_layers: int, predictor: Predictor | None = None,

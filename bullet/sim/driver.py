@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from bullet.core.messages import Evict, Release
-from bullet.core.request import Request, Status
-from bullet.core.roles import Role
 from bullet.loops.base import LoopCore, WakeKind
 from bullet.sim.board import StateBoard
 from bullet.sim.events import EventLoop
 from bullet.sim.metrics import RequestLog
+from bullet.types.messages import Evict, Release
+from bullet.types.request import Request, Status
+from bullet.types.roles import Role
 
 
 class SimDriver:

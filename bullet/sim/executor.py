@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from bullet.core.finish import FinishChecker
-from bullet.core.request import Request, total_seq_len
-from bullet.core.roles import Role
 from bullet.loops.base import HybridItem
-from bullet.schedulers.views import Clock, InflightPrefill
+from bullet.loops.clock import Clock
+from bullet.policies.views import InflightPrefill
 from bullet.sim.device import DecodeWork, HybridWork, PrefillWork, SimulatedDevice
 from bullet.sim.partition import SimulatedPartition
+from bullet.types.finish import FinishChecker
+from bullet.types.request import Request, total_seq_len
+from bullet.types.roles import Role
 
 SIM_TOKEN_ID = 0  # the token every simulated step "samples": not an EOS id of any shipped model
 

@@ -16,16 +16,16 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Sequence
 
-from bullet.core.finish import FinishChecker
-from bullet.core.request import Request
-from bullet.core.roles import Role
-from bullet.core.slo import parse_duration
 from bullet.loops.base import LoopEnv
 from bullet.loops.factory import build_core
 from bullet.loops.timeline import Timeline
-from bullet.schedulers.factory import initial_units, roles_for, slo_of
+from bullet.policies.factory import initial_units, roles_for, slo_of
 from bullet.shm.page_allocator import LocalPageAllocator
 from bullet.sim.board import StateBoard
+from bullet.types.finish import FinishChecker
+from bullet.types.request import Request
+from bullet.types.roles import Role
+from bullet.types.slo import parse_duration
 from bullet.sim.config import (
     SimConfig,
     device_estimator,

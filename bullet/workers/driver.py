@@ -11,10 +11,10 @@ import logging
 import traceback
 from typing import Callable, Protocol
 
-from bullet.core.messages import AbortRequest, Evict, FlushCache, GenerateRequest, Handoff, Recompute, Release
-from bullet.core.roles import Role
-from bullet.core.worker_state import WorkerFlags
 from bullet.loops.base import LoopCore, Wake, WakeKind
+from bullet.types.messages import AbortRequest, Evict, FlushCache, GenerateRequest, Handoff, Recompute, Release
+from bullet.types.roles import Role
+from bullet.types.worker_state import WorkerFlags
 from bullet.workers.outbox import request_from_generate, request_from_handoff, request_from_recompute
 
 log = logging.getLogger("bullet.worker")

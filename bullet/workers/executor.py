@@ -14,11 +14,11 @@ import time
 from contextlib import nullcontext
 from typing import Callable, Sequence
 
-from bullet.core.finish import FinishChecker
-from bullet.core.request import Request
 from bullet.loops.base import HybridItem
 from bullet.partition.launch_stream import WorkerStream
-from bullet.schedulers.views import InflightPrefill
+from bullet.policies.views import InflightPrefill
+from bullet.types.finish import FinishChecker
+from bullet.types.request import Request
 from bullet.workers.sampling import record_prompt_logprobs, sample_next
 from engines.runner import LayerwiseState, ModelRunner, SeqChunk, StepOutput
 

@@ -10,10 +10,8 @@ from typing import Callable
 
 import torch
 
-from bullet.core.finish import FinishChecker
-from bullet.core.roles import Role
-from bullet.core.worker_state import ControlFlags, WorkerFlags
 from bullet.loops.base import LoopEnv
+from bullet.loops.clock import MonotonicClock
 from bullet.loops.factory import build_core
 from bullet.loops.timeline import Timeline
 from bullet.partition import PartitionBackend
@@ -21,10 +19,12 @@ from bullet.partition.cuda_access import CudaAccess, cuda_access, tensor_device
 from bullet.partition.decode_graphs import GraphedDecode, build_graphed_decode
 from bullet.partition.graph_policy import decide_for_worker
 from bullet.partition.launch_stream import open_worker_partition
-from bullet.schedulers.intensity import ridge_token_limit
-from bullet.schedulers.views import MonotonicClock
+from bullet.policies.intensity import ridge_token_limit
 from bullet.shm.shared_page_allocator import SharedPageAllocator
 from bullet.shm.state_buffer import StateBuffer
+from bullet.types.finish import FinishChecker
+from bullet.types.roles import Role
+from bullet.types.worker_state import ControlFlags, WorkerFlags
 from bullet.workers.driver import WorkerDriver
 from bullet.workers.executor import ModelExecutor
 from bullet.workers.io import WorkerIO

@@ -1,4 +1,4 @@
-"""Prediction errors of an estimator against measured steps, grouped as the schedulers use them:
+"""Prediction errors of an estimator against measured steps, grouped as the policies use them:
 phase x core count x solo / co-running. Used by `bullet profile` (fit on its own samples) and by
 the CPU accuracy benchmark (held-out states)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from estimator.calibration import PHASES, Sample
-from estimator.predictor import Estimator
+from estimator.estimator import Estimator
 
 
 def predict(estimator: Estimator, sample: Sample, context_lens: list[int] | None = None) -> float:

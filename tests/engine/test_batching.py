@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bullet.core.finish import Abort, FinishChecker
 from bullet.llm import OfflineEngine
+from bullet.types.finish import Abort, FinishChecker
 from engines.kv_pool import KVPool
 from engines.runner import ModelRunner, SeqChunk
 from engines.sampling_params import SamplingParams

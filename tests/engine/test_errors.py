@@ -8,7 +8,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from bullet.core.validation import RequestError
+from bullet.types.validation import RequestError
 from engines.sampling_params import SamplingParams, validation_message
 from engines.weights import ModelLoadError, load_weights
 from engines.weights.resolve import default_gguf_path

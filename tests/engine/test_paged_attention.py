@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bullet.core.finish import FinishChecker
 from bullet.llm import OfflineEngine
+from bullet.types.finish import FinishChecker
 from engines.kv_pool import KVPool
 from engines.model.paged_attention import TorchPagedKernels, build_tables, kernels_for
 from engines.runner import ModelRunner

@@ -192,7 +192,7 @@ def _truncated_model(llm, layers):
 def test_engine_generates_what_the_gather_path_does(llm32):
     """Chunked prompts (the second chunk attends to its cached prefix through the extend kernel),
     mixed prefill/decode steps and decode steps: greedy tokens equal the gather path's."""
-    from bullet.core.finish import FinishChecker
+    from bullet.types.finish import FinishChecker
     from bullet.llm import OfflineEngine
     from engines.runner import ModelRunner
     from engines.sampling_params import SamplingParams

@@ -15,10 +15,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from bullet.core.finish import Length
 from bullet.frontend.client import RequestState, RuntimeClient
 from bullet.frontend.http.errors import APIError
 from bullet.frontend.http.streaming import DONE, ending_with_done, merged_updates, sse
+from bullet.types.finish import Length
 from engines.sampling_params import SamplingParams
 
 

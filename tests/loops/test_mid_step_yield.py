@@ -6,8 +6,6 @@ that arrives in the middle of one."""
 from __future__ import annotations
 
 from bullet.config import ServerArgs
-from bullet.core.roles import Role
-from bullet.core.worker_state import WorkerState
 from bullet.loops.base import LoopEnv
 from bullet.loops.factory import build_core
 from bullet.loops.timeline import Timeline, load_timeline
@@ -17,6 +15,8 @@ from bullet.sim.config import SimConfig, policy_estimator
 from bullet.sim.device import SimulatedDevice
 from bullet.sim.events import EventLoop, VirtualClock
 from bullet.sim.partition import SimulatedPartition
+from bullet.types.roles import Role
+from bullet.types.worker_state import WorkerState
 from bullet.workers.driver import WorkerDriver
 from tests.loops.test_decision_trace import est  # noqa: F401  (fixture)
 from tests.loops.test_decision_trace import (Finished, ManualClock, ScriptedExecutor, ScriptedInbox, _finish,

@@ -15,8 +15,8 @@ import torch
 
 from engines.model_config import ModelConfig
 from engines.weights.dummy import dummy_weights
+from estimator.estimator import Estimator
 from estimator.hardware import BUILTIN
-from estimator.predictor import Estimator
 from estimator.profiler.cuda_ops import PER_STEP, ClassRun, check_steps_compose_layer, class_runs, op_times
 from estimator.profiler.cuda_probe import builtin_for, gpu_hardware, interpolate, probe_rates
 from estimator.profiler.cuda_sweep import run_cuda_plan

@@ -13,25 +13,26 @@ import pytest
 import torch
 
 from bullet.config import ServerArgs
-from bullet.core.finish import FinishChecker
-from bullet.core.request import Request
-from bullet.core.roles import Role
-from bullet.core.worker_state import WorkerState
 from bullet.loops.base import LoopEnv
+from bullet.loops.clock import MonotonicClock
 from bullet.loops.factory import build_core
 from bullet.loops.timeline import Timeline
 from bullet.partition.decode_graphs import SCRATCH_OWNER, build_graphed_decode, plan_capture, reserve_scratch_page
 from bullet.partition.graph_policy import EAGER, PER_SHARE, SHARED, GraphDecision
 from bullet.partition.launch_stream import open_worker_partition
-from bullet.schedulers.views import InflightPrefill, MonotonicClock
+from bullet.policies.views import InflightPrefill
 from bullet.shm.page_allocator import LocalPageAllocator
+from bullet.types.finish import FinishChecker
+from bullet.types.request import Request
+from bullet.types.roles import Role
+from bullet.types.worker_state import WorkerState
 from bullet.workers.executor import ModelExecutor
 from engines.model.paged_attention import TorchPagedKernels
 from engines.runner import SeqChunk
 from engines.sampling_params import SamplingParams
+from tests.partition.fake_cuda import GPU, FakeCuda, RecordingStreams
 from tests.partition.graph_fakes import RerunGraphs
 from tests.partition.test_green_ctx import FakeDriver
-from tests.partition.fake_cuda import GPU, FakeCuda, RecordingStreams
 from tests.partition.tiny_model import PAGE_SIZE, prefill, tiny_runner
 
 PROMPTS = [[3, 14, 15, 92, 65], [35, 89], [79, 32, 38, 46, 26, 43, 38, 32, 79, 50, 28]]

@@ -157,7 +157,7 @@ def test_garbage_and_pickles_on_every_socket_are_dropped(tmp_path):
 def _forged() -> list[bytes]:
     """Valid messages no frontend or peer worker would send (found by the fuzz driver: a handoff
     naming another owner's pages killed the decode worker)."""
-    from bullet.core.messages import GenerateRequest, Handoff, Recompute, Release, encode
+    from bullet.types.messages import GenerateRequest, Handoff, Recompute, Release, encode
     from engines.sampling_params import SamplingParams
 
     params, uid = SamplingParams(max_new_tokens=4), 10**12

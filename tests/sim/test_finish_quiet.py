@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import itertools
 
-from bullet.core.finish import FinishChecker
-from bullet.core.request import Request
+from bullet.types.finish import FinishChecker
+from bullet.types.request import Request
 from engines.sampling_params import SamplingParams
 
 TOKEN, EOS, OTHER = 0, 2, 7

@@ -1,4 +1,4 @@
-"""The predictor the schedulers call: fast path = kernel-by-kernel model, units, layers, contention,
+"""The estimator the policies call: fast path = kernel-by-kernel model, units, layers, contention,
 online refinement, persistence, cost."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from hypothesis import strategies as st
 
 from estimator.calibration import PHASES, Calibration
 from estimator.contention import ContentionModel
+from estimator.estimator import Estimator
 from estimator.ops import ExecutionState
-from estimator.predictor import Estimator
 from estimator.profile import EstimatorProfile
+from estimator.profile import load_estimator, save_estimator
 from estimator.reference.data import A100_LLAMA3_8B_DECODE_MS, A100_LLAMA3_8B_PREFILL_MS
 from estimator.reference.profiles import SHIPPED_PROFILE
-from estimator.profile import load_estimator, save_estimator
 
 
 @pytest.fixture(scope="module")

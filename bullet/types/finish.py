@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Literal, Protocol, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
-    from bullet.core.request import Request
+    from bullet.types.request import Request
 
 
 class _Reason(BaseModel):

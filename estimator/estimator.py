@@ -1,9 +1,10 @@
-"""The latency predictor the schedulers call (Bullet §3.2): SRM over the op inventory, calibrated per
-kernel and per phase, corrected online, with decode's bandwidth reduced by a co-running prefill.
+"""The latency estimator (Bullet §3.2) — what the policies call through their `Predictor` protocol
+(`bullet.policies.predict`): SRM over the op inventory, calibrated per kernel and per phase,
+corrected online, with decode's bandwidth reduced by a co-running prefill.
 
 Prediction is on the scheduler's critical path, so the per-kernel work is split in two:
 * what depends only on the row count T (alpha of each kernel, FLOPs, bytes, grid) is computed once
-  per T and cached — the schedulers ask about the same batches for many unit counts;
+  per T and cached — the policies ask about the same batches for many unit counts;
 * what depends on the unit count is a handful of multiply/max per GEMM, and one term for all the
   element-wise kernels together (they are memory-bound at any unit count, checked at build time).
 `breakdown()` evaluates the same model kernel by kernel, the slow way; tests hold the two equal.

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from bullet.core.request import Request
-from bullet.core.slo import SLO
-from bullet.schedulers.predict import Predictor, prefill_seconds
-from bullet.schedulers.views import InflightPrefill
+from bullet.policies.predict import Predictor, prefill_seconds
+from bullet.policies.views import InflightPrefill
+from bullet.types.request import Request
+from bullet.types.slo import SLO
 
 
 def choose_preemptors(now: float, inflight: InflightPrefill, remaining_s: float, order: Sequence[Request],

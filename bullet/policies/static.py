@@ -4,7 +4,7 @@ constant number of layers per step, decode always running."""
 
 from __future__ import annotations
 
-from bullet.schedulers.views import (
+from bullet.policies.views import (
     DecodeDecision,
     DecodePolicy,
     DecodeView,

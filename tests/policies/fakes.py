@@ -5,9 +5,9 @@ on 2 or more (bandwidth saturates at 2 units, as on real hardware)."""
 
 from __future__ import annotations
 
-from bullet.core.request import Request
-from bullet.core.worker_state import WorkerState
-from bullet.schedulers.views import DecodeView, InflightPrefill, PrefillView
+from bullet.policies.views import DecodeView, InflightPrefill, PrefillView
+from bullet.types.request import Request
+from bullet.types.worker_state import WorkerState
 from engines.sampling_params import SamplingParams
 
 TOTAL = 8

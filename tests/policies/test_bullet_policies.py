@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from bullet.schedulers.bullet_decode import BulletDecodePolicy
-from bullet.schedulers.bullet_prefill import TPOT_MARGIN, BulletPrefillPolicy
-from bullet.core.slo import SLO
-from bullet.schedulers.views import PrefillView
+from bullet.policies.bullet_decode import BulletDecodePolicy
+from bullet.policies.bullet_prefill import TPOT_MARGIN, BulletPrefillPolicy
+from bullet.policies.views import PrefillView
 from bullet.shm.state_buffer import WorkerState
-from tests.schedulers.fakes import (LAYERS, TOTAL, FakePredictor, decode_state, decode_view, inflight,
+from bullet.types.slo import SLO
+from tests.policies.fakes import (LAYERS, TOTAL, FakePredictor, decode_state, decode_view, inflight,
                                     prefill_view, req)
 
 K = 4
@@ -25,7 +25,7 @@ def policy(ttft="10s", tpot="100ms", limit=10_000, max_tokens=8192, max_wait=30.
 
 def order(p, view, units):
     """The policy's queue order when the queue runs on `units` units (nothing in flight)."""
-    from bullet.schedulers.predict import prefill_costs
+    from bullet.policies.predict import prefill_costs
 
     return [r.rid for r in p.order_queue(view, 0.0, prefill_costs(view.queue, p.est, units, 0))]
 
@@ -400,7 +400,7 @@ def test_with_the_h200_profile_decode_gets_few_sms_and_prefill_the_rest():
     TPOT holding and a prompt queued, no share is predicted to keep decode within 45 ms beside a prefill,
     so decode takes the fewest SMs near its best step — at most half of the 132 (beside a 1000-token
     prefill the calibrated contention makes small shares dearer), not the 112 it took before."""
-    from tests.schedulers.h200_profile import h200_estimator
+    from tests.policies.h200_profile import h200_estimator
 
     est = h200_estimator()
     assert est.prefill_time([2048], 24) > 3.5 * est.prefill_time([2048], 132)

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 
 from bullet.config import ServerArgs
-from bullet.core.slo import SLO
-from bullet.schedulers.ablation import PartitionOnlyDecode, PartitionOnlyPrefill, SchedulerOnlyDecode, SchedulerOnlyPrefill
-from bullet.schedulers.factory import make_decode_policy, make_prefill_policy
-from tests.schedulers.fakes import LAYERS, TOTAL, FakePredictor, decode_state, decode_view, prefill_view, req
+from bullet.policies.ablation import PartitionOnlyDecode, PartitionOnlyPrefill, SchedulerOnlyDecode, SchedulerOnlyPrefill
+from bullet.policies.factory import make_decode_policy, make_prefill_policy
+from bullet.types.slo import SLO
+from tests.policies.fakes import LAYERS, TOTAL, FakePredictor, decode_state, decode_view, prefill_view, req
 from tests.sim.test_runs import poisson, simulate
 
 UNITS = list(range(1, TOTAL + 1))

@@ -17,7 +17,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from bullet.core.finish import FinishReason
+from bullet.types.finish import FinishReason
 from engines.sampling_params import SamplingParams
 
 MAX_MESSAGE_BYTES = 64 << 20  # far above any real message (a 128k-token prompt is ~1 MB of JSON)

@@ -30,10 +30,10 @@ from __future__ import annotations
 import bisect
 from typing import Callable
 
-from bullet.core.request import Request
-from bullet.core.slo import SLO
-from bullet.core.worker_state import Predictions
-from bullet.schedulers.predict import (
+from bullet.types.request import Request
+from bullet.types.slo import SLO
+from bullet.types.worker_state import Predictions
+from bullet.policies.predict import (
     LearningPredictor,
     Predictor,
     decode_seconds_over,
@@ -43,8 +43,8 @@ from bullet.schedulers.predict import (
     prefill_seconds,
     prefill_seconds_over,
 )
-from bullet.schedulers.preemption import choose_preemptors
-from bullet.schedulers.views import PrefillDecision, PrefillPolicy, PrefillView
+from bullet.policies.preemption import choose_preemptors
+from bullet.policies.views import PrefillDecision, PrefillPolicy, PrefillView
 
 TPOT_MARGIN = 0.9  # aim decode steps at 90% of the TPOT target: predictions are not exact
 HAND_BACK_RULES = ("off", "decode-step", "bounded")

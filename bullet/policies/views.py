@@ -8,22 +8,12 @@ memory or the C extension, so policies and the simulator load in milliseconds.""
 
 from __future__ import annotations
 
-import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Sequence
 
-from bullet.core.request import Request
-from bullet.core.worker_state import Predictions, WorkerState
-
-
-class Clock(Protocol):
-    def now(self) -> float: ...
-
-
-class MonotonicClock:
-    def now(self) -> float:
-        return time.monotonic()
+from bullet.types.request import Request
+from bullet.types.worker_state import Predictions, WorkerState
 
 
 @dataclass

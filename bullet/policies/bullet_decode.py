@@ -14,11 +14,11 @@ from __future__ import annotations
 import bisect
 import math
 
-from bullet.core.request import seq_lens
-from bullet.core.slo import SLO
-from bullet.core.worker_state import Predictions
-from bullet.schedulers.predict import LearningPredictor, Predictor, decode_outlook, p90
-from bullet.schedulers.views import DecodeDecision, DecodePolicy, DecodeView
+from bullet.policies.predict import LearningPredictor, Predictor, decode_outlook, p90
+from bullet.policies.views import DecodeDecision, DecodePolicy, DecodeView
+from bullet.types.request import seq_lens
+from bullet.types.slo import SLO
+from bullet.types.worker_state import Predictions
 
 IDLE_UNITS_RULES = ("all", "efficient")
 IDLE_SLACK = 0.10  # "efficient": a step at most 10 % slower than on every unit

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from bullet.config import ServerArgs
-from bullet.core.roles import Role
-from bullet.core.slo import SLO
-from bullet.schedulers.ablation import PartitionOnlyDecode, PartitionOnlyPrefill, SchedulerOnlyDecode, SchedulerOnlyPrefill
-from bullet.schedulers.bullet_decode import BulletDecodePolicy
-from bullet.schedulers.bullet_prefill import BulletPrefillPolicy
-from bullet.schedulers.static import StaticDecodePolicy, StaticPrefillPolicy
-from bullet.schedulers.views import DecodePolicy, PrefillPolicy
+from bullet.policies.ablation import PartitionOnlyDecode, PartitionOnlyPrefill, SchedulerOnlyDecode, SchedulerOnlyPrefill
+from bullet.policies.bullet_decode import BulletDecodePolicy
+from bullet.policies.bullet_prefill import BulletPrefillPolicy
+from bullet.policies.static import StaticDecodePolicy, StaticPrefillPolicy
+from bullet.policies.views import DecodePolicy, PrefillPolicy
+from bullet.types.roles import Role
+from bullet.types.slo import SLO
 
 
 ONE_PROCESS_POLICIES = ("chunked", "sglang")

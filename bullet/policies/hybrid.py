@@ -21,8 +21,8 @@ from collections import deque
 from typing import NamedTuple
 
 from bullet.cache.prefix_cache import PrefixCache
-from bullet.core.request import Request, Status
 from bullet.shm.page_allocator import OutOfPages, PageAllocator
+from bullet.types.request import Request, Status
 
 
 class Scheduled(NamedTuple):

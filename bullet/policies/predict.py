@@ -1,4 +1,4 @@
-"""Latency predictions the SLO-aware schedulers need, built on the estimator (Bullet §3.3.2):
+"""Latency predictions the SLO-aware policies need, built on the estimator (Bullet §3.3.2):
 TTFT of every in-flight and queued prefill request, the next decode step, each running decode
 request's TPOT and how long decode could pause without breaking it.
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from typing import Iterator, Protocol, Sequence
 
-from bullet.core.request import Request
-from bullet.core.slo import SLO
+from bullet.types.request import Request
+from bullet.types.slo import SLO
 
 
 class Predictor(Protocol):

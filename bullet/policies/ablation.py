@@ -11,10 +11,10 @@ nothing else."""
 
 from __future__ import annotations
 
-from bullet.core.request import Request
-from bullet.schedulers.bullet_decode import BulletDecodePolicy
-from bullet.schedulers.bullet_prefill import BulletPrefillPolicy
-from bullet.schedulers.views import DecodeDecision, DecodeView, PrefillView
+from bullet.policies.bullet_decode import BulletDecodePolicy
+from bullet.policies.bullet_prefill import BulletPrefillPolicy
+from bullet.policies.views import DecodeDecision, DecodeView, PrefillView
+from bullet.types.request import Request
 
 ABLATIONS = ("partition-only", "scheduler-only")
 

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from operator import add, attrgetter
 
-from bullet.core.finish import Abort, Length, Stop
+from bullet.types.finish import Abort, Length, Stop
 from engines.sampling_params import SamplingParams
 
 _uids = itertools.count(1)
