@@ -14,7 +14,7 @@ from engines.quant.int8 import PAIR_LIMIT, Int8Linear, fbgemm_available, quantiz
 from engines.quant.rotation import KroneckerRotation, rotate_state
 from engines.runner import ModelRunner, SeqChunk
 from engines.weights import load_weights
-from tests.engine.conftest import PROMPTS
+from tests.engines.conftest import PROMPTS
 
 pytestmark = pytest.mark.skipif(not fbgemm_available(), reason="torch without the fbgemm quantized engine")
 

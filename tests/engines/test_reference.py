@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engines.runner import SeqChunk
-from tests.engine.conftest import PROMPTS
+from tests.engines.conftest import PROMPTS
 
 NEW_TOKENS = 48
 

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.http.helpers import sse_events, wait_idle
+from tests.frontend.helpers import sse_events, wait_idle
 
 EXAMPLES = 520
 MAX_TOKENS_SENT = 4

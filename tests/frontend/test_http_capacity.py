@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import socket
 
-from tests.http.helpers import AUTH, MAX_QUEUED, open_raw_request, read_events, wait_idle
+from tests.frontend.helpers import AUTH, MAX_QUEUED, open_raw_request, read_events, wait_idle
 
 HOLD = {"text": "Count slowly from one to one hundred:", "stream": True,
         "sampling_params": {"max_new_tokens": 90, "temperature": 0, "ignore_eos": True}}

@@ -15,7 +15,7 @@ from engines.kv_pool import KVPool
 from engines.model.paged_attention import TorchPagedKernels, build_tables, kernels_for
 from engines.runner import ModelRunner
 from engines.sampling_params import SamplingParams
-from tests.engine.conftest import PROMPTS
+from tests.engines.conftest import PROMPTS
 
 
 def random_pool(kvh=2, d=16, pages=40, page_size=4, seed=0):

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.http.helpers import open_raw_request, read_events, summary, wait_idle
+from tests.frontend.helpers import open_raw_request, read_events, summary, wait_idle
 
 LONG = {"max_new_tokens": 4000, "ignore_eos": True, "temperature": 0.8}
 CLIENTS = 20

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.http.helpers import API_KEY, BODY_LIMIT, open_raw_request, read_events, wait_idle
+from tests.frontend.helpers import API_KEY, BODY_LIMIT, open_raw_request, read_events, wait_idle
 
 NESTED = b"[" * 5000 + b"]" * 5000
 

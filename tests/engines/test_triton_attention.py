@@ -196,7 +196,7 @@ def test_engine_generates_what_the_gather_path_does(llm32):
     from bullet.llm import OfflineEngine
     from engines.runner import ModelRunner
     from engines.sampling_params import SamplingParams
-    from tests.engine.conftest import PROMPTS
+    from tests.engines.conftest import PROMPTS
 
     model = _truncated_model(llm32, 2)
     params = SamplingParams(temperature=0, max_new_tokens=3, ignore_eos=True)

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from tests.http.helpers import metric, token_counters, wait_idle
+from tests.frontend.helpers import metric, token_counters, wait_idle
 
 
 @pytest.mark.parametrize("path", ["/model_info", "/get_model_info"])

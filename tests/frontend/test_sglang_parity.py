@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from tests.http.helpers import open_raw_request, read_events, sse_events, wait_idle
+from tests.frontend.helpers import open_raw_request, read_events, sse_events, wait_idle
 
 PROMPT = "The capital of France is"
 
@@ -47,7 +47,7 @@ def test_batch_with_n_is_prompt_major(server):
 
 
 def test_n_streams_with_an_index_per_sample(server):
-    from tests.http.helpers import post_stream
+    from tests.frontend.helpers import post_stream
 
     status, _, events = post_stream(server.url, "/generate", {**gen(n=2), "stream": True})
     assert status == 200 and events[-1] == "[DONE]"

@@ -15,7 +15,7 @@ import urllib.request
 
 import pytest
 
-from tests.http.helpers import metric_sum
+from tests.frontend.helpers import metric_sum
 from tests.server_utils import ServerProcess, bullet_segments, pid_alive
 
 pytest.importorskip("sglang_router")

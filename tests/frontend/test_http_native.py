@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.http.helpers import post_stream
+from tests.frontend.helpers import post_stream
 
 PROMPT = "The capital of France is"
 OTHER = "A short poem about the sea:"

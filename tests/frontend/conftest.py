@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.http.helpers import SECURED_ARGS, SERVER_ARGS, SecuredServer
+from tests.frontend.helpers import SECURED_ARGS, SERVER_ARGS, SecuredServer
 from tests.server_utils import ServerProcess
 
 

@@ -11,7 +11,7 @@ from bullet.types.finish import Abort, FinishChecker
 from engines.kv_pool import KVPool
 from engines.runner import ModelRunner, SeqChunk
 from engines.sampling_params import SamplingParams
-from tests.engine.conftest import PROMPTS
+from tests.engines.conftest import PROMPTS
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=12, ignore_eos=True)
 

@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from tests.http.helpers import token_counters
+from tests.frontend.helpers import token_counters
 
 pytest.importorskip("sglang")
 sharegpt = pytest.importorskip("bullet.workloads.sharegpt")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.http.helpers import token_counters
+from tests.frontend.helpers import token_counters
 
 openai = pytest.importorskip("openai")
 

@@ -3,7 +3,7 @@ bare `[DONE]` that reads as an empty success (what a tokenizer-less server used 
 request with: following the request raised inside a task, and the failure was swallowed).
 
 The real-server cases (a worker that dies under a stream on each endpoint) are in
-tests/runtime/test_worker_failures.py; here the two pieces that carry any other failure to the
+tests/launcher/test_worker_failures.py; here the two pieces that carry any other failure to the
 client: `merged_updates` re-raises what following a request raised, `ending_with_done` turns it
 into the event."""
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.http.helpers import post_stream, wait_idle
+from tests.frontend.helpers import post_stream, wait_idle
 from tests.server_utils import ServerProcess
 
 PROMPT = [1, 504, 3458, 314, 260, 1214]  # any ids below the vocabulary size

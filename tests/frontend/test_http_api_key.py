@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.http.helpers import API_KEY, AUTH, post_stream
+from tests.frontend.helpers import API_KEY, AUTH, post_stream
 
 GEN = {"text": "Hello", "sampling_params": {"max_new_tokens": 2}}
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import re
 
-from tests.http.helpers import AUTH, SMALL_POOL_TOKENS, post_stream, wait_idle
+from tests.frontend.helpers import AUTH, SMALL_POOL_TOKENS, post_stream, wait_idle
 
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 20  # ~200 tokens
 MAX_NEW = 150  # two of these (~350 tokens each) cannot both fit in the pool

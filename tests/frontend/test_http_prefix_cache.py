@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from tests.http.helpers import metric, wait_idle
-from tests.runtime.test_two_process_runtime import TEXT
+from tests.frontend.helpers import metric, wait_idle
+from tests.launcher.test_two_process_runtime import TEXT
 from tests.server_utils import ServerProcess, pages_accounted, wait_for
 
 GREEDY = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
