@@ -23,7 +23,7 @@ from estimator.contention import ContentionModel
 from estimator.estimator import Estimator
 from estimator.hardware import HardwareSpec
 from estimator.ops import ALL_CLASSES, ATTENTION_CLASSES, LAYER_TOKEN_CLASSES
-from estimator.profiler.report import predict
+from estimator.profiler.prediction_errors import predict
 
 FRACTION_RANGE = (0.05, 1.0)
 # The kernel sweeps already give every size its own alpha; end to end only a residual is left (the

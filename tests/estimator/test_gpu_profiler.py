@@ -23,7 +23,7 @@ from estimator.profiler.cuda_sweep import run_cuda_plan
 from estimator.profiler.fit import build_estimator
 from estimator.profiler.kernel_timing import kernel_times
 from estimator.profiler.plan import gpu_plan
-from estimator.profiler.report import predict
+from estimator.profiler.prediction_errors import predict
 from estimator.profiler.session import op_samples, phase_sample
 from estimator.profiler.shares import corun_splits, profiled_shares, round_up
 from estimator.profiler.workload import DecodeCase, ModelBench, PrefillCase, kv_tokens_needed, uniform_decode

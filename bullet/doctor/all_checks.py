@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from bullet import __version__
 from bullet.doctor import cpu_check, gpu_checks, host_checks, isolation_check, mask_checks, stream_checks
-from bullet.doctor.report import CheckResult, failed
+from bullet.doctor.results import CheckResult, failed
 from bullet.partition.cuda_driver import cuda_driver_version, format_cuda_version
 from bullet.partition.mps import detect_mps
 
