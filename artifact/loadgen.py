@@ -31,9 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
-from artifact.scoring import attainment
 from artifact.bench_client import RequestRecord
-from bullet.core.slo import SLO
+from artifact.scoring import attainment
+from bullet.types.slo import SLO
 
 
 @dataclass

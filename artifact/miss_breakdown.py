@@ -9,8 +9,8 @@ import argparse
 import collections
 
 from bullet.commands.simulate import TABLE4_SLOS
-from bullet.core.slo import SLO
 from bullet.sim import SimConfig, Simulation
+from bullet.types.slo import SLO
 from bullet.workloads.traces import build_workload
 
 

@@ -6,8 +6,8 @@ import numpy as np
 
 from artifact.bench_client import RequestRecord
 from artifact.stats import Interval, attainment_interval, goodput_interval, verdict
-from bullet.core.slo import SLO
 from bullet.sim.metrics import tbt_summary
+from bullet.types.slo import SLO
 
 
 def outcomes(records: list[RequestRecord], slo: SLO) -> list[int]:

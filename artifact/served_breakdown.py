@@ -18,7 +18,7 @@ from pathlib import Path
 from artifact.bench_client import RequestRecord, read_bench_file
 from artifact.miss_breakdown import prompt_bucket
 from artifact.server import system_slug
-from bullet.core.slo import SLO
+from bullet.types.slo import SLO
 
 
 def misses(records: list[RequestRecord], slo: SLO) -> dict:

@@ -33,8 +33,8 @@ from artifact.sim_plots import plot_chunked_timeline, plot_comparison
 from artifact.sim_report import TITLES, markdown, sensitivity_markdown
 from artifact.stats import run_counts
 from bullet.commands.simulate import TABLE4_SLOS
-from bullet.core.slo import SLO
 from bullet.sim import SimConfig, Simulation
+from bullet.types.slo import SLO
 from bullet.workloads.traces import build_workload
 
 SYSTEMS = ["bullet", "chunked:1024", "chunked:2048", "static:54", "static:72", "static:84", "naive"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bullet.core.slo import SLO
+from bullet.types.slo import SLO
 
 A100_PREFILL_S_PER_TOKEN = 78.7e-3 / 1024
 A100_DECODE_STEP_S = 10.5e-3

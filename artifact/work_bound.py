@@ -23,9 +23,9 @@ import json
 import statistics
 
 from bullet.commands.simulate import TABLE4_SLOS
-from bullet.core.slo import SLO
 from bullet.sim import SimConfig
 from bullet.sim.config import device_estimator, kv_pool_pages
+from bullet.types.slo import SLO
 from bullet.workloads.traces import build_workload
 
 WORKLOADS = ("sharegpt", "sharegpt-uncapped", "azure-code", "arxiv")

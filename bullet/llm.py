@@ -14,18 +14,18 @@ from dataclasses import dataclass
 import torch
 
 from bullet.cache.prefix_cache import PrefixCache
-from bullet.core.finish import FinishChecker, trim_stop_string
-from bullet.core.request import Request
-from bullet.core.roles import Role
-from bullet.core.validation import RequestError, validate_prompt
-from bullet.core.worker_state import WorkerState
 from bullet.loops.base import LoopEnv
+from bullet.loops.clock import MonotonicClock
 from bullet.loops.timeline import Timeline
 from bullet.loops.unified import UnifiedCore
 from bullet.partition.unpartitioned import NoPartitionBackend
-from bullet.schedulers.hybrid import HybridScheduler
-from bullet.schedulers.views import MonotonicClock
+from bullet.policies.hybrid import HybridScheduler
 from bullet.shm.page_allocator import LocalPageAllocator
+from bullet.types.finish import FinishChecker, trim_stop_string
+from bullet.types.request import Request
+from bullet.types.roles import Role
+from bullet.types.validation import RequestError, validate_prompt
+from bullet.types.worker_state import WorkerState
 from bullet.workers.executor import ModelExecutor
 from engines.device import quantization_for, resolve_device, resolve_dtype, resolve_kv_dtype
 from engines.kv_pool import KVPool

@@ -1,1 +1,1 @@
-"""Data plane: Llama-family model, weight loaders, tokenizer, paged KV, model runner, worker loops."""
+"""Data plane: Llama-family model, weight loaders, tokenizer, paged KV, model runner."""

@@ -49,7 +49,3 @@ class ForwardContext:
     @property
     def num_tokens(self) -> int:
         return int(self.positions.shape[0])
-
-    @property
-    def num_seqs(self) -> int:
-        return len(self.q_lens)

@@ -29,10 +29,6 @@ class KVPool:
     def num_slots(self) -> int:
         return self.num_pages * self.page_size
 
-    @staticmethod
-    def bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
-        return config.num_hidden_layers * 2 * config.kv_size * torch.empty((), dtype=dtype).element_size()
-
     @classmethod
     def pages_for_tokens(cls, max_total_tokens: int, page_size: int) -> int:
         return max(1, -(-max_total_tokens // page_size))

@@ -11,15 +11,15 @@ quantization, calibration (Eq. 2) with online refinement, prefill/decode content
 Modules: `ops` (kernels of a layer), `tiling` and `waves` (grids, wave quantization, Table 2),
 `hardware` (GPU specs, measured CPUs), `srm` (Eq. 1), `calibration` (samples, alpha curves, online
 corrections), `contention` (D_{p,sl}) and `analytic_contention` (an assumed co-run model),
-`kernel_model` + `predictor` (the fast model), `profile` (the JSON file), `reference/` (A100 from
-public data), `profiler/` (`bullet profile`: the served model measured on this CPU, solo and
-co-running; imports torch). Importing the package does not import torch."""
+`kernel_model` + `estimator` (the fast model, class `Estimator`), `profile` (the JSON file),
+`reference/` (A100 from public data), `profiler/` (`bullet profile`: the served model measured on
+this CPU, solo and co-running; imports torch). Importing the package does not import torch."""
 
 from estimator.calibration import Calibration, Sample
 from estimator.contention import ContentionModel
+from estimator.estimator import Estimator
 from estimator.hardware import HardwareSpec
 from estimator.ops import ExecutionState
-from estimator.predictor import Estimator
 from estimator.profile import EstimatorProfile, load_estimator, save_estimator
 
 __all__ = ["Calibration", "ContentionModel", "Estimator", "EstimatorProfile", "ExecutionState", "HardwareSpec",

@@ -24,9 +24,9 @@ would measure (decode probe on u units, a single-sequence prefill of sl tokens o
 from __future__ import annotations
 
 from estimator.contention import ContentionModel
+from estimator.estimator import Estimator
 from estimator.hardware import DTYPE_BYTES
 from estimator.ops import head_token_ops, layer_token_ops
-from estimator.predictor import Estimator
 
 DEFAULT_FLOOR = 0.75  # assumption: decode keeps 75 % of its bandwidth beside a full-device GEMM
 DEFAULT_PREFILL_SLOWDOWN = 0.05  # assumption: within the paper's "< 8 %" for prefill beside decode

@@ -30,8 +30,8 @@ from pydantic import BaseModel, Field
 from engines.model_config import ModelConfig
 from estimator.calibration import Calibration
 from estimator.contention import ContentionModel
+from estimator.estimator import Estimator
 from estimator.hardware import HardwareSpec
-from estimator.predictor import Estimator
 
 FORMAT = "bullet-estimator-profile"
 VERSION = 1
@@ -41,7 +41,7 @@ class Provenance(BaseModel):
     """Where a measured profile comes from; `estimator.profiler.cache.ensure_profile` reuses a cached
     profile only if these still describe the model, dtype, cores, CPU and code at hand."""
 
-    model: str  # cache name: the model's name and a digest of its file (see local_profile)
+    model: str  # cache name: the model's name and a digest of its file (estimator.profiler.cache.model_cache_name)
     model_source: str | None = None
     load_format: str = "auto"
     dtype: str

@@ -37,7 +37,3 @@ def srm_time(op: Op, units: int, hw: HardwareSpec, dtype: str = "bf16", bandwidt
 
 def is_compute_bound(op: Op, units: int, hw: HardwareSpec, dtype: str = "bf16") -> bool:
     return compute_time(op, units, hw, dtype) >= memory_time(op, units, hw)
-
-
-def srm_total(ops, units: int, hw: HardwareSpec, dtype: str = "bf16", bandwidth_scale: float = 1.0) -> float:
-    return sum(srm_time(op, units, hw, dtype, bandwidth_scale) for op in ops)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 # Triton picks compiled or interpreted kernels when it decorates them (its own library's at its
-# import): without a GPU, the paged-attention kernel tests (tests/engine/test_triton_attention.py)
+# import): without a GPU, the paged-attention kernel tests (tests/engines/test_triton_attention.py)
 # run on CPU tensors under its interpreter, so it is turned on here, before any test module can
 # import triton. It only concerns Triton code; nothing else on a CPU runs any.
 if "triton" not in sys.modules and not torch.cuda.is_available():

@@ -26,7 +26,7 @@ def test_import_contracts_hold():
 
 
 def test_policies_loops_and_simulator_import_without_torch():
-    code = ("import sys, bullet.schedulers.factory, bullet.loops.factory, bullet.sim; "
+    code = ("import sys, bullet.policies.factory, bullet.loops.factory, bullet.sim; "
             "heavy = sorted(m for m in ('torch', 'posix_ipc', 'zmq', 'bullet._shmatomic') if m in sys.modules); "
             "print(','.join(heavy))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -18,10 +18,10 @@ import statistics
 import time
 
 from artifact.benchmarks.common import print_table, write_results
-from bullet.core.messages import Handoff, decode, encode
 from bullet.partition import make_backend
 from bullet.shm.segments import new_instance_id
 from bullet.shm.state_buffer import StateBuffer, WorkerState
+from bullet.types.messages import Handoff, decode, encode
 from engines.model_config import ModelConfig
 from engines.sampling_params import SamplingParams
 from estimator import Estimator, HardwareSpec

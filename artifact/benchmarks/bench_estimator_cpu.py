@@ -32,7 +32,7 @@ from engines.weights import load_weights
 from estimator.profile import EstimatorProfile, load_estimator
 from estimator.profiler.cache import ensure_profile
 from estimator.profiler.plan import ProfilePlan, calibration_keys, case_key
-from estimator.profiler.report import group_of, percent_error, predict, summarize_errors
+from estimator.profiler.prediction_errors import group_of, percent_error, predict, summarize_errors
 from estimator.profiler.session import ProfileSession
 from estimator.profiler.workload import DecodeCase, PrefillCase, uniform_decode
 

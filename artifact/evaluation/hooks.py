@@ -4,7 +4,7 @@ lands — no edit to the artifact needed, as long as the feature keeps the names
 
 * Fig. 23 (ablation) needs `--policy` to accept Bullet's two halves: resource partitioning alone
   ("w/ Partition") and request scheduling alone ("w/ Scheduler", reordering and delayed decode) —
-  `bullet/schedulers/ablation.py` provides both.
+  `bullet/policies/ablation.py` provides both.
 * Shared-prefix / multi-turn results need the prefix cache (SGLang's `--disable-radix-cache` flag
   is how the server says it has one) and a driver module that runs those workloads."""
 

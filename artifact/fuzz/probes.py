@@ -5,7 +5,6 @@ still answers a real request, and — after it stops — what it left behind in 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
 from pathlib import Path
@@ -160,8 +159,3 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return "Z"
-
-
-def dumps_short(obj, limit: int = 300) -> str:
-    text = json.dumps(obj, default=str)
-    return text if len(text) <= limit else text[:limit] + "…"

@@ -29,7 +29,7 @@ from artifact.gpu_check.procs import progress
 from artifact.gpu_check.steps import Context, result
 from artifact.scoring import goodput
 from artifact.server import BulletServer, system_slug
-from bullet.core.slo import SLO
+from bullet.types.slo import SLO
 
 SEED = 1
 STOP_S = 10.0     # SIGTERM to a server gone, planned

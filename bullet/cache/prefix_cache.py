@@ -25,8 +25,8 @@ import logging
 from typing import Sequence
 
 from bullet.cache.radix import Node, RadixTree
-from bullet.core.request import Request
 from bullet.shm.page_allocator import CACHE_OWNER, OutOfPages, PageAllocator
+from bullet.types.request import Request
 
 log = logging.getLogger("bullet.cache")
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from bullet.doctor.report import exit_code, render_json, render_text
-from bullet.doctor.runner import DoctorOptions, run_checks
+from bullet.doctor.all_checks import DoctorOptions, run_checks
+from bullet.doctor.results import exit_code, render_json, render_text
 
 NAME = "doctor"
 HELP = "check this machine (shared memory, cores, cpu partitioning; on a GPU: MPS, SM masks, green contexts, IPC)"

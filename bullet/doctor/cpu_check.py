@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from bullet.doctor.child import JsonLineChild
-from bullet.doctor.report import CheckResult, failed, passed, skipped
+from bullet.doctor.results import CheckResult, failed, passed, skipped
 from bullet.partition import format_id_list, parse_id_list
 from bullet.partition.cpu import THREAD_BINDING_ENV
 

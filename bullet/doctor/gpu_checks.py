@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from bullet.doctor.report import CheckResult, failed, passed, skipped
+from bullet.doctor.results import CheckResult, failed, passed, skipped
 from bullet.partition.cuda_driver import cuda_driver_version, format_cuda_version
 from bullet.partition.libsmctrl import KNOWN_WORKING_MAX_DRIVER
 from bullet.partition.mps import detect_mps

@@ -8,7 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bullet.doctor.report import CheckResult, failed, passed
+from bullet.doctor.results import CheckResult, failed, passed
 from bullet.partition import format_id_list
 
 SHM = Path("/dev/shm")

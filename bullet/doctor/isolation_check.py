@@ -12,7 +12,7 @@ import os
 
 from bullet.doctor.gpu_checks import skip_gpu
 from bullet.doctor.isolation_run import Side, measure_isolation
-from bullet.doctor.report import CheckResult, failed, passed
+from bullet.doctor.results import CheckResult, failed, passed
 from bullet.partition.backend_choice import choose_backend, read_isolation_verdicts, record_isolation_verdict
 from bullet.partition.cuda_driver import cuda_driver_version
 from bullet.partition.libsmctrl import LIBRARY_ENV

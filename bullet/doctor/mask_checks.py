@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 
 from bullet.doctor.gpu_checks import skip_gpu
-from bullet.doctor.report import CheckResult, failed, passed, skipped
+from bullet.doctor.results import CheckResult, failed, passed, skipped
 from bullet.doctor.smid_probe import ProbeUnavailable, load_probe_for_current_device
 from bullet.partition import PartitionUnavailable, format_id_list
 from bullet.partition.graph_policy import ReplayVerdict, current_device_identity, record_replay_verdict

@@ -18,7 +18,7 @@ import os
 
 from bullet.doctor.gpu_checks import skip_gpu
 from bullet.doctor.mask_checks import _probe
-from bullet.doctor.report import CheckResult, failed, passed, skipped
+from bullet.doctor.results import CheckResult, failed, passed, skipped
 from bullet.partition import PartitionUnavailable, format_id_list
 from bullet.partition.graph_policy import decide_for_worker
 from bullet.partition.launch_stream import open_worker_partition

@@ -17,8 +17,8 @@ from typing import AsyncIterator
 import zmq
 import zmq.asyncio
 
-from bullet.core.finish import Abort, FinishReason
-from bullet.core.messages import (
+from bullet.types.finish import Abort, FinishReason
+from bullet.types.messages import (
     AbortRequest,
     FlushCache,
     GenerateRequest,
@@ -28,8 +28,8 @@ from bullet.core.messages import (
     decode,
     encode,
 )
-from bullet.core.validation import RequestError, validate_prompt
 from bullet.shared.endpoints import Endpoints
+from bullet.types.validation import RequestError, validate_prompt
 from engines.sampling_params import SamplingParams
 
 log = logging.getLogger("bullet.client")
@@ -66,10 +66,6 @@ class RequestState:
     def finish_json(self) -> dict | None:
         """The finish reason in SGLang's JSON shape (the HTTP edge)."""
         return None if self.finish_reason is None else self.finish_reason.to_json()
-
-    @property
-    def stage(self) -> str:
-        return "decode" if len(self.output_ids) > 0 else "prefill"
 
 
 class RuntimeClient:

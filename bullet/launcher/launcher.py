@@ -13,8 +13,6 @@ import time
 import torch.multiprocessing as mp
 
 from bullet.config import ServerArgs
-from bullet.core.roles import Role
-from bullet.core.worker_state import ControlFlags, WorkerFlags
 from bullet.launcher.device_choice import serving_device
 from bullet.partition.backend_choice import choose_for_device
 from bullet.partition.cuda_access import CudaAccess, cuda_access
@@ -22,13 +20,15 @@ from bullet.partition.graph_policy import decide_for_worker
 from bullet.partition.libsmctrl import LIBRARY_ENV
 from bullet.partition.mps_share import environment, fixed_split, worker_environment
 from bullet.partition.share_control import share_factory
-from bullet.schedulers.factory import initial_units, roles_for
+from bullet.policies.factory import initial_units, roles_for
 from bullet.shared.endpoints import Endpoints, make_runtime_dir, remove_runtime_dir, stale_runtime_dirs
 from bullet.shared.model import load_shared_model
 from bullet.shm.page_allocator import CACHE_OWNER
 from bullet.shm.segments import cleanup_at_exit_only, cleanup_instance, instance_alive, new_instance_id, stale_instances
 from bullet.shm.shared_page_allocator import SharedPageAllocator
 from bullet.shm.state_buffer import StateBuffer
+from bullet.types.roles import Role
+from bullet.types.worker_state import ControlFlags, WorkerFlags
 from bullet.workers.bootstrap import worker_main
 from bullet.workers.spec import WorkerSpec
 from engines.host import bound_thread_spin_waits

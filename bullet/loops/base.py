@@ -22,17 +22,19 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from enum import Enum
 from typing import Callable, NamedTuple, Protocol, Sequence
 
 from bullet.cache.prefix_cache import PrefixCache
-from bullet.core.finish import Abort
-from bullet.core.request import Request
-from bullet.core.roles import Role
-from bullet.core.worker_state import Predictions, WorkerFlags, WorkerState
+from bullet.loops.clock import Clock
 from bullet.loops.timeline import Timeline
 from bullet.partition.base import PartitionBackend
-from bullet.schedulers.views import Clock, InflightPrefill
+from bullet.policies.views import InflightPrefill
 from bullet.shm.page_allocator import PageAllocator
+from bullet.types.finish import Abort
+from bullet.types.request import Request
+from bullet.types.roles import Role
+from bullet.types.worker_state import Predictions, WorkerFlags, WorkerState
 
 log = logging.getLogger("bullet.loop")
 
@@ -71,8 +73,10 @@ class Executor(Protocol):
         are the last layers: record prompt logprobs and sample the first token of each request in
         `finishing` (appending it, checking the finish rules)."""
 
-    def run_decode(self, batch: Sequence[Request], on_done: Callable[[float], None]) -> None:
-        """One decode iteration: a token appended to each request (finish rules checked)."""
+    def run_decode(self, batch: Sequence[Request], on_done: Callable[[float], None],
+                   between_layers: Callable[[int], None] | None = None) -> None:
+        """One decode iteration: a token appended to each request (finish rules checked). Where the
+        step runs layer by layer, `between_layers(layers_done)` runs after each layer but the last."""
 
     def run_hybrid(self, items: Sequence[HybridItem], on_done: Callable[[float], None]) -> None:
         """One hybrid step (the chunked baseline): every item's tokens, and a sampled token for
@@ -102,21 +106,28 @@ class Outbox(Protocol):
         """Decode needs `num_pages` more free pages: the prefix cache's owner evicts that many."""
 
 
+class WakeKind(Enum):
+    NOW = "now"  # go round again at once
+    EVENT = "event"  # nothing to do until a message arrives or the peer's state changes
+    AT = "at"  # go round again at a clock time
+    BUSY = "busy"  # a step is running; its end (the executor's callback) continues the loop
+
+
 @dataclass(frozen=True)
 class Wake:
     """What a driver waits for before the next `iterate()`."""
 
-    kind: str  # "now" | "event" | "at" | "busy"
-    at: float = 0.0  # clock time, for "at"
+    kind: WakeKind
+    at: float = 0.0  # clock time, for WakeKind.AT
 
     @staticmethod
     def until(t: float) -> "Wake":
-        return Wake("at", t)
+        return Wake(WakeKind.AT, t)
 
 
-Wake.NOW = Wake("now")  # go round again at once
-Wake.EVENT = Wake("event")  # nothing to do until a message arrives or the peer's state changes
-Wake.BUSY = Wake("busy")  # a step is running; its end (the executor's callback) continues the loop
+Wake.NOW = Wake(WakeKind.NOW)
+Wake.EVENT = Wake(WakeKind.EVENT)
+Wake.BUSY = Wake(WakeKind.BUSY)
 
 
 @dataclass

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import logging
 
-from bullet.core.finish import Abort
-from bullet.core.request import Request, Status, total_seq_len
-from bullet.core.worker_state import WorkerFlags
 from bullet.loops.base import LoopCore, LoopEnv, Wake
-from bullet.schedulers.views import DecodeDecision, DecodePolicy, DecodeView
+from bullet.policies.views import DecodeDecision, DecodePolicy, DecodeView
 from bullet.shm.page_allocator import OutOfPages
+from bullet.types.finish import Abort
+from bullet.types.request import Request, Status, total_seq_len
+from bullet.types.worker_state import WorkerFlags
 
 log = logging.getLogger("bullet.decode")
 PAUSED_POLL_S = 1e-3  # a paused decode re-decides this often (prefill's share may change any time)
@@ -22,10 +22,13 @@ TOMBSTONE_TTL_S = 300.0  # how long an abort waits for a handoff it overtook
 
 
 class DecodeCore(LoopCore):
-    def __init__(self, env: LoopEnv, policy: DecodePolicy, remote_cache: bool = False):
+    def __init__(self, env: LoopEnv, policy: DecodePolicy, remote_cache: bool = False,
+                 yield_between_layers: bool = False):
         super().__init__(env)
         self.policy = policy
         self.remote_cache = remote_cache
+        # the executor calls `between_layers` inside each step where it can (else a step runs its layers in one go)
+        self._between_layers = self.between_layers if yield_between_layers else None
         self.asked_pages_at = -1  # the step at which decode last asked prefill to evict
         self.running: list[Request] = []
         # aborts that overtook their handoff (prefill sent it before the abort reached prefill), by uid
@@ -84,7 +87,7 @@ class DecodeCore(LoopCore):
                 return Wake.until(view.now + PAUSED_POLL_S)  # prefill is evicting cached pages for us
             self._hand_back(self.running.pop())  # every request waits for a page: the newest goes back
             return Wake.NOW
-        return self.launch(batch, lambda done: env.executor.run_decode(batch, done),
+        return self.launch(batch, lambda done: env.executor.run_decode(batch, done, self._between_layers),
                            lambda seconds: self._step_done(view, decision, batch, seconds))
 
     def _ask_for_pages(self) -> None:

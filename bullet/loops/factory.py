@@ -7,14 +7,14 @@ from typing import Callable
 
 from bullet.cache.prefix_cache import PrefixCache
 from bullet.config import ServerArgs
-from bullet.core.roles import Role
 from bullet.loops.base import LoopCore, LoopEnv
 from bullet.loops.decode import DecodeCore
 from bullet.loops.prefill import PrefillCore
 from bullet.loops.unified import UnifiedCore
-from bullet.schedulers.factory import make_decode_policy, make_prefill_policy
-from bullet.schedulers.hybrid import HybridScheduler
-from bullet.schedulers.predict import Predictor
+from bullet.policies.factory import make_decode_policy, make_prefill_policy
+from bullet.policies.hybrid import HybridScheduler
+from bullet.policies.predict import Predictor
+from bullet.types.roles import Role
 
 
 def build_core(env: LoopEnv, args: ServerArgs, num_layers: int, predictor: Predictor | None = None,
@@ -26,7 +26,10 @@ def build_core(env: LoopEnv, args: ServerArgs, num_layers: int, predictor: Predi
         return PrefillCore(env, policy, num_layers, PrefixCache(env.allocator) if cached else None,
                            args.max_running_requests)
     if env.role is Role.DECODE:
-        return DecodeCore(env, make_decode_policy(args, feasible, predictor), remote_cache=cached)
+        # the SLO-aware policies may change a step's share between layers (fixed splits never do)
+        yields = args.uses_estimator and args.decode_yield_at == "layer"
+        return DecodeCore(env, make_decode_policy(args, feasible, predictor), remote_cache=cached,
+                          yield_between_layers=yields)
     scheduler = HybridScheduler(env.allocator, args.policy_arg, args.max_running_requests,
                                 mixed=args.policy_name == "chunked",
                                 cache=PrefixCache(env.allocator) if cached else None)  # in-process, as prefill's

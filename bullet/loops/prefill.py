@@ -8,11 +8,11 @@ from __future__ import annotations
 from typing import Sequence
 
 from bullet.cache.prefix_cache import PrefixCache
-from bullet.core.finish import Abort, Length
-from bullet.core.request import Request, Status
 from bullet.loops.base import LoopCore, LoopEnv, Wake
-from bullet.schedulers.views import InflightPrefill, PrefillDecision, PrefillPolicy, PrefillView
+from bullet.policies.views import InflightPrefill, PrefillDecision, PrefillPolicy, PrefillView
 from bullet.shm.page_allocator import OutOfPages, PageAllocator
+from bullet.types.finish import Abort, Length
+from bullet.types.request import Request, Status
 
 HANDOFF_SEEN_S = 1.0  # a live decode worker publishes many times a second
 

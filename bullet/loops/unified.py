@@ -5,10 +5,10 @@ chunks up to the token budget; a request whose tokens are all computed samples i
 
 from __future__ import annotations
 
-from bullet.core.finish import Abort, Length
-from bullet.core.request import Request, Status
 from bullet.loops.base import HybridItem, LoopCore, LoopEnv, Wake
-from bullet.schedulers.hybrid import HybridScheduler, Scheduled
+from bullet.policies.hybrid import HybridScheduler, Scheduled
+from bullet.types.finish import Abort, Length
+from bullet.types.request import Request, Status
 
 
 def hybrid_items(batch: list[Scheduled]) -> list[HybridItem]:

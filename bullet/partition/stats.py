@@ -37,9 +37,6 @@ class ApplyCostRecorder:
         if elapsed_ns > self._max_ns:
             self._max_ns = elapsed_ns
 
-    def last_us(self) -> float | None:
-        return self._recent[-1] / 1e3 if self._recent else None
-
     def summary(self) -> ApplyCostSummary:
         if not self._count:
             return ApplyCostSummary(0, 0.0, 0.0, 0.0, 0.0)

@@ -61,9 +61,9 @@ import time
 from dataclasses import fields
 
 from bullet._shmatomic import SeqlockTimeout, SharedRegion
-from bullet.core.roles import BLOCK_ROLES, Role
-from bullet.core.worker_state import ControlFlags, WorkerFlags, WorkerState
 from bullet.shm.segments import Segment, attach_segment, create_segment
+from bullet.types.roles import BLOCK_ROLES, Role
+from bullet.types.worker_state import ControlFlags, WorkerFlags, WorkerState
 
 MAGIC = b"BULLETSB"
 LAYOUT_VERSION = 3

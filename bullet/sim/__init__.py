@@ -1,4 +1,5 @@
-"""Discrete-event simulator of a Bullet server on a virtual GPU (DESIGN §4, third world): the
+"""Discrete-event simulator of a Bullet server on a virtual GPU — the third world a
+policy runs in, beside real workers on CPU cores and on GPU SMs: the
 worker processes' own loop cores (`bullet.loops`) with their real policies and the real
 chunked-prefill scheduler, driven on virtual time, with step latencies charged by the estimator.
 

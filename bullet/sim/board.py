@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from bullet.core.roles import BLOCK_ROLES, Role
-from bullet.core.worker_state import WorkerState
-from bullet.schedulers.views import Clock
+from bullet.loops.clock import Clock
+from bullet.types.roles import BLOCK_ROLES, Role
+from bullet.types.worker_state import WorkerState
 
 
 class StateBoard:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from bullet.config import ServerArgs
-from bullet.schedulers.intensity import ridge_token_limit
+from bullet.policies.intensity import ridge_token_limit
 from bullet.sim.perturbed import PerturbedPredictor
 from engines.model_config import ModelConfig
 from estimator import Estimator

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from bullet.core.request import Request
 from bullet.sim.config import SimConfig
 from bullet.sim.simulator import Simulation
+from bullet.types.request import Request
 from bullet.workloads.multiturn import Conversation
 
 

@@ -33,7 +33,7 @@ from typing import Callable
 from bullet.sim.events import EventLoop
 from bullet.sim.partition import overlap
 from estimator.analytic_contention import AnalyticContention
-from estimator.predictor import Estimator
+from estimator.estimator import Estimator
 from estimator.tiling import TABLE2_GEMM_TILE
 
 TILE_ROWS = TABLE2_GEMM_TILE[0]

@@ -6,32 +6,31 @@ and the core's `Wake` says when the next pass is due."""
 
 from __future__ import annotations
 
-from bullet.core.request import Request, Status
-from bullet.loops.base import LoopCore
+from typing import Mapping
+
+from bullet.loops.base import LoopCore, WakeKind
 from bullet.sim.board import StateBoard
 from bullet.sim.events import EventLoop
 from bullet.sim.metrics import RequestLog
+from bullet.types.messages import Evict, Release
+from bullet.types.request import Request, Status
+from bullet.types.roles import Role
 
 
 class SimDriver:
     def __init__(self, core: LoopCore, loop: EventLoop, board: StateBoard):
         self.core, self.loop = core, loop
-        # arrivals and hand-offs the core has not taken yet, in order; and calls on the core (the prefix
-        # cache's messages from decode), made at the same point of its loop as a worker's socket would
-        self.inbox: list = []
+        # arrivals and hand-offs the core has not taken yet, in order; and the prefix cache's messages
+        # from decode, taken at the same point of its loop as a worker's socket would
+        self.inbox: list[Request | Release | Evict] = []
         self.waiting_on_peer = False
         self._wake_at: float | None = None
         self._generation = 0
         board.on_publish(core.role.peer, self._peer_published)
 
-    def deliver(self, req: Request) -> None:
-        """A request for the core, taken at its next pass."""
-        self.inbox.append(req)
-        self.wake()
-
-    def deliver_call(self, method: str, *args) -> None:
-        """`core.<method>(*args)` at the core's next pass (a message other than a request)."""
-        self.inbox.append((method, args))
+    def deliver(self, item: Request | Release | Evict) -> None:
+        """A request or a prefix-cache message for the core, taken at its next pass."""
+        self.inbox.append(item)
         self.wake()
 
     def pending_arrivals(self) -> list[Request]:
@@ -60,19 +59,20 @@ class SimDriver:
         self._wake_at = None
         self.waiting_on_peer = False
         inbox, self.inbox = self.inbox, []
-        for item in inbox:
+        for item in inbox:  # as `bullet.workers.driver.WorkerDriver.deliver` takes the same messages
             if isinstance(item, Request):
                 self.core.add(item)
+            elif isinstance(item, Release):
+                self.core.take_back(item.uid, item.token_ids, item.page_table, item.shared_pages)
             else:
-                method, args = item
-                getattr(self.core, method)(*args)
+                self.core.evict(item.pages)
         wake = self.core.iterate()
-        if wake.kind == "busy":
+        if wake.kind is WakeKind.BUSY:
             return  # published before the step; the step's end continues the loop
         self.core.publish()
-        if wake.kind == "now":
+        if wake.kind is WakeKind.NOW:
             self.wake()
-        elif wake.kind == "at":
+        elif wake.kind is WakeKind.AT:
             self.wake(max(0.0, wake.at - self.loop.clock.now()))
         elif not self.core.idle:
             self.waiting_on_peer = True  # queued work it could not start (pages, a share)
@@ -84,37 +84,35 @@ class SimDriver:
 
 class SimOutbox:
     """Where a simulated worker's outputs go: prefill hands requests to the decode driver, decode hands
-    requests it cannot keep back to the prefill driver (each after a metadata delay, if any); finished
-    requests are logged."""
+    requests it cannot keep back, and the prefix cache's messages, to the prefill driver (each after a
+    metadata delay, if any); finished requests are logged. `drivers` is the simulation's drivers by
+    role — the two workers send to each other, so each looks its peer up when it sends."""
 
-    def __init__(self, log: RequestLog, loop: EventLoop, hand_off_to: SimDriver | None = None, delay_s: float = 0.0):
-        self.log, self.loop, self.hand_off_to, self.delay_s = log, loop, hand_off_to, delay_s
-        self.recompute_to: SimDriver | None = None
+    def __init__(self, log: RequestLog, loop: EventLoop, drivers: Mapping[Role, SimDriver], delay_s: float = 0.0):
+        self.log, self.loop, self.drivers, self.delay_s = log, loop, drivers, delay_s
 
-    def _send(self, driver: SimDriver, req) -> None:
+    def _send(self, role: Role, item: Request | Release | Evict) -> None:
+        driver = self.drivers[role]
         if self.delay_s <= 0:
-            driver.deliver(req)
+            driver.deliver(item)
         else:
-            self.loop.at(self.loop.clock.now() + self.delay_s, driver.deliver, req)
+            self.loop.at(self.loop.clock.now() + self.delay_s, driver.deliver, item)
 
     def handed_off(self, req) -> None:
-        self._send(self.hand_off_to, req)
+        self._send(Role.DECODE, req)
 
     def recompute(self, req) -> None:
-        self._send(self.recompute_to, req)
-
-    def _call(self, method: str, *args) -> None:
-        if self.delay_s <= 0:
-            self.recompute_to.deliver_call(method, *args)
-        else:
-            self.loop.at(self.loop.clock.now() + self.delay_s, self.recompute_to.deliver_call, method, *args)
+        self._send(Role.PREFILL, req)
 
     def release(self, req) -> None:
-        # a snapshot: the request object lives on (its page table is cleared once this returns)
-        self._call("take_back", req.uid, req.all_ids[:req.num_cached], list(req.page_table), req.shared_pages)
+        # a snapshot: the request object lives on (its page table is cleared once this returns); built
+        # unvalidated, as nothing here came from outside the process
+        self._send(Role.PREFILL, Release.model_construct(uid=req.uid, token_ids=req.all_ids[:req.num_cached],
+                                                         page_table=list(req.page_table),
+                                                         shared_pages=req.shared_pages))
 
     def want_pages(self, num_pages: int) -> None:
-        self._call("evict", num_pages)
+        self._send(Role.PREFILL, Evict.model_construct(pages=num_pages))
 
     def tokens(self, reqs) -> None:
         finished = Status.FINISHED

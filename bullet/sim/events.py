@@ -1,4 +1,4 @@
-"""Virtual time: a clock the schedulers read (the `Clock` protocol of `bullet.schedulers.views`) and
+"""Virtual time: a clock the loop cores read (the `Clock` protocol of `bullet.loops.clock`) and
 the event queue that moves it. Time jumps from one event to the next and nothing else moves it, so
 every second that passes is a second some event (an arrival, the end of a charged step, a worker's
 poll) accounted for."""

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from bullet.core.finish import FinishChecker
-from bullet.core.request import Request, total_seq_len
-from bullet.core.roles import Role
 from bullet.loops.base import HybridItem
-from bullet.schedulers.views import Clock, InflightPrefill
+from bullet.loops.clock import Clock
+from bullet.policies.views import InflightPrefill
 from bullet.sim.device import DecodeWork, HybridWork, PrefillWork, SimulatedDevice
 from bullet.sim.partition import SimulatedPartition
+from bullet.types.finish import FinishChecker
+from bullet.types.request import Request, total_seq_len
+from bullet.types.roles import Role
 
 SIM_TOKEN_ID = 0  # the token every simulated step "samples": not an EOS id of any shipped model
 
@@ -71,7 +72,9 @@ class SimExecutor:
         work = PrefillWork(tuple(batch.lengths), layers, include_head=finishing is not None, cached=tuple(batch.starts))
         self._run(work, finishing or (), on_done)
 
-    def run_decode(self, batch: Sequence[Request], on_done: Callable[[float], None]) -> None:
+    def run_decode(self, batch: Sequence[Request], on_done: Callable[[float], None],
+                   between_layers: Callable[[int], None] | None = None) -> None:
+        # the simulated device charges a decode step as one piece: no layer boundary to yield at
         self._run(DecodeWork(len(batch), total_seq_len(batch)), batch, on_done)
 
     def run_hybrid(self, items: Sequence[HybridItem], on_done: Callable[[float], None]) -> None:

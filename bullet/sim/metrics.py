@@ -16,9 +16,9 @@ import math
 import operator
 from dataclasses import dataclass
 
-from bullet.core.finish import Abort
-from bullet.core.request import Request
-from bullet.core.slo import SLO
+from bullet.types.finish import Abort
+from bullet.types.request import Request
+from bullet.types.slo import SLO
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ import math
 import random
 from typing import Iterator, Sequence
 
-from estimator.predictor import Estimator
+from estimator.estimator import Estimator
 
 MEAN_ABS_LOGNORMAL = math.sqrt(2.0 / math.pi)  # E|X| of X ~ N(0, 1)
 

@@ -16,16 +16,16 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Sequence
 
-from bullet.core.finish import FinishChecker
-from bullet.core.request import Request
-from bullet.core.roles import Role
-from bullet.core.slo import parse_duration
 from bullet.loops.base import LoopEnv
 from bullet.loops.factory import build_core
 from bullet.loops.timeline import Timeline
-from bullet.schedulers.factory import initial_units, roles_for, slo_of
+from bullet.policies.factory import initial_units, roles_for, slo_of
 from bullet.shm.page_allocator import LocalPageAllocator
 from bullet.sim.board import StateBoard
+from bullet.types.finish import FinishChecker
+from bullet.types.request import Request
+from bullet.types.roles import Role
+from bullet.types.slo import parse_duration
 from bullet.sim.config import (
     SimConfig,
     device_estimator,
@@ -97,9 +97,10 @@ class Simulation:
         for role in reversed(roles):  # decode first: prefill hands off to it
             partition = SimulatedPartition(role.partition_side, hardware)
             partition.apply(start.get(role, hardware.units))
+            # the driver (built below, around the core) goes round again once the core has taken a step's end
             executor = SimExecutor(role, self.device, partition, self.clock, self.finish,
-                                   token_times=self.log.token_times)
-            outbox = SimOutbox(self.log, self.loop, drivers.get(Role.DECODE), self.config.handoff_delay_s)
+                                   on_step_end=drivers_step_ended(drivers, role), token_times=self.log.token_times)
+            outbox = SimOutbox(self.log, self.loop, drivers, self.config.handoff_delay_s)
             env = LoopEnv(role=role, clock=self.clock, state=self.board, allocator=self.allocator, partition=partition,
                           timeline=Timeline(self.config.timeline_dir, role.value), executor=executor, outbox=outbox)
             predictor = limit = None
@@ -108,11 +109,8 @@ class Simulation:
                 limit = self.config.batch_token_limit(self.device_estimator)
             core = build_core(env, self.args, self.device_estimator.model.num_hidden_layers, predictor, limit)
             driver = SimDriver(core, self.loop, self.board)
-            executor.on_step_end = driver.step_ended
             core.publish()
             drivers[role] = driver
-        if Role.DECODE in drivers:
-            drivers[Role.DECODE].core.env.outbox.recompute_to = drivers[Role.PREFILL]
         return [drivers[role] for role in roles]
 
     # -- arrivals ---------------------------------------------------------------------------------
@@ -192,3 +190,8 @@ class Simulation:
         late = sum(1 for d in self.drivers for r in d.core.pending_first_token() + d.pending_arrivals()
                    if now - r.arrival > slo.ttft_target(len(r.prompt_ids)))
         return self._finished_misses + late
+
+
+def drivers_step_ended(drivers: dict[Role, SimDriver], role: Role) -> Callable[[], None]:
+    """`role`'s driver's `step_ended`, looked up when a step ends (the driver is built after its executor)."""
+    return lambda: drivers[role].step_ended()

@@ -11,10 +11,10 @@ import logging
 import traceback
 from typing import Callable, Protocol
 
-from bullet.core.messages import AbortRequest, Evict, FlushCache, GenerateRequest, Handoff, Recompute, Release
-from bullet.core.roles import Role
-from bullet.core.worker_state import WorkerFlags
-from bullet.loops.base import LoopCore, Wake
+from bullet.loops.base import LoopCore, Wake, WakeKind
+from bullet.types.messages import AbortRequest, Evict, FlushCache, GenerateRequest, Handoff, Recompute, Release
+from bullet.types.roles import Role
+from bullet.types.worker_state import WorkerFlags
 from bullet.workers.outbox import request_from_generate, request_from_handoff, request_from_recompute
 
 log = logging.getLogger("bullet.worker")
@@ -61,9 +61,9 @@ class WorkerDriver:
 
     def timeout_s(self, wake: Wake) -> float:
         """How long to block on the socket before the next pass."""
-        if wake.kind in ("now", "busy"):
+        if wake.kind is WakeKind.NOW or wake.kind is WakeKind.BUSY:
             return 0.0
-        if wake.kind == "at":
+        if wake.kind is WakeKind.AT:
             return max(0.0, wake.at - self.core.now())
         return IDLE_POLL_S if self.core.idle else PEER_POLL_S
 

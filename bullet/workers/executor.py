@@ -14,11 +14,11 @@ import time
 from contextlib import nullcontext
 from typing import Callable, Sequence
 
-from bullet.core.finish import FinishChecker
-from bullet.core.request import Request
 from bullet.loops.base import HybridItem
 from bullet.partition.launch_stream import WorkerStream
-from bullet.schedulers.views import InflightPrefill
+from bullet.policies.views import InflightPrefill
+from bullet.types.finish import FinishChecker
+from bullet.types.request import Request
 from bullet.workers.sampling import record_prompt_logprobs, sample_next
 from engines.runner import LayerwiseState, ModelRunner, SeqChunk, StepOutput
 
@@ -29,10 +29,9 @@ class ModelExecutor:
         self.runner, self.finish = runner, finish
         self.stream = stream  # None: a CPU worker, nothing to bind
         self.decode_forward = decode_forward or runner.forward
-        # called between the layers of a decode step (the decode core's `between_layers`), where the
-        # step runs layer by layer on the runner (a CPU worker); with a `decode_forward` (a GPU worker)
-        # a decode step is one call — a CUDA-graph replay — and the hook is never called
-        self.between_layers: Callable[[int], None] | None = None
+        # a decode step runs layer by layer on the runner (a CPU worker), calling the core's
+        # `between_layers` hook; with a `decode_forward` (a GPU worker) it is one call — a CUDA-graph
+        # replay — and the hook is never called
         self.layerwise_decode = decode_forward is None
 
     def _on_stream(self):
@@ -71,12 +70,13 @@ class ModelExecutor:
             batch.state = None
         return seconds
 
-    def run_decode(self, batch: Sequence[Request], on_done: Callable[[float], None]) -> None:
+    def run_decode(self, batch: Sequence[Request], on_done: Callable[[float], None],
+                   between_layers: Callable[[int], None] | None = None) -> None:
         with self._on_stream():
             chunks = [SeqChunk([r.output_ids[-1]], r.seq_len - 1, r.page_table) for r in batch]
             t0 = time.perf_counter()
-            if self.between_layers is not None and self.layerwise_decode:
-                out = self.runner.forward(chunks, self.between_layers)
+            if between_layers is not None and self.layerwise_decode:
+                out = self.runner.forward(chunks, between_layers)
             else:
                 out = self.decode_forward(chunks)
             sample_next(out.last_logits, list(batch), self.finish)

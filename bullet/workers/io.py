@@ -1,5 +1,5 @@
 """A worker's sockets: one PULL inbox it binds, PUSH sockets to the frontend (and, for prefill, to
-the decode worker). Messages are typed (`bullet.core.messages`); bytes that are not one of them are
+the decode worker). Messages are typed (`bullet.types.messages`); bytes that are not one of them are
 logged and dropped — they never stop the loop."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import math
 
 import zmq
 
-from bullet.core.messages import (Handoff, MalformedMessage, Message, OutputBatch, Recompute, RequestOutput, decode,
+from bullet.types.messages import (Handoff, MalformedMessage, Message, OutputBatch, Recompute, RequestOutput, decode,
                                   encode)
-from bullet.core.roles import Role
 from bullet.shared.endpoints import Endpoints
+from bullet.types.roles import Role
 
 log = logging.getLogger("bullet.worker.io")
 SEND_TIMEOUT_MS = 10_000

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from bullet.core.messages import Evict, GenerateRequest, Handoff, Recompute, Release, RequestOutput
-from bullet.core.request import Request, Status
+from bullet.types.messages import Evict, GenerateRequest, Handoff, Recompute, Release, RequestOutput
+from bullet.types.request import Request, Status
 from bullet.workers.io import WorkerIO
 
 

@@ -8,8 +8,8 @@ import time
 
 import torch
 
-from bullet.core.finish import FinishChecker
-from bullet.core.request import Request
+from bullet.types.finish import FinishChecker
+from bullet.types.request import Request
 from engines.sampler import SampleRow, sample
 
 _SEED_MIX = 0x9E3779B97F4A7C15

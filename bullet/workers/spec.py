@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bullet.config import ServerArgs
-from bullet.core.roles import Role
 from bullet.shared.endpoints import Endpoints
 from bullet.shared.model import SharedModel
+from bullet.types.roles import Role
 
 
 @dataclass

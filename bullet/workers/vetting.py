@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bullet.core.messages import AbortRequest, GenerateRequest, Handoff, Recompute, Release
 from bullet.shm.page_allocator import CACHE_OWNER
 from bullet.shm.shared_page_allocator import SharedPageAllocator
+from bullet.types.messages import AbortRequest, GenerateRequest, Handoff, Recompute, Release
 
 
 @dataclass

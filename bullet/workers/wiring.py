@@ -10,10 +10,8 @@ from typing import Callable
 
 import torch
 
-from bullet.core.finish import FinishChecker
-from bullet.core.roles import Role
-from bullet.core.worker_state import ControlFlags, WorkerFlags
 from bullet.loops.base import LoopEnv
+from bullet.loops.clock import MonotonicClock
 from bullet.loops.factory import build_core
 from bullet.loops.timeline import Timeline
 from bullet.partition import PartitionBackend
@@ -21,10 +19,12 @@ from bullet.partition.cuda_access import CudaAccess, cuda_access, tensor_device
 from bullet.partition.decode_graphs import GraphedDecode, build_graphed_decode
 from bullet.partition.graph_policy import decide_for_worker
 from bullet.partition.launch_stream import open_worker_partition
-from bullet.schedulers.intensity import ridge_token_limit
-from bullet.schedulers.views import MonotonicClock
+from bullet.policies.intensity import ridge_token_limit
 from bullet.shm.shared_page_allocator import SharedPageAllocator
 from bullet.shm.state_buffer import StateBuffer
+from bullet.types.finish import FinishChecker
+from bullet.types.roles import Role
+from bullet.types.worker_state import ControlFlags, WorkerFlags
 from bullet.workers.driver import WorkerDriver
 from bullet.workers.executor import ModelExecutor
 from bullet.workers.io import WorkerIO
@@ -119,10 +119,6 @@ def build_worker(spec: WorkerSpec, stopped: Callable[[], bool], cuda: CudaAccess
                   timeline=timeline, executor=executor, outbox=MessageOutbox(io, role.value),
                   pid=os.getpid())
     core = build_core(env, args, model.num_layers, estimator, limit)
-    # the SLO-aware decode policies may change a step's share between layers (fixed splits never do):
-    # otherwise a step runs its layers in one go
-    if role is Role.DECODE and args.uses_estimator and args.decode_yield_at == "layer":
-        executor.between_layers = core.between_layers
 
     def should_stop() -> bool:
         return stopped() or os.getppid() != spec.launcher_pid or bool(state.control() & ControlFlags.SHUTDOWN)

@@ -5,7 +5,7 @@ the same scheme) — int8 weights per output channel, int8 activations per token
 projections are 4/5/8-bit: the file already traded precision for size, and re-quantizing those to
 int8 per channel adds less error than the file's own 4-bit grid) and the CPU runs fbgemm. A float
 source (safetensors, F16/F32 GGUF, dummy) stays float. Measured on the Q4_1 SmolLM2 against its
-fp32 dequantization (`tests/engine/test_quantized.py`): top-1 agreement >= 0.9 on teacher-forced
+fp32 dequantization (`tests/engines/test_quantized.py`): top-1 agreement >= 0.9 on teacher-forced
 text, mean KL < 0.03 nats; bf16 weights and activations on the same text: KL ~0.001."""
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import sys
 import time
 
 from engines.cpuset import parse_id_list
-from estimator.profiler.report import calibration_fit_rows
+from estimator.profiler.prediction_errors import calibration_fit_rows
 
 NAME = "profile"
 HELP = "measure this CPU and the model so the estimator predicts real prefill/decode latencies here"

@@ -20,10 +20,10 @@ from typing import Callable, Sequence
 from engines.model_config import ModelConfig
 from estimator.calibration import PHASES, Calibration, Sample
 from estimator.contention import ContentionModel
+from estimator.estimator import Estimator
 from estimator.hardware import HardwareSpec
 from estimator.ops import ALL_CLASSES, ATTENTION_CLASSES, LAYER_TOKEN_CLASSES
-from estimator.predictor import Estimator
-from estimator.profiler.report import predict
+from estimator.profiler.prediction_errors import predict
 
 FRACTION_RANGE = (0.05, 1.0)
 # The kernel sweeps already give every size its own alpha; end to end only a residual is left (the

@@ -30,9 +30,9 @@ from pathlib import Path
 
 from engines.model_config import ModelConfig
 from estimator.calibration import PHASES, Sample
+from estimator.estimator import Estimator
 from estimator.hardware import DTYPE_BYTES
 from estimator.ops import ALL_CLASSES, LAYER_TOKEN_CLASSES
-from estimator.predictor import Estimator
 from estimator.profile import EstimatorProfile, Provenance
 from estimator.profiler.cuda_probe import gpu_hardware
 from estimator.profiler.fit import build_estimator

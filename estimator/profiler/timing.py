@@ -88,10 +88,6 @@ class Timing:
     usable: int
     values: tuple = ()
 
-    @property
-    def walls(self) -> tuple[float, ...]:
-        return tuple(r.wall for r in self.runs)
-
 
 def time_calls(fn: Callable[[], object], repeats: int = 5, warmup: int = 1, budget_s: float | None = None,
                max_runs: int | None = None, own_pids: tuple[int, ...] = (), quiet_wait_s: float = 0.0) -> Timing:

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from engines.model_config import ModelConfig
 from estimator.calibration import Calibration, Sample
+from estimator.estimator import Estimator
 from estimator.hardware import HardwareSpec
-from estimator.predictor import Estimator
 from estimator.profile import EstimatorProfile, Provenance
 from estimator.profiler.from_log import profile_from_log
 from estimator.reference.data import (

@@ -12,7 +12,7 @@ import pytest
 
 from artifact import loadgen
 from artifact.bench_client import read_bench_file
-from bullet.core.slo import SLO
+from bullet.types.slo import SLO
 from tests.server_utils import ServerProcess
 
 

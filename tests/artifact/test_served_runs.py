@@ -21,8 +21,8 @@ from artifact.served_runs import (
     read_serve_jsonl,
 )
 from artifact.sim_validation import predict, rankings, validate
-from bullet.core.slo import SLO
 from bullet.sim import SimConfig
+from bullet.types.slo import SLO
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVE_JSONL = ROOT / "docs" / "sim" / "h200-2026-11-26" / "serve.jsonl"

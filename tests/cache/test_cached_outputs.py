@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.runtime.test_two_process_runtime import TEXT
+from tests.launcher.test_two_process_runtime import TEXT
 
 GREEDY = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True, "logprobs": True}
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from bullet.cache.prefix_cache import PrefixCache
-from bullet.core.request import Request
 from bullet.shm.page_allocator import CACHE_OWNER, LocalPageAllocator, OutOfPages
-from bullet.shm.shared_page_allocator import SharedPageAllocator
 from bullet.shm.segments import new_instance_id
+from bullet.shm.shared_page_allocator import SharedPageAllocator
+from bullet.types.request import Request
 from engines.sampling_params import SamplingParams
 
 PS = 4

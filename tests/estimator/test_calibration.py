@@ -7,7 +7,7 @@ import math
 import pytest
 
 from estimator.calibration import AlphaCurve, Calibration, Sample
-from estimator.predictor import Estimator
+from estimator.estimator import Estimator
 from estimator.reference.data import load_vidur_ops, vidur_csv_path, vidur_model_config
 from estimator.reference.profiles import SAMPLE_TOKENS, attention_errors, vidur_errors, vidur_estimator
 

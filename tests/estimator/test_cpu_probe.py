@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 
+from estimator.estimator import Estimator
 from estimator.profiler.cpu_probe import ProbeSizes, allowed_cores, measure_contention, pinned, probe_cpu
-from estimator.predictor import Estimator
 
 TINY = ProbeSizes(gemm_n=128, matrix_mb=8, min_seconds=0.01)
 

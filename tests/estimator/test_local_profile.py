@@ -13,11 +13,11 @@ import pytest
 from engines.model_config import ModelConfig
 from estimator.calibration import Calibration, Sample, unit_blend
 from estimator.contention import ContentionModel
+from estimator.estimator import Estimator
 from estimator.hardware import HardwareSpec
-from estimator.profiler.fit import build_estimator, fit_contention
-from estimator.profiler.cache import default_profile_path, reusable
-from estimator.predictor import Estimator
 from estimator.profile import load_estimator
+from estimator.profiler.cache import default_profile_path, reusable
+from estimator.profiler.fit import build_estimator, fit_contention
 
 TINY_HF_CONFIG = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
                   "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 512,

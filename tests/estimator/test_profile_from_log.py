@@ -12,7 +12,7 @@ from bullet.sim import SimConfig, Simulation
 from bullet.sim.config import device_estimator, measured_contention, step_overhead
 from estimator.profile import EstimatorProfile
 from estimator.profiler.from_log import parse_case, parse_log
-from estimator.profiler.report import predict
+from estimator.profiler.prediction_errors import predict
 from estimator.reference.profiles import H200_LOG, H200_PROFILE, h200_profile
 
 

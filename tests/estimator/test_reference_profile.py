@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from estimator.predictor import Estimator
-from estimator.reference.profiles import SHIPPED_PROFILE, a100_llama3_8b_profile
+from estimator.estimator import Estimator
 from estimator.profile import load_estimator
+from estimator.reference.profiles import SHIPPED_PROFILE, a100_llama3_8b_profile
 
 
 def test_shipped_profile_is_regenerated_from_shared_data(shared_data):

@@ -12,15 +12,10 @@ from __future__ import annotations
 import pytest
 
 from bullet.config import ServerArgs
-from bullet.core.finish import FinishChecker
-from bullet.core.messages import GenerateRequest, Handoff
-from bullet.core.request import Request
-from bullet.core.roles import Role
-from bullet.core.worker_state import WorkerState
 from bullet.loops.base import LoopEnv
 from bullet.loops.factory import build_core
 from bullet.loops.timeline import Timeline, load_timeline
-from bullet.schedulers.intensity import ridge_token_limit
+from bullet.policies.intensity import ridge_token_limit
 from bullet.shm.page_allocator import LocalPageAllocator
 from bullet.sim.board import StateBoard
 from bullet.sim.config import SimConfig, device_estimator, policy_estimator
@@ -29,6 +24,11 @@ from bullet.sim.driver import SimDriver
 from bullet.sim.events import EventLoop, VirtualClock
 from bullet.sim.executor import SimExecutor, hybrid_work
 from bullet.sim.partition import SimulatedPartition
+from bullet.types.finish import FinishChecker
+from bullet.types.messages import GenerateRequest, Handoff
+from bullet.types.request import Request
+from bullet.types.roles import Role
+from bullet.types.worker_state import WorkerState
 from bullet.workers.driver import WorkerDriver
 from bullet.workers.outbox import request_from_generate, request_from_handoff
 from engines.sampling_params import SamplingParams
@@ -229,7 +229,7 @@ def test_unified_core_with_the_prefix_cache_decides_the_same_under_both_drivers(
 
 def test_the_hybrid_work_the_device_charges_follows_the_plan():
     from bullet.loops.unified import hybrid_items
-    from bullet.schedulers.hybrid import Scheduled
+    from bullet.policies.hybrid import Scheduled
 
     decode = Request(rid="d", prompt_ids=[1] * 10, params=SamplingParams(), output_ids=[5])
     decode.num_cached = 10

@@ -6,8 +6,6 @@ that arrives in the middle of one."""
 from __future__ import annotations
 
 from bullet.config import ServerArgs
-from bullet.core.roles import Role
-from bullet.core.worker_state import WorkerState
 from bullet.loops.base import LoopEnv
 from bullet.loops.factory import build_core
 from bullet.loops.timeline import Timeline, load_timeline
@@ -17,6 +15,8 @@ from bullet.sim.config import SimConfig, policy_estimator
 from bullet.sim.device import SimulatedDevice
 from bullet.sim.events import EventLoop, VirtualClock
 from bullet.sim.partition import SimulatedPartition
+from bullet.types.roles import Role
+from bullet.types.worker_state import WorkerState
 from bullet.workers.driver import WorkerDriver
 from tests.loops.test_decision_trace import est  # noqa: F401  (fixture)
 from tests.loops.test_decision_trace import (Finished, ManualClock, ScriptedExecutor, ScriptedInbox, _finish,
@@ -27,23 +27,22 @@ ARRIVE_STEP, ARRIVE_AFTER, PREFILL_UNITS = 3, 10, 54
 
 
 class LayeredExecutor(ScriptedExecutor):
-    """Calls `between_layers` after every layer but the last of a decode step, as the model executor
+    """Calls the core's `between_layers` hook after every layer but the last of a decode step, as the model executor
     does on a CPU; in step ARRIVE_STEP, after layer ARRIVE_AFTER, prefill starts on PREFILL_UNITS."""
 
     def __init__(self, *args, board: StateBoard):
         super().__init__(*args)
         self.board, self.steps, self.units = board, 0, {}
-        self.between_layers = None
 
-    def run_decode(self, batch, on_done):
+    def run_decode(self, batch, on_done, between_layers=None):
         self.steps += 1
         seen = []
         for layer in range(1, LAYERS):
             if self.steps == ARRIVE_STEP and layer == ARRIVE_AFTER:
                 started = WorkerState(batch_size=1, remaining_layers=28, tokens_in_flight=900, compute_units=PREFILL_UNITS)
                 self.board.publish(Role.DECODE.peer, started)
-            if self.between_layers is not None:
-                self.between_layers(layer)
+            if between_layers is not None:
+                between_layers(layer)
             seen.append(self.partition.current_units)
         self.units[self.steps] = seen
         super().run_decode(batch, on_done)
@@ -62,7 +61,6 @@ def serve(tmp_path, est, yield_at: str):
     env = LoopEnv(role=Role.DECODE, clock=clock, state=board, allocator=LocalPageAllocator(PAGES, 16),
                   partition=partition, timeline=Timeline(str(tmp_path), "decode"), executor=executor, outbox=Finished())
     core = build_core(env, args, LAYERS, policy_estimator(SimConfig(), est), None)
-    executor.between_layers = core.between_layers  # as the worker's wiring installs it
     messages = handoff_messages(4, seed=1)
     driver = WorkerDriver(core, ScriptedInbox(clock, messages), lambda: len(env.outbox.done) == 4 and core.idle)
     driver.run()

@@ -5,13 +5,13 @@ took and as many repartitions as its partition applied — and that policy does 
 
 from __future__ import annotations
 
-from bullet.core.roles import Role
-from bullet.core.worker_state import WorkerState
 from bullet.sim.board import StateBoard
 from bullet.sim.device import SimulatedDevice
 from bullet.sim.driver import SimDriver
 from bullet.sim.events import EventLoop, VirtualClock
 from bullet.sim.executor import SimExecutor
+from bullet.types.roles import Role
+from bullet.types.worker_state import WorkerState
 from bullet.workers.outbox import request_from_generate
 from tests.loops.test_decision_trace import Finished, _core, _finish, est, generate_messages  # noqa: F401
 

@@ -3,11 +3,11 @@ pages back in the pool — and the worker's loop goes on serving everyone else."
 
 from __future__ import annotations
 
-from bullet.core.finish import Abort
-from bullet.core.roles import Role
 from bullet.sim.board import StateBoard
 from bullet.sim.device import SimulatedDevice
 from bullet.sim.events import EventLoop, VirtualClock
+from bullet.types.finish import Abort
+from bullet.types.roles import Role
 from bullet.workers.driver import WorkerDriver
 from tests.loops.test_decision_trace import (Finished, ManualClock, ScriptedExecutor, ScriptedInbox, _core, _finish,
                                              est, generate_messages, handoff_messages)  # noqa: F401 (fixture)
@@ -30,9 +30,9 @@ class FailsOn(ScriptedExecutor):
         self.batch = batch.requests
         super().run_prefill(batch, layers, finishing, on_done)
 
-    def run_decode(self, batch, on_done):
+    def run_decode(self, batch, on_done, between_layers=None):
         self.batch = batch
-        super().run_decode(batch, on_done)
+        super().run_decode(batch, on_done, between_layers)
 
     def run_hybrid(self, items, on_done):
         self.batch = [i.req for i in items]

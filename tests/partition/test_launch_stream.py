@@ -15,11 +15,11 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from bullet.core.finish import FinishChecker
-from bullet.core.request import Request
 from bullet.partition import cuda_driver
 from bullet.partition.launch_stream import WorkerStream, open_worker_partition
-from bullet.schedulers.views import InflightPrefill
+from bullet.policies.views import InflightPrefill
+from bullet.types.finish import FinishChecker
+from bullet.types.request import Request
 from bullet.workers.executor import ModelExecutor
 from engines.sampling_params import SamplingParams
 from tests.partition.fake_cuda import GPU, LEGACY_DEFAULT_STREAM, FakeCuda, RecordingStreams

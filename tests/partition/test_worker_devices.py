@@ -18,11 +18,11 @@ import pytest
 import torch
 
 from bullet.config import ServerArgs
-from bullet.core.roles import Role
 from bullet.launcher.launcher import Launcher
 from bullet.partition import cuda_driver
 from bullet.partition.graph_policy import EAGER, PER_SHARE, SHARED
 from bullet.partition.libsmctrl import LIBRARY_ENV
+from bullet.types.roles import Role
 from bullet.workers.wiring import build_worker
 from estimator.reference.profiles import SHIPPED_PROFILE
 from tests.partition.fake_cuda import GPU, FakeCuda

@@ -9,10 +9,10 @@ import random
 
 import pytest
 
-from bullet.schedulers.bullet_decode import BulletDecodePolicy
-from bullet.schedulers.bullet_prefill import BulletPrefillPolicy
-from bullet.schedulers.hybrid import HybridScheduler
-from bullet.schedulers.static import StaticDecodePolicy, StaticPrefillPolicy
+from bullet.policies.bullet_decode import BulletDecodePolicy
+from bullet.policies.bullet_prefill import BulletPrefillPolicy
+from bullet.policies.hybrid import HybridScheduler
+from bullet.policies.static import StaticDecodePolicy, StaticPrefillPolicy
 from bullet.sim import SimConfig, Simulation
 
 POLICIES = ["bullet", "static", "static:80", "naive", "chunked:512"]
@@ -77,7 +77,7 @@ def test_the_policies_are_the_runtime_classes():
     chunked, _ = simulate("chunked:256", requests)
     assert type(chunked.drivers[0].core.scheduler) is HybridScheduler
     for worker in [d.core for d in bullet.drivers + static.drivers]:
-        assert type(worker.policy).__module__.startswith("bullet.schedulers.")
+        assert type(worker.policy).__module__.startswith("bullet.policies.")
 
 
 def _units(tmp_path, role: str) -> list[int]:

@@ -7,11 +7,11 @@ import math
 
 import pytest
 
-from bullet.core.finish import Length
-from bullet.core.request import Request
-from bullet.core.slo import SLO
 from bullet.sim import SimConfig, Simulation
 from bullet.sim.metrics import RequestLog, percentile, summarize
+from bullet.types.finish import Length
+from bullet.types.request import Request
+from bullet.types.slo import SLO
 from engines.sampling_params import SamplingParams
 
 

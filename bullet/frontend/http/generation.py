@@ -10,11 +10,11 @@ from typing import AsyncIterator
 
 from fastapi import Request
 
-from bullet.core.validation import RequestError
 from bullet.frontend.client import RequestState
 from bullet.frontend.http.errors import APIError
 from bullet.frontend.http.text import TextAssembler
 from bullet.frontend.serving import ServingRuntime
+from bullet.types.validation import RequestError
 from engines.sampling_params import SamplingParams
 
 

@@ -3,7 +3,7 @@ could still turn into one is held back until it can't), trimmed at the match whe
 
 from __future__ import annotations
 
-from bullet.core.finish import FinishReason, trim_stop_string
+from bullet.types.finish import FinishReason, trim_stop_string
 from engines.detokenizer import IncrementalDetokenizer
 from engines.tokenizer import Tokenizer
 

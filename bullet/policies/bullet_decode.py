@@ -1,0 +1,108 @@
+"""Bullet's decode scheduler: each step it predicts the next step's latency, publishes the P90 of
+its requests' TPOT and its pause budget, and follows the split the prefill scheduler published —
+all units when prefill is idle, the complement of prefill's share otherwise, a pause when prefill
+took everything, unless the pause budget is spent (then it runs anyway, sharing units).
+
+`idle_units="efficient"` (an option): while prefill is idle, decode takes the fewest units whose step
+is predicted within IDLE_SLACK of its step on every unit, and leaves the rest free — a prompt that
+arrives mid-step starts on free units instead of on units decode's step still holds (on a CPU a core
+is held until the step ends: found in the served decision timelines, where a second core bought
+decode 0-6 % at batch 8-24 and the next prompt's prefill shared a core with it)."""
+
+from __future__ import annotations
+
+import bisect
+import math
+
+from bullet.policies.predict import LearningPredictor, Predictor, decode_outlook, p90
+from bullet.policies.views import DecodeDecision, DecodePolicy, DecodeView
+from bullet.types.request import seq_lens
+from bullet.types.slo import SLO
+from bullet.types.worker_state import Predictions
+
+IDLE_UNITS_RULES = ("all", "efficient")
+IDLE_SLACK = 0.10  # "efficient": a step at most 10 % slower than on every unit
+
+
+YIELD_AT_RULES = ("step", "layer")  # when decode gives up units prefill has claimed: at its next step or layer
+
+
+def prefill_active(peer) -> bool:
+    return peer.remaining_layers > 0 or peer.queued_requests > 0
+
+
+class BulletDecodePolicy(DecodePolicy):
+    name = "bullet"
+
+    def __init__(self, est: Predictor, slo: SLO, feasible_units: list[int], idle_units: str = "all",
+                 yield_at: str = "layer"):
+        if idle_units not in IDLE_UNITS_RULES:
+            raise ValueError(f"idle_units must be one of {IDLE_UNITS_RULES}, not {idle_units!r}")
+        if yield_at not in YIELD_AT_RULES:
+            raise ValueError(f"yield_at must be one of {YIELD_AT_RULES}, not {yield_at!r}")
+        self.est, self.slo, self.feasible, self.idle_units = est, slo, sorted(feasible_units), idle_units
+        self.yield_at = yield_at
+        self.learner: LearningPredictor | None = est if hasattr(est, "observe_decode") else None
+        self.total = self.feasible[-1]
+
+    def decide(self, view: DecodeView) -> DecodeDecision:
+        running, peer = view.running, view.peer
+        if not running:
+            return DecodeDecision(run=False, units=view.current_units or self.total,
+                                  predictions=Predictions(pause_budget_ms=1e9))
+        active = prefill_active(peer)
+        lens = seq_lens(running)
+        if not active:
+            units, reason = self.total, "prefill idle: decode takes every unit"
+            fewer = self.efficient_units(lens) if self.idle_units == "efficient" else None
+            if fewer is not None:
+                units = fewer
+                reason = "prefill idle: decode takes the units that speed it up, the rest wait for prompts"
+        else:
+            units, reason = self.complement(peer.compute_units), "complement of prefill's share"
+        co_tokens = peer.tokens_in_flight if active else 0
+        step = self.est.decode_time_for(lens, units if units > 0 else self.feasible[0], co_prefill_tokens=co_tokens)
+        budget, tpots = decode_outlook(running, view.now, step, self.slo)
+        predictions = Predictions(tpot_pred_p90_ms=p90(tpots) * 1e3,
+                                  pause_budget_ms=(budget if math.isfinite(budget) else 1e9) * 1e3,
+                                  step_pred_ms=step * 1e3)
+        if units <= 0:
+            if budget > 0:
+                return DecodeDecision(run=False, units=view.current_units, reason="paused for a prefill burst",
+                                      predictions=predictions)
+            units, reason = self.feasible[0], "pause budget spent: run on a shared unit"
+        at = bisect.bisect_left(self.feasible, units)  # the fewest feasible units >= units (else all)
+        units = self.feasible[at] if at < len(self.feasible) else self.total
+        return DecodeDecision(run=True, units=units, predicted_s=step, reason=reason, predictions=predictions)
+
+    def units_mid_step(self, peer, current_units: int) -> int | None:
+        """`yield_at="layer"`: prefill has started (a prompt arrived) on units this step holds — decode
+        took every unit while prefill was idle — so decode goes on with the complement of prefill's
+        share from the next layer, as its next step would; the prompt does not share a unit with the
+        rest of a decode step (on a CPU core that halves both)."""
+        if self.yield_at != "layer" or not prefill_active(peer) or not peer.compute_units:
+            return None
+        if peer.compute_units + current_units <= self.total:
+            return None  # no unit is held twice
+        units = max(self.complement(peer.compute_units), self.feasible[0])
+        return units if units < current_units else None
+
+    def complement(self, peer_units: int) -> int:
+        """Decode's share beside prefill's `peer_units`: the largest share that fits in the rest (0:
+        none). Rounded down, not up: where shares are groups of SMs plus a remainder only the whole
+        device holds (green contexts: 16 x 8 + 4 on an H200), rounding the rest up would reach into
+        prefill's groups (prefill 8 leaves 124; 128 = the last 16 groups, one of them prefill's)."""
+        at = bisect.bisect_right(self.feasible, self.total - peer_units)  # the largest feasible <= the rest
+        return self.feasible[at - 1] if at else 0
+
+    def efficient_units(self, lens: list[int]) -> int | None:
+        """The fewest units short of every unit whose step is within IDLE_SLACK of the step on all (None:
+        every unit pays)."""
+        bound = self.est.decode_time_for(lens, self.total) * (1.0 + IDLE_SLACK)
+        return next((u for u in self.feasible[:-1] if self.est.decode_time_for(lens, u) <= bound), None)
+
+    def observe(self, decision: DecodeDecision, seconds: float, view: DecodeView) -> None:
+        if self.learner is None or not view.running:
+            return
+        co = view.peer.tokens_in_flight if prefill_active(view.peer) else 0
+        self.learner.observe_decode(seq_lens(view.running), decision.units, seconds, co_prefill_tokens=co)

@@ -1,1 +1,0 @@
-"""Scheduling policies: the chunked-prefill baseline here; Bullet's SLO-aware prefill/decode schedulers."""

@@ -1,0 +1,116 @@
+"""The paged path (attention through page tables, the GPU's) against the gather path (the CPU's):
+the torch reference of the paged kernels on random pools, then whole engines running the real model."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bullet.llm import OfflineEngine
+from bullet.types.finish import FinishChecker
+from engines.kv_pool import KVPool
+from engines.model.paged_attention import TorchPagedKernels, build_tables, kernels_for
+from engines.runner import ModelRunner
+from engines.sampling_params import SamplingParams
+from tests.engines.conftest import PROMPTS
+
+
+def random_pool(kvh=2, d=16, pages=40, page_size=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(kvh, pages * page_size, d, generator=g), torch.randn(kvh, pages * page_size, d, generator=g))
+
+
+def dense_attention(q, k, v, n_ctx, scale):
+    """q: [n_q, H, D] the last n_q positions of a context of n_ctx keys k/v [KVH, n_ctx, D]."""
+    n_q = q.shape[0]
+    rows = torch.arange(n_ctx - n_q, n_ctx)[:, None]
+    mask = torch.arange(n_ctx)[None, :] <= rows
+    o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k[None], v[None], attn_mask=mask, scale=scale,
+                                       enable_gqa=True)
+    return o[0].transpose(0, 1)
+
+
+@pytest.mark.parametrize("q_lens", [[1, 1, 1], [5, 1, 9], [3]])
+def test_reference_matches_dense_attention_over_shuffled_pages(q_lens):
+    ps, heads, kvh, d = 4, 6, 2, 16
+    k_cache, v_cache = random_pool(kvh, d, pages=40, page_size=ps)
+    rng = random.Random(len(q_lens))
+    free = list(range(40))
+    rng.shuffle(free)
+    ctx_lens = [q + rng.randrange(0, 17) for q in q_lens]  # a cached prefix of 0..16 tokens before the new ones
+    tables = [[free.pop() for _ in range(-(-n // ps))] for n in ctx_lens]
+    q = torch.randn(sum(q_lens), heads, d)
+    t = build_tables(tables, ctx_lens, q_lens, ps, "cpu", width=8)
+    out = TorchPagedKernels().extend(q, k_cache, v_cache, t, 0.25)
+    start = 0
+    for pages, n_ctx, n_q in zip(tables, ctx_lens, q_lens):
+        slots = torch.tensor([p * ps + o for p in pages for o in range(ps)])[:n_ctx]
+        want = dense_attention(q[start:start + n_q], k_cache[:, slots], v_cache[:, slots], n_ctx, 0.25)
+        torch.testing.assert_close(out[start:start + n_q], want, atol=1e-5, rtol=1e-5)
+        start += n_q
+
+
+def test_tables_refuse_what_they_cannot_hold():
+    with pytest.raises(ValueError, match="holds 1"):
+        build_tables([[0, 1]], [8], [1], 4, "cpu", width=1)
+    with pytest.raises(ValueError, match="fewer than"):
+        build_tables([[0]], [8], [1], 4, "cpu")
+
+
+def test_kernel_choice(monkeypatch):
+    assert kernels_for("cpu").name == "torch"
+    monkeypatch.setenv("BULLET_ATTENTION_KERNELS", "bogus")
+    with pytest.raises(ValueError, match="BULLET_ATTENTION_KERNELS"):
+        kernels_for("cpu")
+
+
+def test_engine_on_page_tables_generates_what_the_gather_path_does(llm32):
+    """Continuous batching with chunked prompts (a chunk attends to its cached prefix), mixed
+    prefill/decode steps and plain decode steps: greedy outputs equal the gather path's."""
+    params = SamplingParams(temperature=0, max_new_tokens=8, ignore_eos=True)
+    outputs = {}
+    for paged in (False, True):
+        runner = ModelRunner(llm32.runner.model, KVPool(llm32.config, 128, 16, llm32.dtype), paged=paged)
+        finish = FinishChecker(llm32.tokenizer, llm32.tokenizer.eos_token_ids, llm32.config.max_position_embeddings)
+        eng = OfflineEngine(runner, finish, 48, 64)  # a 48-token budget chunks the long prompts
+        reqs = [eng.add_request(llm32.tokenizer.encode(p), params) for p in PROMPTS[:4]]
+        while eng.has_work():
+            eng.step()
+        outputs[paged] = [r.output_ids for r in reqs]
+    assert outputs[True] == outputs[False]
+
+
+def test_paged_step_of_fresh_prompts_takes_sdpa_and_any_cached_prefix_the_kernels():
+    """On the paged path a step whose sequences are all fresh prompts attends with SDPA over its new
+    K/V (no kernel call); a step where some sequence has cached tokens goes to `extend`. Both equal
+    the reference."""
+    from engines.forward_context import ForwardContext
+    from engines.model.attention import paged_attention, write_kv
+
+    class Recording(TorchPagedKernels):
+        calls: list = []
+
+        def extend(self, *args, **kwargs):
+            self.calls.append("extend")
+            return super().extend(*args, **kwargs)
+
+    ps, heads, kvh, d = 4, 6, 2, 16
+    for ctx_lens, want_calls in (([3, 5], []), ([3, 9], ["extend"])):
+        q_lens = [3, 5]
+        k_cache, v_cache = random_pool(kvh, d, pages=8, page_size=ps)
+        tables = [[0, 1], [2, 3, 4]]
+        slots = torch.tensor([pages[pos // ps] * ps + pos % ps for pages, n_q, n in zip(tables, q_lens, ctx_lens)
+                              for pos in range(n - n_q, n)])  # the new tokens' slots
+        q, k, v = torch.randn(8, heads, d), torch.randn(8, kvh, d), torch.randn(8, kvh, d)
+        write_kv(k_cache, v_cache, k, v, slots)
+        ctx = ForwardContext(positions=torch.zeros(8, dtype=torch.long), slot_mapping=slots, q_lens=q_lens,
+                             ctx_lens=ctx_lens, paged=build_tables(tables, ctx_lens, q_lens, ps, "cpu"),
+                             kernels=Recording())
+        Recording.calls = []
+        out = paged_attention(q, k, v, k_cache, v_cache, ctx, 0.25)
+        assert Recording.calls == want_calls
+        torch.testing.assert_close(out, TorchPagedKernels().extend(q, k_cache, v_cache, ctx.paged, 0.25),
+                                   atol=1e-5, rtol=1e-5)

@@ -1,0 +1,30 @@
+"""Two real servers shared by the HTTP tests (a startup costs ~10-30 s on two cores): `server` with
+the default flags, and `secured` with --api-key and a KV pool small enough to fill. Tests run one
+at a time, so token counter deltas read around a test belong to that test."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.frontend.helpers import SECURED_ARGS, SERVER_ARGS, SecuredServer
+from tests.server_utils import ServerProcess
+
+
+@pytest.fixture(scope="session")
+def server():
+    with ServerProcess(*SERVER_ARGS) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="session")
+def secured():
+    with SecuredServer(*SECURED_ARGS) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer(server):
+    """The server's tokenizer as the real clients load it: a local Hugging Face directory."""
+    transformers = pytest.importorskip("transformers")
+    path = server.get("/model_info")[1]["tokenizer_path"]
+    return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
