@@ -166,7 +166,7 @@ def test_the_strict_capture_catches_host_reads():
     """The guard is not vacuous: the torch reference kernels (`.tolist()`) and RoPE's growing
     lookup (`int(positions.max())`) fail under it — which is why the graph body looks RoPE up
     without the check and CUDA graphs need the Triton kernels."""
-    runner = tiny_runner(pages=64, paged=True)
+    runner = tiny_runner(pages=64, paged=True, kernels=TorchPagedKernels())  # not the CPU kernel, where built
     graphs = DecodeGraphs(runner, SCRATCH, StrictGraphs(), max_batch=2)
     with pytest.raises(HostRead, match="tolist"):
         graphs.capture([2])
