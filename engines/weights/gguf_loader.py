@@ -62,12 +62,14 @@ def config_from_gguf(reader, name: str) -> ModelConfig:
     return ModelConfig.from_hf_dict(cfg, name=name)
 
 
-def gguf_projections_quantized(path: Path) -> bool:
-    """True when the attention/MLP matrices are stored quantized (anything but F32/F16/BF16)."""
+def gguf_projections_quantized(path: Path, reader=None) -> bool:
+    """True when the attention/MLP matrices are stored quantized (anything but F32/F16/BF16).
+    `reader`: the file already open (opening one parses every metadata field, the tokenizer's tens of
+    thousands of strings among them: seconds, which a load should pay once)."""
     import gguf
 
     floats = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16}
-    reader = open_gguf(path)
+    reader = reader if reader is not None else open_gguf(path)
     kinds = {t.tensor_type for t in reader.tensors if t.name.endswith(("attn_q.weight", "ffn_down.weight"))}
     return bool(kinds) and not kinds <= floats
 
@@ -78,10 +80,11 @@ def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def load_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+def load_gguf(path: Path, dtype: torch.dtype, reader=None) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """`reader`: `open_gguf(path)` when the caller has it open already."""
     import gguf
 
-    reader = open_gguf(path)
+    reader = reader if reader is not None else open_gguf(path)
     config = config_from_gguf(reader, name=path.stem)
 
     def tensor(name: str, heads: int | None = None) -> torch.Tensor:

@@ -82,13 +82,14 @@ def dummy_config(model_path: str | None) -> ModelConfig:
     raise ModelLoadError(f"dummy weights need a config: a built-in name ({known}), a config.json, or a directory with one")
 
 
-def source_is_quantized(path: Path | None, fmt: str) -> bool:
-    """A GGUF whose projection matrices are stored in a quantized type (Q4_1, Q8_0, K-quants, …)."""
+def source_is_quantized(path: Path | None, fmt: str, reader=None) -> bool:
+    """A GGUF whose projection matrices are stored in a quantized type (Q4_1, Q8_0, K-quants, …);
+    `reader`: the GGUF already open."""
     if fmt != "gguf" or path is None:
         return False
     from engines.weights.gguf_loader import gguf_projections_quantized  # deferred: the gguf library
 
-    return gguf_projections_quantized(path)
+    return gguf_projections_quantized(path, reader)
 
 
 def served_precision(model_path: str | None = None, load_format: str = "auto", quantization: str | None = "auto",
@@ -101,14 +102,14 @@ def served_precision(model_path: str | None = None, load_format: str = "auto", q
 
 
 def _served(quantization: str, dtype: torch.dtype, device: torch.device, path: Path | None,
-            fmt: str) -> tuple[str, torch.dtype]:
+            fmt: str, reader=None) -> tuple[str, torch.dtype]:
     """(quantization, compute dtype) of these weights on `device`: the one decision `load_weights` and
-    `served_precision` share."""
+    `served_precision` share (`reader`: the GGUF already open)."""
     if quantization == "none":
         return "none", dtype
     from engines.quant import resolve_quantization  # deferred: only a quantized load needs it
 
-    quantization = resolve_quantization(quantization, device, source_is_quantized(path, fmt))
+    quantization = resolve_quantization(quantization, device, source_is_quantized(path, fmt, reader))
     return quantization, torch.float32 if quantization != "none" else dtype
 
 
@@ -119,7 +120,12 @@ def load_weights(model_path: str | None = None, load_format: str = "auto", dtype
     Dummy weights are drawn on `device`; the other formats are read into host memory."""
     path, fmt = resolve_model_path(model_path, load_format)
     device = torch.device(device)
-    quantization, float_dtype = _served(quantization, dtype, device, path, fmt)
+    reader = None
+    if fmt == "gguf":
+        from engines.weights.gguf_loader import open_gguf  # deferred: the gguf library
+
+        reader = open_gguf(path)  # once: the precision decision and the load both read it
+    quantization, float_dtype = _served(quantization, dtype, device, path, fmt, reader)
     if fmt == "dummy":
         from engines.weights.dummy import dummy_weights  # deferred: only the format being loaded imports its loader
 
@@ -130,7 +136,8 @@ def load_weights(model_path: str | None = None, load_format: str = "auto", dtype
     elif fmt == "gguf":
         from engines.weights.gguf_loader import load_gguf  # deferred: as above (the gguf library)
 
-        config, state = load_gguf(path, float_dtype)
+        config, state = load_gguf(path, float_dtype, reader)
+        del reader  # its parsed metadata is ~150 MB of small objects
     else:
         from engines.weights.hf_loader import load_hf_dir  # deferred: as above (safetensors)
 
