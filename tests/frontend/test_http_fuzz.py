@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from tests.frontend.helpers import sse_events, wait_idle
 
-EXAMPLES = 520
+EXAMPLES = 300
 MAX_TOKENS_SENT = 4
 CONTEXT = 8192
 seen: Counter = Counter()  # (path, status) of every request sent
@@ -205,8 +205,8 @@ def test_random_requests_get_a_clean_answer(server, pids_before, req):
 def test_server_is_unharmed_by_the_fuzz(server, pids_before):
     total = sum(seen.values())
     print(f"\nfuzz: {total} requests; (path, status) counts: {dict(sorted(seen.items()))}")
-    assert total >= 500
-    assert sum(n for (_, s), n in seen.items() if s == 200) >= 100, "too few requests were valid to mean much"
+    assert total >= EXAMPLES - 20  # hypothesis may stop a few short
+    assert sum(n for (_, s), n in seen.items() if s == 200) >= 50, "too few requests were valid to mean much"
     assert server.get("/health") == (200, {"status": "ok"})
     status, out = server.post("/generate", {"text": "Hello", "sampling_params": {"max_new_tokens": 3,
                                                                                 "ignore_eos": True}})

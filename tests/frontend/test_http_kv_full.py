@@ -12,7 +12,7 @@ import re
 from tests.frontend.helpers import AUTH, SMALL_POOL_TOKENS, post_stream, wait_idle
 
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 20  # ~200 tokens
-MAX_NEW = 150  # two of these (~350 tokens each) cannot both fit in the pool
+MAX_NEW = 100  # two of these (~300 tokens each) cannot both fit in the pool
 # the requests' prompts differ from their first token: with a shared prompt the prefix cache would hold
 # it once for both, and they would fit
 
