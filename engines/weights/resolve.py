@@ -120,6 +120,19 @@ def load_weights(model_path: str | None = None, load_format: str = "auto", dtype
     Dummy weights are drawn on `device`; the other formats are read into host memory."""
     path, fmt = resolve_model_path(model_path, load_format)
     device = torch.device(device)
+    cache_entry = None
+    if fmt == "gguf":
+        from engines.weights import served_cache  # deferred: as the loaders below
+
+        if served_cache.enabled():
+            from engines.quant.int8 import fbgemm_available  # the int8 decision's other input
+
+            cache_entry = served_cache.entry_path(path, {"dtype": str(dtype), "quantization": quantization,
+                                                         "device": device.type, "fbgemm": fbgemm_available()})
+            cached = served_cache.load_entry(cache_entry)
+            if cached is not None:
+                config, state, served_quantization, float_dtype = cached
+                return LoadedWeights(config, state, path, fmt, served_quantization, float_dtype)
     reader = None
     if fmt == "gguf":
         from engines.weights.gguf_loader import open_gguf  # deferred: the gguf library
@@ -146,4 +159,6 @@ def load_weights(model_path: str | None = None, load_format: str = "auto", dtype
         from engines.quant import quantize_state  # deferred: as above
 
         state = quantize_state(config, state)
+    if cache_entry is not None:
+        served_cache.store_entry(cache_entry, config, state, quantization, float_dtype)
     return LoadedWeights(config, state, path, fmt, quantization, float_dtype)
