@@ -19,7 +19,7 @@ the same `python -m sglang.bench_serving --backend sglang-oai` command (ShareGPT
 `--context-len` minus the output length, `--output-len` tokens each, greedy, ignore_eos) at each
 rate and at saturation (all prompts at once, `inf`). Every point samples other prompts (the same for
 every system), so no server's prompt cache answers a later point from an earlier one. Every server is
-started first and the systems take turns at each rate and repeat (never two at once; measured idle, a
+started first and the systems take turns at each rate and repeat, the first turn rotating (never two at once; measured idle, a
 llama-server uses no CPU and a Bullet server ~2 % of one core), so a machine whose speed drifts over
 minutes slows them alike; `--sequential` runs one server at a time through every rate instead.
 
@@ -180,7 +180,10 @@ def run_interleaved(args, binary, tokenizer: str, dataset: Path, out: Path) -> d
     with all_started({s: make_server(s, args, binary, out) for s in args.systems}) as servers:
         for rate in rates:
             for rep in range(args.repeats):
-                for system, server in servers.items():
+                # turns rotated: each system goes first once every len(systems) repeats
+                turn = rep % len(servers)
+                order = [*list(servers.items())[turn:], *list(servers.items())[:turn]]
+                for system, server in order:
                     runs[system][rate].append(run_point(system, server, rate, rep, args, tokenizer, dataset, out))
         commands = {s: command_of(server) for s, server in servers.items()}
     return {s: {"command": commands[s],
