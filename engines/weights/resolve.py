@@ -11,6 +11,7 @@ import torch
 
 from engines.device import quantization_for, resolve_dtype
 from engines.model_config import CONFIG_DIR, ModelConfig
+from engines.weights import served_cache
 from engines.weights.errors import ModelLoadError
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
@@ -87,9 +88,15 @@ def source_is_quantized(path: Path | None, fmt: str, reader=None) -> bool:
     `reader`: the GGUF already open."""
     if fmt != "gguf" or path is None:
         return False
+    known = served_cache.source_quantized(path) if served_cache.enabled() else None
+    if known is not None:  # parsing the file's metadata costs seconds; its answer is remembered per file
+        return known
     from engines.weights.gguf_loader import gguf_projections_quantized  # deferred: the gguf library
 
-    return gguf_projections_quantized(path, reader)
+    quantized = gguf_projections_quantized(path, reader)
+    if served_cache.enabled():
+        served_cache.remember_source_quantized(path, quantized)
+    return quantized
 
 
 def served_precision(model_path: str | None = None, load_format: str = "auto", quantization: str | None = "auto",
@@ -120,25 +127,25 @@ def load_weights(model_path: str | None = None, load_format: str = "auto", dtype
     Dummy weights are drawn on `device`; the other formats are read into host memory."""
     path, fmt = resolve_model_path(model_path, load_format)
     device = torch.device(device)
-    cache_entry = None
-    if fmt == "gguf":
-        from engines.weights import served_cache  # deferred: as the loaders below
-
-        if served_cache.enabled():
-            from engines.quant.int8 import fbgemm_available  # the int8 decision's other input
-
-            cache_entry = served_cache.entry_path(path, {"dtype": str(dtype), "quantization": quantization,
-                                                         "device": device.type, "fbgemm": fbgemm_available()})
-            cached = served_cache.load_entry(cache_entry)
-            if cached is not None:
-                config, state, served_quantization, float_dtype = cached
-                return LoadedWeights(config, state, path, fmt, served_quantization, float_dtype)
+    use_cache = fmt == "gguf" and served_cache.enabled()
     reader = None
-    if fmt == "gguf":
+    if fmt == "gguf" and (not use_cache or served_cache.source_quantized(path) is None):
         from engines.weights.gguf_loader import open_gguf  # deferred: the gguf library
 
         reader = open_gguf(path)  # once: the precision decision and the load both read it
     quantization, float_dtype = _served(quantization, dtype, device, path, fmt, reader)
+    cache_entry = None
+    if use_cache:  # keyed by what is served, so every request that serves the same state shares it
+        cache_entry = served_cache.entry_path(path, {"quantization": quantization, "dtype": str(float_dtype),
+                                                     "device": device.type})
+        cached = served_cache.load_entry(cache_entry)
+        if cached is not None:
+            config, state, served_quantization, served_dtype = cached
+            return LoadedWeights(config, state, path, fmt, served_quantization, served_dtype)
+        if reader is None:
+            from engines.weights.gguf_loader import open_gguf  # deferred: as above
+
+            reader = open_gguf(path)
     if fmt == "dummy":
         from engines.weights.dummy import dummy_weights  # deferred: only the format being loaded imports its loader
 

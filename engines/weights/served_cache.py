@@ -4,8 +4,9 @@ int8 model built from them.
 Deriving it costs seconds every start (measured on 2 EPYC cores for the default SmolLM2 Q4_1: parsing
 the GGUF's metadata 3.4 s, dequantizing 2 s, rotating and quantizing to int8 3.2 s); reading it back
 from a safetensors file costs a fraction of a second. An entry is keyed by the source file (path,
-size, modification time), the precision asked for, the device type, torch's version and the text of
-the code that derives it (the GGUF loader and the quantizer), so an edit to any of them, a new torch or
+size, modification time), the precision served (decided from the flags and whether the file's
+projections are quantized — remembered per file, since finding out parses its metadata), the device
+type, torch's version and the text of the code that derives it (the GGUF loader and the quantizer), so an edit to any of them, a new torch or
 a replaced file never serves a stale state. Safetensors holds plain tensors and a JSON header: nothing
 is unpickled. A file that cannot be read is logged, removed and derived again.
 
@@ -49,14 +50,44 @@ def _code_fingerprint() -> str:
     return h.hexdigest()
 
 
-def entry_path(source: Path, request: dict[str, str]) -> Path:
-    """Where the state served from `source` under `request` (the precision asked for and where it
-    runs: every input of the derivation besides the file and the code) is cached."""
+def _file_identity(source: Path) -> dict:
     st = source.stat()
-    key = json.dumps({"format": FORMAT, "source": str(source.resolve()), "size": st.st_size,
-                      "mtime_ns": st.st_mtime_ns, "request": request, "code": _code_fingerprint()},
+    return {"source": str(source.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def entry_path(source: Path, served: dict[str, str]) -> Path:
+    """Where the state served from `source` as `served` (the precision decided and where it runs:
+    every input of the derivation besides the file and the code) is cached."""
+    key = json.dumps({"format": FORMAT, **_file_identity(source), "served": served, "code": _code_fingerprint()},
                      sort_keys=True)
     return cache_dir() / "weights" / f"{source.stem}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.safetensors"
+
+
+def _source_facts_path(source: Path) -> Path:
+    key = json.dumps({"format": FORMAT, **_file_identity(source)}, sort_keys=True)
+    return cache_dir() / "weights" / f"{source.stem}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.source.json"
+
+
+def source_quantized(source: Path) -> bool | None:
+    """Whether this GGUF's projections are stored quantized, as remembered for this very file (None:
+    not known yet). Deciding it parses the file's metadata: seconds for a model with a large vocabulary."""
+    try:
+        value = json.loads(_source_facts_path(source).read_text())["projections_quantized"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return value if isinstance(value, bool) else None
+
+
+def remember_source_quantized(source: Path, quantized: bool) -> None:
+    path = _source_facts_path(source)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({"projections_quantized": quantized}))
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.warning("could not remember %s's precision at %s: %s", source, path, exc)
+        tmp.unlink(missing_ok=True)
 
 
 def load_entry(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], str, torch.dtype] | None:

@@ -34,13 +34,18 @@ def test_a_cached_load_serves_the_derived_state_and_a_damaged_entry_is_rebuilt(t
     for name, tensor in probe.state.items():
         assert cached.state[name].dtype == tensor.dtype, name
         assert torch.equal(cached.state[name], tensor), name
+    # the file's precision is remembered, and another request that serves the same state shares its entry
+    assert served_cache.source_quantized(probe.source) is True
+    again = load_weights(quantization="w8a8_int8", dtype=torch.bfloat16)
+    assert again.quantization == "w8a8_int8" and again.dtype == torch.float32
+    assert len(list((tmp_path / "weights").glob("*.safetensors"))) == 1
 
 
 def test_the_key_follows_the_file_the_request_and_the_code(tmp_path, monkeypatch):
     monkeypatch.setenv("BULLET_CACHE_DIR", str(tmp_path))
     source = tmp_path / "model.gguf"
     source.write_bytes(b"x" * 64)
-    request = {"dtype": "torch.float32", "quantization": "auto", "device": "cpu", "fbgemm": True}
+    request = {"dtype": "torch.float32", "quantization": "w8a8_int8", "device": "cpu"}
     first = served_cache.entry_path(source, request)
     assert first == served_cache.entry_path(source, dict(request))
     assert first != served_cache.entry_path(source, {**request, "quantization": "none"})
