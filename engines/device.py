@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from engines.cache_root import cache_dir
+
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
 BF16_MIN_SPEEDUP = 1.3
@@ -173,4 +175,4 @@ def _cpu_model() -> str:
 
 def _cache_path() -> Path:
     key = "".join(c if c.isalnum() else "-" for c in f"{cpu_identity()}-{torch.__version__}")
-    return Path(os.environ.get("BULLET_CACHE_DIR", Path.home() / ".cache" / "bullet")) / "dtype" / f"{key}.json"
+    return cache_dir() / "dtype" / f"{key}.json"

@@ -10,11 +10,8 @@ import hashlib
 import os
 from pathlib import Path
 
+from engines.cache_root import cache_dir
 from engines.weights.errors import ModelLoadError
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("BULLET_CACHE_DIR", Path.home() / ".cache" / "bullet"))
 
 
 class Tokenizer:

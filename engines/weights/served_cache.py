@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from engines.model_config import ModelConfig
-from engines.tokenizer import cache_dir
+from engines.cache_root import cache_dir
 
 log = logging.getLogger(__name__)
 
