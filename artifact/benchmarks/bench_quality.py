@@ -19,8 +19,11 @@ them in the window); PPL = exp(mean NLL). Bullet scores through its served path:
 where the CPU computes bf16 natively) and `int8` (the CPU default for this GGUF, W8A8). llama.cpp
 runs `llama-perplexity -m <the same GGUF> -f text.txt -c <ctx> --chunks <chunks>` on the same cores
 (its own Q4_1 x Q8 kernels and f16 KV cache; built beside llama-server by `llamacpp_build`), and
-llama-server's `/tokenize` on the same text checks that both tokenizers give the same ids. Every
-mode's per-token NLL is kept, so differences to fp32 come with a paired standard error.
+llama-server's `/tokenize` on the same text checks that both tokenizers give the same ids. Where they
+do not, every mode is scored a second time on llama.cpp's ids, cut into the same windows, so that
+llama-perplexity's PPL is compared on the very tokens it scored. Every mode's per-token NLL is kept,
+so differences to fp32 come with a paired standard error; llama-perplexity prints only a running PPL,
+from which each window's mean NLL is recovered, so llama.cpp is compared with each mode paired by window.
 
 Greedy agreement: the first user turn of each of the `--prompts` conversations that follow the
 text slice, in the model's chat template, cut to at most 256 tokens; `--greedy-tokens` greedy tokens
@@ -29,7 +32,7 @@ the share whose whole continuation is identical, and the mean number of tokens b
 difference. `fp32, 8 at a time` reruns the reference with another batch composition: the floor
 set by floating-point reduction order alone.
 
-Writes artifact/results/quality.json and quality.md."""
+Writes artifact/results/quality.json and quality.md (the arithmetic and the table: quality_report.py)."""
 
 from __future__ import annotations
 
@@ -49,6 +52,7 @@ import torch
 from artifact.benchmarks.bench_llamacpp import LlamaServer, cpu_flags
 from artifact.benchmarks.common import RESULTS, print_table, write_results
 from artifact.benchmarks.llamacpp_build import DEFAULT_VERSION, build_tools
+from artifact.benchmarks.quality_report import agreement, paired, table, window_nll, write_markdown
 from bullet.workloads.sharegpt import repaired_sharegpt_path
 from engines.device import cpu_has_native_bf16
 from engines.weights.resolve import default_gguf_path
@@ -107,27 +111,6 @@ def greedy(llm, prompts: list[list[int]], tokens: int) -> list[list[int]]:
     return [o.output_ids for o in outs]
 
 
-def agreement(got: list[list[int]], ref: list[list[int]]) -> dict:
-    prefix = []
-    for g, r in zip(got, ref):
-        k = 0
-        while k < min(len(g), len(r)) and g[k] == r[k]:
-            k += 1
-        prefix.append(k)
-    n = len(ref)
-    return {"first_token": sum(g[:1] == r[:1] for g, r in zip(got, ref)) / n,
-            "exact": sum(g == r for g, r in zip(got, ref)) / n,
-            "mean_tokens_before_first_difference": sum(prefix) / n}
-
-
-def paired(nll: torch.Tensor, ref: torch.Tensor) -> dict:
-    """Mean NLL difference to the reference per scored token, its standard error, and the PPL ratio."""
-    d = (nll - ref).flatten()
-    se = float(d.std() / math.sqrt(d.numel()))
-    return {"mean_nll_delta": float(d.mean()), "nll_delta_se": se, "ppl_ratio": math.exp(float(d.mean())),
-            "ppl_ratio_95": [math.exp(float(d.mean()) - 1.96 * se), math.exp(float(d.mean()) + 1.96 * se)]}
-
-
 def llamacpp_perplexity(binary: Path, text_path: Path, ctx: int, chunks: int, cores: str, log: Path) -> dict:
     cmd = ["taskset", "-c", cores, str(binary), "-m", str(default_gguf_path()), "-f", str(text_path), "-c", str(ctx),
            "--chunks", str(chunks), "-t", str(len(cores.split(",")))]
@@ -139,7 +122,8 @@ def llamacpp_perplexity(binary: Path, text_path: Path, ctx: int, chunks: int, co
         raise RuntimeError(f"llama-perplexity failed ({proc.returncode}); see {log}")
     chunk_line = re.search(r"calculating perplexity over (\d+) chunks, n_ctx=(\d+)", proc.stdout + proc.stderr)
     return {"ppl": float(found.group(1)), "ppl_pm": float(found.group(2)), "command": cmd,
-            "chunks": int(chunk_line.group(1)), "ctx": int(chunk_line.group(2)), "seconds": time.perf_counter() - t}
+            "chunks": int(chunk_line.group(1)), "ctx": int(chunk_line.group(2)), "seconds": time.perf_counter() - t,
+            "window_nll": window_nll(proc.stdout + proc.stderr)}
 
 
 def llamacpp_token_ids(server_binary: Path, text: str, cores: list[int], log: Path) -> list[int]:
@@ -191,46 +175,68 @@ def main() -> None:
     print(f"[quality] text: {args.conversations} conversations, {len(tokens)} tokens, {args.chunks} windows of "
           f"{args.ctx}; {len(prompts)} greedy prompts", flush=True)
 
-    nll, continuations, seconds = {}, {}, {}
+    llamacpp, llama_wins = None, None
+    if not args.no_llamacpp:
+        binaries = build_tools(args.llamacpp_version, tools=("llama-server", "llama-perplexity"))
+        ids = llamacpp_token_ids(binaries["llama-server"], text, [int(c) for c in args.cores.split(",")],
+                                 out / "llama-server.log")
+        n = args.ctx * args.chunks
+        llamacpp = {"same_token_ids": ids[:n] == tokens[:n],
+                    "token_count": {"llama.cpp": len(ids), "bullet": len(tokens)}}
+        if not llamacpp["same_token_ids"]:  # llama-perplexity scores its own ids: score every mode on them too
+            llama_wins = windows(ids, args.ctx, args.chunks)
+            print(f"[quality] llama.cpp's tokenizer gives other ids ({len(ids)} tokens): every mode is scored on "
+                  "its windows too", flush=True)
+
+    nll, nll_llama, continuations, seconds = {}, {}, {}, {}
     key = hashlib.sha256(json.dumps([wins, prompts, args.greedy_tokens]).encode()).hexdigest()[:16]
+    llama_key = hashlib.sha256(json.dumps(llama_wins).encode()).hexdigest()[:16]
     for mode in [*modes, FLOOR]:
-        saved = out / f"{mode.replace(' ', '_').replace(',', '')}-{key}.pt"
+        stem = mode.replace(" ", "_").replace(",", "")
+        saved = out / f"{stem}-{key}.pt"
         if args.resume and saved.exists():  # the same windows and prompts, measured by an earlier run
             nll[mode], continuations[mode], seconds[mode] = torch.load(saved).values()
             print(f"[quality] {mode}: from {saved}", flush=True)
-            continue
-        t = time.perf_counter()
-        if mode == FLOOR:
-            llms.clear()
-            floor = bullet.LLM(**MODES["fp32"], max_total_tokens=args.ctx * 64, max_running_requests=8)
-            nll[mode], continuations[mode] = None, greedy(floor, prompts, args.greedy_tokens)
-            del floor
         else:
-            nll[mode] = scored_nll(llm(mode), wins)
-            continuations[mode] = greedy(llm(mode), prompts, args.greedy_tokens)
-            print(f"[quality] {mode}: PPL {math.exp(float(nll[mode].mean())):.4f}", flush=True)
-        seconds[mode] = time.perf_counter() - t
-        torch.save({"nll": nll[mode], "continuations": continuations[mode], "seconds": seconds[mode]}, saved)
+            t = time.perf_counter()
+            if mode == FLOOR:
+                llms.clear()
+                floor = bullet.LLM(**MODES["fp32"], max_total_tokens=args.ctx * 64, max_running_requests=8)
+                nll[mode], continuations[mode] = None, greedy(floor, prompts, args.greedy_tokens)
+                del floor
+            else:
+                nll[mode] = scored_nll(llm(mode), wins)
+                continuations[mode] = greedy(llm(mode), prompts, args.greedy_tokens)
+                print(f"[quality] {mode}: PPL {math.exp(float(nll[mode].mean())):.4f}", flush=True)
+            seconds[mode] = time.perf_counter() - t
+            torch.save({"nll": nll[mode], "continuations": continuations[mode], "seconds": seconds[mode]}, saved)
+        if llama_wins is not None and mode != FLOOR:
+            saved = out / f"{stem}-llamacpp-ids-{llama_key}.pt"
+            if args.resume and saved.exists():
+                nll_llama[mode] = torch.load(saved)
+            else:
+                nll_llama[mode] = scored_nll(llm(mode), llama_wins)
+                torch.save(nll_llama[mode], saved)
+            print(f"[quality] {mode} on llama.cpp's ids: PPL {math.exp(float(nll_llama[mode].mean())):.4f}", flush=True)
     llms.clear()
+    if llamacpp is not None:
+        llamacpp.update(llamacpp_perplexity(binaries["llama-perplexity"], text_path, args.ctx, args.chunks,
+                                            args.cores, out / "llama-perplexity.log"))
+        print(f"[quality] llama.cpp: PPL {llamacpp['ppl']:.4f} (same token ids: {llamacpp['same_token_ids']})",
+              flush=True)
 
     results = {}
     for mode in modes:
         results[mode] = {"ppl": math.exp(float(nll[mode].mean())), "seconds": seconds[mode],
                          "vs_fp32": paired(nll[mode], nll["fp32"]),
                          "chunk_ppl": torch.exp(nll[mode].mean(1)).tolist()}
+        if mode in nll_llama:
+            results[mode]["on_llamacpp_ids"] = {"ppl": math.exp(float(nll_llama[mode].mean())),
+                                                "vs_fp32": paired(nll_llama[mode], nll_llama["fp32"])}
+        if llamacpp is not None:  # paired by window: llama-perplexity prints no per-token NLL
+            mine = nll_llama.get(mode, nll[mode]).mean(1)
+            results[mode]["llamacpp_vs_this"] = paired(torch.tensor(llamacpp["window_nll"], dtype=torch.float64), mine)
     greedy_rows = {m: agreement(c, continuations["fp32"]) for m, c in continuations.items() if m != "fp32"}
-    llamacpp = None
-    if not args.no_llamacpp:
-        binaries = build_tools(args.llamacpp_version, tools=("llama-server", "llama-perplexity"))
-        ids = llamacpp_token_ids(binaries["llama-server"], text, [int(c) for c in args.cores.split(",")],
-                                 out / "llama-server.log")
-        n = args.ctx * args.chunks
-        llamacpp = llamacpp_perplexity(binaries["llama-perplexity"], text_path, args.ctx, args.chunks, args.cores,
-                                       out / "llama-perplexity.log")
-        llamacpp["same_token_ids"] = ids[:n] == tokens[:n]
-        llamacpp["token_count"] = {"llama.cpp": len(ids), "bullet": len(tokens)}
-        print(f"[quality] llama.cpp: PPL {llamacpp['ppl']:.4f} (same token ids: {llamacpp['same_token_ids']})",
-              flush=True)
     meta = {"model": default_gguf_path().name, "cpu_flags": cpu_flags(), "native_bf16": cpu_has_native_bf16(),
             "conversations": args.conversations, "ctx": args.ctx, "chunks": args.chunks,
             "scored_tokens": int(nll["fp32"].numel()), "text_tokens": len(tokens), "prompts": len(prompts),
@@ -238,41 +244,8 @@ def main() -> None:
             "when": time.strftime("%Y-%m-%d %H:%M")}
     path = write_results("quality", {**meta, "perplexity": results, "greedy": greedy_rows, "llama.cpp": llamacpp})
     rows = table(results, greedy_rows, llamacpp)
-    write_markdown(rows, meta, RESULTS / "quality.md")
+    write_markdown(rows, meta, llamacpp, RESULTS / "quality.md")
     print_table(rows, list(rows[0]), title=f"quality of each serving mode ({path})")
-
-
-def table(results: dict, greedy_rows: dict, llamacpp: dict | None) -> list[dict]:
-    rows = []
-    for mode, r in results.items():
-        g = greedy_rows.get(mode, {})
-        v = r["vs_fp32"]
-        lo, hi = v["ppl_ratio_95"]
-        rows.append({"mode": mode, "PPL": r["ppl"], "PPL / fp32": f"{v['ppl_ratio']:.4f} [{lo:.4f}, {hi:.4f}]",
-                     "first token = fp32": g.get("first_token", ""), "all tokens = fp32": g.get("exact", ""),
-                     "tokens before 1st diff": g.get("mean_tokens_before_first_difference", "")})
-    for mode, g in greedy_rows.items():
-        if mode not in results:
-            rows.append({"mode": mode, "PPL": "", "PPL / fp32": "", "first token = fp32": g["first_token"],
-                         "all tokens = fp32": g["exact"], "tokens before 1st diff": g["mean_tokens_before_first_difference"]})
-    if llamacpp:
-        ratio = llamacpp["ppl"] / results["fp32"]["ppl"]
-        rows.append({"mode": "llama.cpp (llama-perplexity)", "PPL": llamacpp["ppl"], "PPL / fp32": f"{ratio:.4f}",
-                     "first token = fp32": "", "all tokens = fp32": "", "tokens before 1st diff": ""})
-    return rows
-
-
-def write_markdown(rows: list[dict], meta: dict, path: Path) -> None:
-    cols = list(rows[0])
-    lines = [f"# Quality of each serving mode ({meta['when']})", "",
-             f"{meta['model']}; perplexity over {meta['chunks']} windows of {meta['ctx']} tokens of the first "
-             f"{meta['conversations']} ShareGPT conversations ({meta['scored_tokens']} scored tokens, the second half "
-             f"of each window, as llama-perplexity scores); greedy: {meta['prompts']} prompts, {meta['greedy_tokens']} "
-             f"tokens each. PPL / fp32: paired ratio with its 95 % interval. CPU flags: {' '.join(meta['cpu_flags'])}.",
-             "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:
-        lines.append("| " + " | ".join(f"{v:.4f}" if isinstance(v, float) else str(v) for v in r.values()) + " |")
-    path.write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
