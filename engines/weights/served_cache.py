@@ -6,14 +6,15 @@ the GGUF's metadata 3.4 s, dequantizing 2 s, rotating and quantizing to int8 3.2
 from a safetensors file costs a fraction of a second. An entry is keyed by the source file (path,
 size, modification time), the precision served (decided from the flags and whether the file's
 projections are quantized — remembered per file, since finding out parses its metadata), the device
-type, torch's version and the text of the code that derives it (the GGUF loader and the quantizer), so an edit to any of them, a new torch or
-a replaced file never serves a stale state. Safetensors holds plain tensors and a JSON header: nothing
-is unpickled. A file that cannot be read is logged, removed and derived again.
+type, torch's version and the text of the code that derives it (the GGUF loader and the quantizer),
+so an edit to any of them, a new torch or a replaced file never serves a stale state. Safetensors
+holds plain tensors and a JSON header: nothing is unpickled. A file that cannot be read is logged,
+removed and derived again.
 
 Only small models are cached (`MAX_ENTRY_BYTES`: for a large GGUF the derivation is a small part of a
 start, and a float copy of it would fill the disk), and the most recently used entries are kept up to
-`MAX_TOTAL_BYTES` in all. `BULLET_WEIGHTS_CACHE=0` turns
-the cache off; entries live under `$BULLET_CACHE_DIR/weights` (default `~/.cache/bullet/weights`)."""
+`MAX_TOTAL_BYTES` in all. `BULLET_WEIGHTS_CACHE=0` turns the cache off; entries live under
+`$BULLET_CACHE_DIR/weights` (default `~/.cache/bullet/weights`)."""
 
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-from engines.model_config import ModelConfig
 from engines.cache_root import cache_dir
+from engines.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 
