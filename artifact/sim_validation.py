@@ -173,6 +173,10 @@ def main() -> int:
     p.add_argument("--max-running-requests", type=int, required=True)
     p.add_argument("--ttft-slo", default="3.0ms/token", help="the SLOs the servers' policies were given")
     p.add_argument("--tpot-slo", default="150ms")
+    p.add_argument("--served-steps", nargs="+", default=None, metavar="TIMELINE_DIR",
+                   help="replay on the device as the served run's own step log measured it: the profile's "
+                        "latencies scaled (plus a per-step overhead) to fit the steps these timeline "
+                        "directories recorded (artifact.served_steps)")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--slo-rule", default="0.003,0.25,0.05",
                    help="per-token TTFT, TTFT floor, TPOT of the load generator's attainment ('' for none)")
@@ -193,14 +197,23 @@ def main() -> int:
                                 args.systems)
     if not runs:
         p.error("give --serve-jsonl, --bench-serving or --comparison")
+    steps = None
+    if args.served_steps:
+        from artifact.served_steps import served_step_times  # deferred: numpy and the profile loader
+
+        steps = served_step_times(args.profile, args.served_steps)
+        print(f"[validate] served steps vs the profile: {steps.as_dict()}", flush=True)
     base = SimConfig(estimator_profile=args.profile, max_total_tokens=args.max_total_tokens,
-                     max_running_requests=args.max_running_requests, ttft_slo=args.ttft_slo, tpot_slo=args.tpot_slo)
+                     max_running_requests=args.max_running_requests, ttft_slo=args.ttft_slo, tpot_slo=args.tpot_slo,
+                     **({"step_time_scale": steps.scale, "step_overhead_s": steps.overhead_s} if steps else {}))
     slo_rule = tuple(float(x) for x in args.slo_rule.split(",")) if args.slo_rule else None
     rows = validate(runs, base, list(range(args.seeds)), slo_rule)
     ranks = rankings(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(
-        {"config": base.as_dict(), "seeds": args.seeds, "slo_rule": slo_rule, "notes": args.note, "runs": rows,
+        {"config": base.as_dict(), "seeds": args.seeds, "slo_rule": slo_rule, "notes": args.note,
+         "served_steps": {**steps.as_dict(), "timelines": [str(d) for d in args.served_steps]} if steps else None,
+         "runs": rows,
          "rankings": ranks},
         indent=1) + "\n")
     args.out.with_suffix(".md").write_text(markdown(rows, ranks, args.title, args.note))

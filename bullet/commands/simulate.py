@@ -68,6 +68,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step-overhead-ms", type=float, default=None,
                    help="charged after every step's kernels (default: 0 with a measured profile, whose step "
                         "times include it, else 0.5)")
+    p.add_argument("--step-time-scale", type=float, default=d.step_time_scale,
+                   help="every step's kernels take this many times the device model's latency (a served "
+                        "machine slower than its profile: `python -m artifact.served_steps` measures it)")
     p.add_argument("--handoff-delay-ms", type=float, default=d.handoff_delay_s * 1e3)
     p.add_argument("--stop-below", type=float, default=None, metavar="ATTAINMENT",
                    help="stop early once this SLO attainment is out of reach")
@@ -87,6 +90,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         max_running_requests=args.max_running_requests, page_size=args.page_size, kv_memory_gb=args.kv_memory_gb,
         max_total_tokens=args.max_total_tokens,
         step_overhead_s=None if args.step_overhead_ms is None else args.step_overhead_ms / 1e3,
+        step_time_scale=args.step_time_scale,
         noise=args.noise, contention_model=not args.no_contention, contention_floor=args.contention_floor,
         prefill_slowdown=args.prefill_slowdown, policy_contention=not args.blind_policy,
         overlap_share=args.overlap_share, handoff_delay_s=args.handoff_delay_ms / 1e3, seed=args.seed,

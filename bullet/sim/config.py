@@ -50,6 +50,10 @@ class SimConfig:
     # phase samples timed whole steps (their calibration already carries what the steps spent outside
     # the kernels), else 0.5 ms (`step_overhead`)
     step_overhead_s: float | None = None
+    # every step's kernels take this many times what the device model says: a served machine that ran
+    # slower than its profile (another load on its cores, a host whose speed drifts), measured from the
+    # served run's own step log (`artifact.served_steps`). 1.0: the profile as measured
+    step_time_scale: float = 1.0
     prefill_preemption: bool = True  # bullet: layer-boundary preemption of the prefill batch in flight
     hand_back: str = "bounded"  # bullet: off | decode-step | bounded
     layer_group: str = "fixed"  # bullet: fixed (prefill_layers_per_step) | adaptive (about one decode step)

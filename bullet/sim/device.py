@@ -20,6 +20,8 @@ charged partly at each speed. Within one configuration:
   prefill of that many tokens, prefill's slowdown beside a decode batch of that size.
 * noise: each step's latency is multiplied by a seeded factor drawn uniformly from [1-n, 1+n]
   (Bullet §3.2.3 measures 95 % of co-running latencies within ±6.8 % of their mean).
+* time scale: and by `time_scale` (1.0: the device model as profiled) — a served machine that ran
+  its steps slower than its profile, as its step log measured (`SimConfig.step_time_scale`).
 
 * overhead: `step_overhead_s` after every step's kernels, for every system alike — launching the
   step and the scheduler's bookkeeping, time in which the worker is busy but its units are not."""
@@ -115,14 +117,16 @@ class DeviceStats:
 class SimulatedDevice:
     def __init__(self, estimator: Estimator, loop: EventLoop, contention: AnalyticContention | None = None,
                  noise: float = 0.0, seed: int = 0, overlap_share: str = "demand", step_overhead_s: float = 0.0,
-                 measured_corun: bool = False):
+                 measured_corun: bool = False, time_scale: float = 1.0):
         if not 0.0 <= noise < 1.0:
             raise ValueError(f"noise must lie in [0, 1), got {noise}")
+        if not time_scale > 0:
+            raise ValueError(f"time_scale must be positive, got {time_scale}")
         if overlap_share not in OVERLAP_SHARES:
             raise ValueError(f"overlap_share must be one of {OVERLAP_SHARES}, got {overlap_share!r}")
         self.est, self.loop, self.contention, self.noise = estimator, loop, contention, noise
         self.overlap_share, self.step_overhead_s = overlap_share, step_overhead_s
-        self.measured_corun = measured_corun
+        self.measured_corun, self.time_scale = measured_corun, time_scale
         self.total = estimator.hardware.units
         self.rng = random.Random(seed)
         self.running: dict[str, Step] = {}
@@ -137,6 +141,7 @@ class SimulatedDevice:
             raise ValueError(f"units must lie in 1..{self.total}, got {units}")
         now = self.loop.clock.now()
         factor = 1.0 + self.noise * (2.0 * self.rng.random() - 1.0) if self.noise else 1.0
+        factor *= self.time_scale  # x 1.0 is x, to the bit: an unscaled device charges what it did
         self._account(now)
         self.running[role] = Step(role, work, units, factor, on_done, started=now, last=now)
         self._rebalance(now)

@@ -77,7 +77,8 @@ class Simulation:
         self.device = SimulatedDevice(self.device_estimator, self.loop, config.contention(self.device_estimator),
                                       config.noise, config.seed, config.overlap_share,
                                       step_overhead(config, self.device_estimator),
-                                      measured_corun=config.contention_model and measured_contention(self.device_estimator))
+                                      measured_corun=config.contention_model and measured_contention(self.device_estimator),
+                                      time_scale=config.step_time_scale)
         self.log = RequestLog()
         self.board = StateBoard(self.clock)
         self.allocator = LocalPageAllocator(pages, config.page_size)

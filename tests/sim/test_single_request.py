@@ -84,3 +84,19 @@ def test_every_step_pays_the_stated_overhead(tmp_path, policy):
     steps_to_first = len(timeline(tmp_path / "without", role)) if policy == "bullet" else -(-PROMPT // 256)
     [a], [b] = base.records, with_overhead.records
     assert b.ttft == pytest.approx(a.ttft + steps_to_first * 1e-3, rel=1e-9)
+
+
+@pytest.mark.parametrize("policy", ["bullet", "chunked:256"])
+def test_a_step_time_scale_stretches_every_step(tmp_path, policy):
+    """`step_time_scale`: a device whose steps all run k times slower than its model (the served
+    machine against its profile) — a lone request's TTFT and TPOT are k times the unscaled ones."""
+    _, plain = run(policy, tmp_path / "plain")
+    _, slow = run(policy, tmp_path / "slow", step_time_scale=1.5)
+    [a], [b] = plain.records, slow.records
+    assert b.ttft == pytest.approx(1.5 * a.ttft, rel=1e-9)
+    assert b.tpot == pytest.approx(1.5 * a.tpot, rel=1e-9)
+
+
+def test_a_step_time_scale_must_be_positive(tmp_path):
+    with pytest.raises(ValueError, match="time_scale"):
+        run("bullet", tmp_path, step_time_scale=0.0)

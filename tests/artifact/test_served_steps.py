@@ -1,0 +1,114 @@
+"""The served steps' fit (`artifact.served_steps`): a step log whose steps ran k times the device
+model's latency plus a fixed overhead gives back k and the overhead; rows it cannot price are
+skipped; and a simulated run on a device slowed by k, read back from its own timeline, fits k."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from artifact.served_steps import fit, priced_steps, read_timelines, served_step_times
+from bullet.sim import SimConfig, Simulation
+from estimator.profile import load_estimator
+from estimator.reference.profiles import SHIPPED_PROFILE
+
+
+@pytest.fixture(scope="module")
+def est():
+    return load_estimator(str(SHIPPED_PROFILE))
+
+
+def step_rows(est, scale: float, overhead_s: float) -> list[dict]:
+    """A prefill, decode and hybrid step log of a device running `scale` x the model, + overhead."""
+    rows = []
+    for tokens, batch, layers, beside in ((300, 1, 4, 0), (900, 3, 4, 12), (2048, 2, 8, 40)):
+        lens = [tokens // batch + (1 if i < tokens % batch else 0) for i in range(batch)]
+        s = est.prefill_time(lens, 54, num_layers=layers, include_head=False, co_decode_batch=beside)
+        rows.append({"role": "prefill", "run": True, "units": 54, "tokens": tokens, "batch": batch, "layers": layers,
+                     "decode_batch": beside, "obs_ms": (overhead_s + scale * s) * 1e3})
+    for batch in (1, 8, 32, 64):
+        s = est.decode_time(batch, 500 * batch, 108)
+        rows.append({"role": "decode", "run": True, "units": 108, "batch": batch, "context": 500 * batch,
+                     "prefill_units": 0, "obs_ms": (overhead_s + scale * s) * 1e3})
+    for chunk, decodes in ((256, 10), (1024, 0), (64, 40)):
+        s = est.hybrid_step_time([(chunk, 0)], decodes, 300 * decodes, 108)
+        rows.append({"role": "unified", "run": True, "units": 108, "chunks": [[chunk, 0]], "decode_batch": decodes,
+                     "context": 300 * decodes, "obs_ms": (overhead_s + scale * s) * 1e3})
+    return rows
+
+
+def test_fit_recovers_the_scale_and_the_overhead(est):
+    pairs = priced_steps(step_rows(est, 1.3, 0.002), est)
+    assert len(pairs) == 10
+    times = fit(pairs)
+    assert times.scale == pytest.approx(1.3, rel=1e-6)
+    assert times.overhead_s == pytest.approx(0.002, abs=1e-8)
+
+
+def test_a_negative_overhead_is_refitted_through_the_origin(est):
+    rows = step_rows(est, 0.9, -0.0005)
+    times = fit(priced_steps(rows, est))
+    assert times.overhead_s == 0.0
+    assert 0.8 < times.scale < 0.9
+
+
+def test_rows_it_cannot_price_are_skipped(est):
+    good = step_rows(est, 1.0, 0.0)
+    junk = [
+        {"role": "decode", "run": False, "units": 108, "batch": 4, "reason": "paused"},  # no step ran
+        {"role": "decode", "run": True, "units": 54, "batch": 4, "context": 900, "prefill_units": 54, "obs_ms": 9.0},
+        {"role": "prefill", "run": True, "units": 999, "tokens": 10, "layers": 4, "obs_ms": 1.0},  # no such share
+        {"role": "prefill", "run": True, "units": 8, "tokens": "many", "layers": 4, "obs_ms": 1.0},
+        {"role": "unified", "run": True, "units": 8, "chunks": [[1, 2, 3]], "obs_ms": 1.0},
+        {"role": "router", "run": True, "units": 8, "obs_ms": 1.0},
+    ]
+    assert len(priced_steps(junk + good, est)) == len(good)
+
+
+def test_too_few_steps_fit_nothing(est):
+    with pytest.raises(ValueError, match="too few"):
+        fit(priced_steps(step_rows(est, 1.0, 0.0)[:3], est))
+
+
+def test_read_timelines_skips_malformed_lines_and_wants_a_timeline(tmp_path):
+    (tmp_path / "decode.jsonl").write_text('{"role": "decode"}\nnot json\n[1, 2]\n{"role": "decode", "run": true}\n')
+    assert read_timelines([tmp_path]) == [{"role": "decode"}, {"role": "decode", "run": True}]
+    with pytest.raises(FileNotFoundError, match="timeline"):
+        read_timelines([tmp_path / "missing"])
+
+
+def test_a_slowed_simulated_device_fits_its_slowdown_from_its_own_timeline(tmp_path):
+    """The chunked baseline on the A100 profile with every step 1.4 x slower: its unified timeline,
+    priced by the same profile, fits 1.4 and no overhead."""
+    config = SimConfig(policy="chunked:512", seed=1, noise=0.0, step_overhead_s=0.0, step_time_scale=1.4,
+                       timeline_dir=str(tmp_path))
+    Simulation(config, [(0.05 * i, 200 + 37 * i, 12) for i in range(20)]).run()
+    rows = [json.loads(line) for line in (tmp_path / "unified.jsonl").read_text().splitlines()]
+    assert rows and all("chunks" in r for r in rows if r.get("run"))
+    times = served_step_times(SHIPPED_PROFILE, [tmp_path])
+    assert times.scale == pytest.approx(1.4, rel=1e-6)
+    assert times.overhead_s == pytest.approx(0.0, abs=1e-9)
+
+
+def test_sim_validation_replays_on_the_served_steps_speed(tmp_path, monkeypatch):
+    """`sim_validation --served-steps`: the fit of the timelines given sets the replay's device."""
+    from artifact import sim_validation
+
+    timeline = tmp_path / "timeline"
+    Simulation(SimConfig(policy="chunked:512", seed=1, noise=0.0, step_overhead_s=0.0, step_time_scale=2.0,
+                         timeline_dir=str(timeline)), [(0.05 * i, 300, 8) for i in range(12)]).run()
+    bench = tmp_path / "bench.jsonl"
+    bench.write_text(json.dumps({"request_rate": 2.0, "output_throughput": 4.0, "input_lens": [120, 300],
+                                 "output_lens": [4, 4], "ttfts": [0.05, 0.08], "itls": [[0.01] * 3, [0.02] * 3],
+                                 "errors": ["", ""], "arrivals": [0.0, 0.4]}) + "\n")
+    out = tmp_path / "validation"
+    monkeypatch.setattr("sys.argv", ["sim_validation", "--bench-serving", f"{bench},chunked:512",
+                                     "--profile", str(SHIPPED_PROFILE), "--max-total-tokens", "65536",
+                                     "--max-running-requests", "64", "--seeds", "1", "--served-steps", str(timeline),
+                                     "--out", str(out)])
+    assert sim_validation.main() == 0
+    data = json.loads(out.with_suffix(".json").read_text())
+    assert data["served_steps"]["scale"] == pytest.approx(2.0, rel=1e-6)
+    assert data["config"]["step_time_scale"] == pytest.approx(2.0, rel=1e-6)
+    assert data["runs"][0]["predicted"]["ttft_p50_s"] > 0
