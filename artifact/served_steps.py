@@ -24,6 +24,7 @@ batch's summed context.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import logging
 import statistics
@@ -110,16 +111,17 @@ def fit(pairs: list[tuple[float, float]]) -> StepTimes:
 
 
 def read_timelines(dirs: Iterable[str | Path]) -> list[dict]:
-    """Every row of every worker's timeline file under `dirs`; a malformed line is skipped."""
+    """Every row of every worker's timeline file under `dirs` (`<role>.jsonl`, or gzipped as committed);
+    a malformed line is skipped."""
     rows = []
     for d in dirs:
-        files = [Path(d) / f"{role}.jsonl" for role in ("prefill", "decode", "unified")]
-        if not any(f.exists() for f in files):
-            raise FileNotFoundError(f"{d}: no prefill, decode or unified .jsonl (a served run's --timeline-dir)")
+        files = [f for role in ("prefill", "decode", "unified") for f in (Path(d) / f"{role}.jsonl",
+                                                                           Path(d) / f"{role}.jsonl.gz") if f.exists()]
+        if not files:
+            raise FileNotFoundError(f"{d}: no prefill, decode or unified .jsonl(.gz) (a served run's --timeline-dir)")
         for f in files:
-            if not f.exists():
-                continue
-            for n, line in enumerate(f.read_text().splitlines(), 1):
+            text = gzip.decompress(f.read_bytes()).decode() if f.suffix == ".gz" else f.read_text()
+            for n, line in enumerate(text.splitlines(), 1):
                 try:
                     row = json.loads(line)
                 except json.JSONDecodeError:

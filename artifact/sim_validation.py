@@ -34,7 +34,7 @@ LOWER_IS_BETTER = {m: m != "out_tok_per_s" for m in METRICS}
 def predict(run: ServedRun, base: SimConfig, seed: int) -> dict:
     """One simulated replay of `run` (each of its loads, their requests pooled): its metrics, computed
     the way the served run computed them."""
-    config = SimConfig(**{**base.as_dict(), "policy": run.system, "seed": seed})
+    config = SimConfig(**{**base.as_dict(), **run.extra.get("sim", {}), "policy": run.system, "seed": seed})
     done, span, wall = [], 0.0, 0.0
     for load in run.loads:
         result = Simulation(config, load).run()
@@ -160,6 +160,32 @@ def markdown(rows: list[dict], ranks: list[dict], title: str, notes: list[str]) 
     return "\n".join(lines) + "\n"
 
 
+def fit_by_system(runs: list[ServedRun], profile: str, root: Path) -> dict[str, dict]:
+    """Each run replays on the device as its own server's steps measured it (`root/<system>/`, the
+    fit of `artifact.served_steps`), set in `run.extra["sim"]`; returns each system's fit."""
+    from artifact.server import system_slug  # deferred: the server helpers import the launcher's config
+    from artifact.served_steps import served_step_times  # deferred: numpy and the profile loader
+
+    fits, pooled = {}, []
+    for system in dict.fromkeys(run.system for run in runs):
+        try:
+            fits[system] = served_step_times(profile, [root / system_slug(system)])
+        except ValueError as exc:  # e.g. a timeline from before hybrid steps were recorded in full
+            print(f"[validate] {system}: {exc}; it takes the other systems' pooled fit", flush=True)
+            pooled.append(system)
+    if pooled:
+        if not fits:
+            raise SystemExit(f"{root}: no system's steps could be priced")
+        shared = served_step_times(profile, [root / system_slug(s) for s in fits])
+        fits.update({system: shared for system in pooled})
+    for system, times in fits.items():
+        print(f"[validate] {system}: served steps vs the profile {times.as_dict()}", flush=True)
+    for run in runs:
+        times = fits[run.system]
+        run.extra["sim"] = {"step_time_scale": times.scale, "step_overhead_s": times.overhead_s}
+    return {system: {**times.as_dict(), "pooled": system in pooled} for system, times in fits.items()}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--serve-jsonl", type=Path, help="a load-generator summary file (one run per line)")
@@ -173,10 +199,16 @@ def main() -> int:
     p.add_argument("--max-running-requests", type=int, required=True)
     p.add_argument("--ttft-slo", default="3.0ms/token", help="the SLOs the servers' policies were given")
     p.add_argument("--tpot-slo", default="150ms")
-    p.add_argument("--served-steps", nargs="+", default=None, metavar="TIMELINE_DIR",
-                   help="replay on the device as the served run's own step log measured it: the profile's "
-                        "latencies scaled (plus a per-step overhead) to fit the steps these timeline "
-                        "directories recorded (artifact.served_steps)")
+    steps_how = p.add_mutually_exclusive_group()
+    steps_how.add_argument("--served-steps", nargs="+", default=None, metavar="TIMELINE_DIR",
+                           help="replay on the device as the served run's own step log measured it: the profile's "
+                                "latencies scaled (plus a per-step overhead) to fit the steps these timeline "
+                                "directories recorded (artifact.served_steps)")
+    steps_how.add_argument("--served-steps-by-system", type=Path, default=None, metavar="TIMELINE_ROOT",
+                           help="as --served-steps, fitted for each system to its own server's steps: "
+                                "TIMELINE_ROOT/<system>/ (a served comparison's <out>/timeline) — where the "
+                                "profile prices one system's steps worse than another's (a hybrid step, "
+                                "which no profile sample times)")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--slo-rule", default="0.003,0.25,0.05",
                    help="per-token TTFT, TTFT floor, TPOT of the load generator's attainment ('' for none)")
@@ -203,6 +235,7 @@ def main() -> int:
 
         steps = served_step_times(args.profile, args.served_steps)
         print(f"[validate] served steps vs the profile: {steps.as_dict()}", flush=True)
+    by_system = fit_by_system(runs, args.profile, args.served_steps_by_system) if args.served_steps_by_system else None
     base = SimConfig(estimator_profile=args.profile, max_total_tokens=args.max_total_tokens,
                      max_running_requests=args.max_running_requests, ttft_slo=args.ttft_slo, tpot_slo=args.tpot_slo,
                      **({"step_time_scale": steps.scale, "step_overhead_s": steps.overhead_s} if steps else {}))
@@ -212,7 +245,8 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(
         {"config": base.as_dict(), "seeds": args.seeds, "slo_rule": slo_rule, "notes": args.note,
-         "served_steps": {**steps.as_dict(), "timelines": [str(d) for d in args.served_steps]} if steps else None,
+         "served_steps": ({**steps.as_dict(), "timelines": [str(d) for d in args.served_steps]} if steps
+                          else {"by_system": by_system, "root": str(args.served_steps_by_system)} if by_system else None),
          "runs": rows,
          "rankings": ranks},
         indent=1) + "\n")

@@ -4,6 +4,7 @@ skipped; and a simulated run on a device slowed by k, read back from its own tim
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import pytest
@@ -74,6 +75,8 @@ def test_too_few_steps_fit_nothing(est):
 def test_read_timelines_skips_malformed_lines_and_wants_a_timeline(tmp_path):
     (tmp_path / "decode.jsonl").write_text('{"role": "decode"}\nnot json\n[1, 2]\n{"role": "decode", "run": true}\n')
     assert read_timelines([tmp_path]) == [{"role": "decode"}, {"role": "decode", "run": True}]
+    (tmp_path / "prefill.jsonl.gz").write_bytes(gzip.compress(b'{"role": "prefill"}\n'))
+    assert read_timelines([tmp_path])[0] == {"role": "prefill"}
     with pytest.raises(FileNotFoundError, match="timeline"):
         read_timelines([tmp_path / "missing"])
 
@@ -112,3 +115,28 @@ def test_sim_validation_replays_on_the_served_steps_speed(tmp_path, monkeypatch)
     assert data["served_steps"]["scale"] == pytest.approx(2.0, rel=1e-6)
     assert data["config"]["step_time_scale"] == pytest.approx(2.0, rel=1e-6)
     assert data["runs"][0]["predicted"]["ttft_p50_s"] > 0
+
+
+def test_sim_validation_fits_each_system_to_its_own_steps(tmp_path, monkeypatch):
+    """`--served-steps-by-system ROOT`: each system replays on the fit of ROOT/<system>/; a system whose
+    timeline prices no step (here: nothing but pauses) takes the others' pooled fit."""
+    from artifact import sim_validation
+
+    root = tmp_path / "timeline"
+    Simulation(SimConfig(policy="chunked:512", seed=1, noise=0.0, step_overhead_s=0.0, step_time_scale=1.5,
+                         timeline_dir=str(root / "chunked-512")), [(0.05 * i, 300, 8) for i in range(12)]).run()
+    (root / "bullet").mkdir()
+    (root / "bullet" / "decode.jsonl").write_text('{"role": "decode", "run": false, "reason": "paused"}\n')
+    bench = tmp_path / "bench.jsonl"
+    bench.write_text(json.dumps({"request_rate": 2.0, "output_throughput": 4.0, "input_lens": [120, 300],
+                                 "output_lens": [4, 4], "ttfts": [0.05, 0.08], "itls": [[0.01] * 3, [0.02] * 3],
+                                 "errors": ["", ""], "arrivals": [0.0, 0.4]}) + "\n")
+    out = tmp_path / "validation"
+    monkeypatch.setattr("sys.argv", ["sim_validation", "--bench-serving", f"{bench},chunked:512", f"{bench},bullet",
+                                     "--profile", str(SHIPPED_PROFILE), "--max-total-tokens", "65536",
+                                     "--max-running-requests", "64", "--seeds", "1",
+                                     "--served-steps-by-system", str(root), "--out", str(out)])
+    assert sim_validation.main() == 0
+    fits = json.loads(out.with_suffix(".json").read_text())["served_steps"]["by_system"]
+    assert fits["chunked:512"]["scale"] == pytest.approx(1.5, rel=1e-6) and not fits["chunked:512"]["pooled"]
+    assert fits["bullet"]["scale"] == pytest.approx(1.5, rel=1e-6) and fits["bullet"]["pooled"]
