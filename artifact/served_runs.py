@@ -119,11 +119,28 @@ def bench_serving_arrivals(num: int, rate: float, seed: int) -> list[float]:
     return arrivals
 
 
+def read_bench_runs(path: str | Path, system: str, seed: int | None = None) -> list[ServedRun]:
+    """Every run in a bench_serving-shaped file that has per-request details, in order — one line per
+    run, as bench_serving appends them (a served comparison's file holds one; `artifact.loadgen`'s, as
+    the GPU check writes it, one per rate, each with its arrivals). Several runs without recorded
+    arrivals cannot share one redrawing `seed`: an error."""
+    lines = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    runs = [r for r in lines if isinstance(r, dict) and "input_lens" in r]
+    if not runs:
+        raise ValueError(f"{path}: no run with per-request details (run bench_serving with --output-details)")
+    if len(runs) > 1 and any("arrivals" not in r for r in runs):
+        raise ValueError(f"{path}: {len(runs)} runs, not all with recorded arrivals: one seed cannot redraw them all")
+    return [_served_from_bench(r, path, system, seed, None) for r in runs]
+
+
 def read_bench_serving(path: str | Path, system: str, seed: int | None = None, rate: float | None = None) -> ServedRun:
     """The last run in a `bench_serving --output-details` file; its arrivals as recorded (`arrivals`),
     else redrawn from `seed`, the run's `--seed` (bench_serving's file does not keep it); `rate` its
     `--request-rate` (default: the file's)."""
-    result = json.loads(Path(path).read_text().splitlines()[-1])
+    return _served_from_bench(json.loads(Path(path).read_text().splitlines()[-1]), path, system, seed, rate)
+
+
+def _served_from_bench(result: dict, path: str | Path, system: str, seed: int | None, rate: float | None) -> ServedRun:
     for key in ("input_lens", "output_lens", "ttfts", "itls", "errors"):
         if key not in result:
             raise ValueError(f"{path}: no per-request {key!r} (run bench_serving with --output-details)")

@@ -22,7 +22,7 @@ import json
 import statistics
 from pathlib import Path
 
-from artifact.served_runs import ServedRun, nearest_rank, read_bench_serving, read_comparison, read_serve_jsonl
+from artifact.served_runs import ServedRun, nearest_rank, read_bench_runs, read_comparison, read_serve_jsonl
 from bullet.sim import SimConfig, Simulation
 from bullet.sim.metrics import percentile
 
@@ -190,8 +190,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--serve-jsonl", type=Path, help="a load-generator summary file (one run per line)")
     p.add_argument("--bench-serving", nargs="+", default=[], metavar="FILE,POLICY[,SEED]",
-                   help="bench_serving --output-details files, with the policy served and, where the file "
-                        "records no arrivals, the run's --seed")
+                   help="bench_serving --output-details files (every run in each; artifact.loadgen's too), "
+                        "with the policy served and, where the file records no arrivals, the run's --seed")
     p.add_argument("--comparison", type=Path, help="a served comparison's results.json (artifact.cpu_comparison)")
     p.add_argument("--systems", nargs="+", default=None, help="only these systems of --comparison")
     p.add_argument("--profile", required=True, help="the serving device's estimator profile")
@@ -219,7 +219,7 @@ def main() -> int:
     runs: list[ServedRun] = read_serve_jsonl(args.serve_jsonl) if args.serve_jsonl else []
     for spec in args.bench_serving:
         path, policy, *seed = spec.split(",")
-        runs.append(read_bench_serving(path, policy, int(seed[0]) if seed else None))
+        runs += read_bench_runs(path, policy, int(seed[0]) if seed else None)
     if args.comparison:
         from bullet.workloads.sharegpt import repaired_sharegpt_path  # deferred: the tokenizer's imports are heavy
         from engines.tokenizer import gguf_tokenizer_dir  # deferred: as above

@@ -92,6 +92,9 @@ class Launch:
                 "--ttft-slo", sp.ttft_slo, "--tpot-slo", sp.tpot_slo]
         if policy == "bullet" and ctx.profile:
             args += ["--estimator-profile", str(ctx.profile)]
+        # every step's observed time, for replaying the run in the simulator at the speed it was served
+        # (`python -m artifact.served_steps`, `artifact.sim_validation --served-steps-by-system`)
+        args += ["--timeline-dir", str(ctx.logs / "timeline" / system_slug(policy))]
         if tokenizer:
             args += ["--tokenizer-path", tokenizer]
         self.log = ctx.logs / f"server-{system_slug(policy)}{'-tok' if tokenizer else ''}.log"

@@ -225,3 +225,16 @@ def test_a_server_that_did_not_start_is_reported_by_the_exceptions_its_log_names
     assert failure_reason(log) == ("AttributeError: 'str' object has no attribute 'type' / "
                                    "bullet.launcher.launcher.WorkerStartupError: unified worker exited with code 1")
     assert failure_reason(tmp_path / "missing.log") is None
+
+
+def test_every_served_system_keeps_its_step_timeline(tmp_path):
+    """The served comparison's servers write their step timelines under logs/timeline/<system>/ (packed
+    into logs.tgz): what `sim_validation --served-steps-by-system` replays the GPU run with."""
+    from artifact.gpu_check.serve import Launch
+    from artifact.gpu_check.steps import Context
+
+    ctx = Context(root=tmp_path, plan=GPU, work=tmp_path / "work", wheel_dir=tmp_path / "wheels", env={})
+    for policy in ("bullet", "chunked:1024"):
+        args = Launch(ctx, policy, "green-ctx", None, 60.0).server.args
+        at = args.index("--timeline-dir")
+        assert args[at + 1] == str(ctx.logs / "timeline" / policy.replace(":", "-"))

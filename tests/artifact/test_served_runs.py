@@ -17,6 +17,7 @@ from artifact.served_runs import (
     bench_serving_arrivals,
     load_generator_requests,
     nearest_rank,
+    read_bench_runs,
     read_bench_serving,
     read_serve_jsonl,
 )
@@ -100,3 +101,23 @@ def test_the_gpu_runs_summaries_replay_and_rank():
     ranks = rankings(rows)
     assert {r["metric"] for r in ranks} >= {"ttft_p50_s", "attainment"}
     assert all(sorted(r["measured"]) == sorted(r["predicted"]) == ["bullet", "chunked:1024", "static"] for r in ranks)
+
+
+def test_every_run_of_a_loadgen_file_replays(tmp_path):
+    """`artifact.loadgen` appends one line per rate, each with its arrivals: every line is a run; lines
+    without per-request details are skipped; several runs without arrivals cannot share one seed."""
+    line = {"output_throughput": 4.0, "input_lens": [120, 300], "output_lens": [4, 4], "ttfts": [0.05, 0.08],
+            "itls": [[0.01] * 3, [0.02] * 3], "errors": ["", ""]}
+    path = tmp_path / "bench-bullet.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in (
+        {"an": "earlier run"}, {**line, "request_rate": 1.0, "arrivals": [0.0, 0.9]},
+        {**line, "request_rate": 4.0, "arrivals": [0.0, 0.2]})) + "\n")
+    runs = read_bench_runs(path, "bullet")
+    assert [r.rate for r in runs] == [1.0, 4.0]
+    assert [[a for a, _, _ in r.loads[0]] for r in runs] == [[0.0, 0.9], [0.0, 0.2]]
+    path.write_text("\n".join(json.dumps({**line, "request_rate": r}) for r in (1.0, 4.0)) + "\n")
+    with pytest.raises(ValueError, match="one seed"):
+        read_bench_runs(path, "bullet", seed=3)
+    path.write_text(json.dumps({"an": "earlier run"}) + "\n")
+    with pytest.raises(ValueError, match="per-request"):
+        read_bench_runs(path, "bullet")
