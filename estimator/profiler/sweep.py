@@ -116,10 +116,13 @@ def run_plan(config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.d
             session.log = say = log or bar_log
             hardware = probe_cpu(cores, PROBE_SIZES[plan.name], progress=False,
                                  name=f"{cpu_model_name()} ({len(cores)} cores)")
-            # what the measured engine does (engines/model/attention.py): SDPA per sequence of a
-            # packed prefill; decode gathers every request's KV up to the longest context
+            # what the measured engine does: SDPA per sequence of a packed prefill; decode reads each
+            # request's own context (the int8 model's paged kernel walks its pages, the float models'
+            # gather path pads a row only to a multiple of 64 slots): a step's cost follows the summed
+            # context, not batch x the longest (measured 2026-11-26: 16 rows of 100..500 tokens cost what
+            # 16 x 300 do, 16 x 500 cost 1.25-1.8x more) — not padded
             hardware = hardware.model_copy(update={"prefill_attention_per_sequence": True,
-                                                   "decode_attention_padded": True})
+                                                   "decode_attention_padded": False})
             advance("cpu probe")
             say(" ".join(f"{k + 1} core(s): {hardware.measured_flops[_flops_key(dtype)][k] / 1e9:.0f} GFLOP/s, "
                          f"{hardware.measured_bandwidth[k] / 1e9:.1f} GB/s;" for k in range(hardware.units)))
