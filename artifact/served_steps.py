@@ -3,7 +3,7 @@
 
 A served comparison (`artifact.cpu_comparison`) writes every worker's decisions, with each step's
 observed time, to `<out>/timeline/<system>/<role>.jsonl`. A profile is a snapshot of the device; a
-shared machine's speed drifts (on this project's 2-core VM, two quick profiles 20 minutes apart
+shared machine's speed drifts (on this project's 2-core VM, two quick profiles 17 minutes apart
 differed by up to 1.8x per step) and a served step also pays the worker's own loop and whatever else
 the cores run (the HTTP front end, the load generator). So the simulator, charging the profile's
 latencies, replays a served run on a faster device than the one it ran on.
