@@ -4,7 +4,7 @@ P99 TBT where per-token times were kept).
 
 Three result files are read:
 
-* `sglang.bench_serving --output-details` (`read_bench_serving`): one JSON object per run with every
+* `sglang.bench_serving --output-details` (`read_bench_runs`, `read_bench_serving`): one JSON object per run with every
   request's prompt and output length, TTFT and inter-token latencies (`itls`), in the order the
   requests were sent. Files written by `artifact.loadgen` add each request's `arrivals`; bench_serving's
   own do not record when each was sent: it sends them at Poisson gaps drawn with

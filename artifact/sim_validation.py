@@ -164,19 +164,23 @@ def fit_by_system(runs: list[ServedRun], profile: str, root: Path) -> dict[str, 
     """Each run replays on the device as its own server's steps measured it (`root/<system>/`, the
     fit of `artifact.served_steps`), set in `run.extra["sim"]`; returns each system's fit."""
     from artifact.server import system_slug  # deferred: the server helpers import the launcher's config
-    from artifact.served_steps import served_step_times  # deferred: numpy and the profile loader
+    from artifact.served_steps import fit, priced_steps, read_timelines  # deferred: numpy
+    from estimator.profile import load_estimator  # deferred: as above
 
+    est = load_estimator(profile)
+    steps = {system: priced_steps(read_timelines([root / system_slug(system)]), est)
+             for system in dict.fromkeys(run.system for run in runs)}
     fits, pooled = {}, []
-    for system in dict.fromkeys(run.system for run in runs):
+    for system, pairs in steps.items():
         try:
-            fits[system] = served_step_times(profile, [root / system_slug(system)])
+            fits[system] = fit(pairs)
         except ValueError as exc:  # e.g. a timeline from before hybrid steps were recorded in full
             print(f"[validate] {system}: {exc}; it takes the other systems' pooled fit", flush=True)
             pooled.append(system)
     if pooled:
         if not fits:
             raise SystemExit(f"{root}: no system's steps could be priced")
-        shared = served_step_times(profile, [root / system_slug(s) for s in fits])
+        shared = fit([pair for system in fits for pair in steps[system]])
         fits.update({system: shared for system in pooled})
     for system, times in fits.items():
         print(f"[validate] {system}: served steps vs the profile {times.as_dict()}", flush=True)

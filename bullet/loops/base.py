@@ -63,6 +63,22 @@ class HybridItem(NamedTuple):
     sample: bool
 
 
+def hybrid_shape(items: Sequence[HybridItem]) -> tuple[list[tuple[int, int]], int, int]:
+    """What a hybrid step computes, as the estimator prices one: (prompt chunks as (new tokens, cached
+    tokens before them), decode rows, their context). An item whose one new token follows a fully
+    cached sequence past its prompt is a decode (its context includes that token); anything else is a
+    prompt chunk (or the recomputation of a preempted request) after `start` cached tokens. The
+    simulated device charges this shape; a worker's timeline records it."""
+    chunks, decodes, context = [], 0, 0
+    for req, start, num_tokens, completes, _, _ in items:  # every request of every hybrid step
+        if num_tokens == 1 and completes and start >= len(req.prompt_ids):
+            decodes += 1
+            context += start + 1
+        else:
+            chunks.append((num_tokens, start))
+    return chunks, decodes, context
+
+
 class Executor(Protocol):
     """Runs the steps a core starts; `on_done(seconds)` when the step has ended (the seconds the
     device spent, which the policy observes)."""

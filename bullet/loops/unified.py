@@ -5,7 +5,7 @@ chunks up to the token budget; a request whose tokens are all computed samples i
 
 from __future__ import annotations
 
-from bullet.loops.base import HybridItem, LoopCore, LoopEnv, Wake
+from bullet.loops.base import HybridItem, LoopCore, LoopEnv, Wake, hybrid_shape
 from bullet.policies.hybrid import HybridScheduler, Scheduled
 from bullet.types.finish import Abort, Length
 from bullet.types.request import Request, Status
@@ -77,14 +77,8 @@ class UnifiedCore(LoopCore):
         self.last_step_ms = seconds * 1e3
         self.steps += 1
         if self.env.timeline.enabled:
-            # what the step computed, as the estimator prices a hybrid step: prompt chunks (new tokens,
-            # cached before them) and the decode rows with their context (`artifact.served_steps`)
-            chunks, decodes, context = [], 0, 0
-            for i in items:
-                if i.num_tokens == 1 and i.completes and i.start >= len(i.req.prompt_ids):
-                    decodes, context = decodes + 1, context + i.start + 1
-                else:
-                    chunks.append([i.num_tokens, i.start])
+            # what the step computed, as the estimator prices it (`artifact.served_steps` reads it back)
+            chunks, decodes, context = hybrid_shape(items)
             self.record(t, self.env.partition.current_units, run=True, batch=len(self.scheduler.running),
                         queue=queued, tokens=sum(i.num_tokens for i in items), chunks=chunks, decode_batch=decodes,
                         context=context, obs_ms=seconds * 1e3, reason=f"hybrid batch, budget {self.scheduler.token_budget}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from bullet.loops.base import HybridItem
+from bullet.loops.base import HybridItem, hybrid_shape
 from bullet.loops.clock import Clock
 from bullet.policies.views import InflightPrefill
 from bullet.sim.device import DecodeWork, HybridWork, PrefillWork, SimulatedDevice
@@ -82,14 +82,6 @@ class SimExecutor:
 
 
 def hybrid_work(items: Sequence[HybridItem]) -> HybridWork:
-    """What the device computes for a hybrid batch: an item whose one new token follows a fully
-    cached sequence past its prompt is a decode (its context includes that token); anything else is
-    a prompt chunk (or the recomputation of a preempted request) after `start` cached tokens."""
-    chunks, decodes, context = [], 0, 0
-    for req, start, num_tokens, completes, _, _ in items:  # every request of every hybrid step
-        if num_tokens == 1 and completes and start >= len(req.prompt_ids):
-            decodes += 1
-            context += start + 1
-        else:
-            chunks.append((num_tokens, start))
+    """What the device computes for a hybrid batch (`hybrid_shape`)."""
+    chunks, decodes, context = hybrid_shape(items)
     return HybridWork(tuple(chunks), decodes, context)
