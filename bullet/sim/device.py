@@ -121,7 +121,7 @@ class SimulatedDevice:
         if not 0.0 <= noise < 1.0:
             raise ValueError(f"noise must lie in [0, 1), got {noise}")
         if not time_scale > 0:
-            raise ValueError(f"time_scale must be positive, got {time_scale}")
+            raise ValueError(f"step_time_scale (--step-time-scale) must be positive, got {time_scale}")
         if overlap_share not in OVERLAP_SHARES:
             raise ValueError(f"overlap_share must be one of {OVERLAP_SHARES}, got {overlap_share!r}")
         self.est, self.loop, self.contention, self.noise = estimator, loop, contention, noise
