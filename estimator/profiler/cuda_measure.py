@@ -91,7 +91,9 @@ def measure_cuda_profile(model_path: str | None, load_format: str, dtype, share_
         step_for = _decode_steps_as_graphs(bench, max_batch) if decode_graphs else None
         other = stack.enter_context(CoRunner(weights.config, state, torch_dtype, kv_tokens, share_factory, "cuda")) \
             if corun else None
-        samples, notes = run_cuda_plan(bench, shares, timer, plan, step_for, other, log)
+        samples, notes, padded = run_cuda_plan(bench, shares, timer, plan, step_for, other, log)
+    if padded is not None:  # measured on this GPU: overrides what the engine's kernels are expected to do
+        hardware = hardware.model_copy(update={"decode_attention_padded": padded})
     estimator = build_estimator(weights.config, hardware, est_dtype, samples)
     provenance = Provenance(
         model=model_cache_name(model_path, load_format), model_source=str(weights.source) if weights.source else None,

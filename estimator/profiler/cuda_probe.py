@@ -77,8 +77,10 @@ def gpu_hardware(device_name: str, total_sms: int, dtype: str, flops: dict[int, 
         peak_bandwidth=max(bandwidth_table), bandwidth_inflection=bandwidth_inflection(bandwidth),
         partition_step=partition_step, min_partition=min_partition, blocks_per_unit=1, wave_quantization=True,
         kernel_overhead_s=base.kernel_overhead_s if base else 2e-6,
-        # how Bullet's own torch engine runs attention (engines/model/attention.py)
-        prefill_attention_per_sequence=True, decode_attention_padded=True,
+        # how Bullet's own engine runs attention on a GPU: SDPA per sequence for fresh prompts; decode in
+        # the paged Triton kernel, whose programs each cut their own row's context (not the longest) —
+        # the profile's padding probe measures it (`padding`) and overrides this
+        prefill_attention_per_sequence=True, decode_attention_padded=False,
         memory_bytes=base.memory_bytes if base else None,
         measured_flops={key: flops_table}, measured_bandwidth=bandwidth_table,
         source=f"bullet profile on this GPU: GEMM and copy timed with CUDA events on {sorted(flops)} SMs",

@@ -18,6 +18,7 @@ from typing import Callable, ContextManager, Protocol
 
 from estimator.calibration import Sample
 from estimator.profiler.cuda_timing import CudaTimer, GpuTimer
+from estimator.profiler.padding import measure_padding
 from estimator.profiler.plan import ProfilePlan
 from estimator.profiler.session import Beside, MeasuringSession, role_of
 from estimator.profiler.shares import ShareControl, corun_splits, profiled_shares
@@ -35,10 +36,11 @@ class OtherPhase(Protocol):
 
 def run_cuda_plan(bench: ModelBench, shares: ShareControl, timer: GpuTimer, plan: ProfilePlan,
                   step_for: StepFactory | None = None, other: OtherPhase | None = None,
-                  log: Callable[[str], None] = lambda _: None) -> tuple[list[Sample], list[str]]:
-    """Samples of every measurement of `plan` and notes. `step_for(case)`: the callable a worker
-    would run for that step (default: the bench's eager step). Without `other`, contention is not
-    measured (the notes say so)."""
+                  log: Callable[[str], None] = lambda _: None) -> tuple[list[Sample], list[str], bool | None]:
+    """Samples of every measurement of `plan`, notes, and whether decode attention pads to the
+    longest context (`padding`, on decode's largest share; None: not measured). `step_for(case)`: the
+    callable a worker would run for that step (default: the bench's eager step). Without `other`,
+    contention is not measured (the notes say so)."""
     quick = plan.name == "quick"
     units_of = {role: profiled_shares(shares.feasible(role), quick) for role in ("prefill", "decode")}
     session = MeasuringSession(bench, shares, CudaTimer(timer), step_for, log)
@@ -50,9 +52,18 @@ def run_cuda_plan(bench: ModelBench, shares: ShareControl, timer: GpuTimer, plan
     for case in plan.steps:
         for units in units_of[role_of(case)]:
             samples += session.step(case, units, plan.repeats).samples
+    padded = None
+    if plan.padding_batch:
+        verdict, uniform = measure_padding(session, units_of["decode"][-1], plan.repeats, plan.padding_batch,
+                                           plan.padding_context)
+        samples += uniform
+        if verdict is not None:
+            padded = verdict.padded
+            log(verdict.note)  # `from_log.padding_in_log` reads it back from a server's log
+        notes.append(verdict.note if verdict is not None else "decode padding not measured (disturbed runs)")
     if other is None:
         notes.append("contention not measured (no co-running process): the estimator assumes none")
-        return samples, notes
+        return samples, notes, padded
     splits = corun_splits(shares.feasible("prefill"), shares.feasible("decode"))
     if not splits:
         notes.append("contention not measured: no two disjoint shares fit this device")
@@ -68,4 +79,4 @@ def run_cuda_plan(bench: ModelBench, shares: ShareControl, timer: GpuTimer, plan
             with other.looping("decode", decode_units, decode):
                 for case in plan.corun_prefill_cases:
                     samples += session.step(case, prefill_units, plan.repeats, Beside(decode, decode_units)).samples
-    return samples, notes
+    return samples, notes, padded

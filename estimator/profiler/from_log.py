@@ -97,6 +97,19 @@ def parse_log(lines: list[str]) -> tuple[dict[int, float], dict[int, float], lis
     return flops, bandwidth, sweeps, phases
 
 
+def padding_in_log(lines: list[str]) -> bool | None:
+    """What the profiler's decode-padding probe concluded (`padding.decide_padding`'s line), or None
+    where the log has no such line (profilers before it declared decode padded)."""
+    for line in lines:
+        line = line.strip()
+        if line.startswith("decode attention"):
+            if "priced as padded" in line:
+                return True
+            if "summed context" in line:
+                return False
+    return None
+
+
 def sweep_samples(raw: Estimator, label: str, units: int, seconds: float) -> list[Sample]:
     """Op samples of one kernel sweep whose classes add up to `seconds`, divided in proportion to
     each class's roofline time of one launch (what the log lost: the split among the classes)."""
@@ -127,6 +140,10 @@ def profile_from_log(lines: list[str], model: ModelConfig, gpu: str, total_sms: 
     flops, bandwidth, sweeps, phases = parse_log(lines)
     hardware = gpu_hardware(gpu, total_sms, dtype, flops, bandwidth, min_partition=min_partition,
                             partition_step=partition_step, backend=backend)
+    # without the probe's line, what the profiler that printed the log declared (padded): the rebuilt
+    # profile then prices decode as the server that printed it did
+    padded = padding_in_log(lines)
+    hardware = hardware.model_copy(update={"decode_attention_padded": True if padded is None else padded})
     raw = Estimator(model, hardware, dtype=dtype)
     ops = [s for label, units, seconds in sweeps for s in sweep_samples(raw, label, units, seconds)]
     # The kernel split above is assumed, so the printed steps carry the shape: the phase calibration

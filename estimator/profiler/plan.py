@@ -8,6 +8,8 @@ On every profiled share (every core count of a small CPU, a few SM shares of a G
   steps as the layer-wise scheduler runs them, and decode steps — the phase samples of Eq. 2.
 With the other phase running on the complementary share (`corun_*`): decode steps beside prefills
 of a few lengths sl (-> D_{p,sl}), and prefill steps beside decode batches (-> prefill slowdown).
+On the largest share, three decode steps tell whether decode attention reads each request's own context
+or pads to the longest (`padding`: `padding_batch` requests up to `padding_context` tokens).
 
 The benchmark (`artifact/benchmarks/bench_estimator_cpu.py`) validates on states that are none of
 these (`calibration_keys` lets it check)."""
@@ -17,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from estimator.profiler.padding import padding_cases
 from estimator.profiler.workload import DecodeCase, PrefillCase, uniform_decode
 
 # A bigger model than the one the plan was sized for would make the largest steps take minutes:
@@ -38,6 +41,8 @@ class ProfilePlan:
     sweep_repeats: int  # kernel sweeps per state (median per kernel)
     budget_s: float  # time allowed for one step's runs on a busy machine
     quiet_wait_s: float  # longest pause before a measurement for other jobs to calm down
+    padding_batch: int = 0  # the decode-padding probe's batch and longest context (0: not measured)
+    padding_context: int = 0
 
     @property
     def max_step_seconds(self) -> float:
@@ -57,7 +62,7 @@ class ProfilePlan:
             corun_decode_batches=(4, 32),
             corun_decode_context=256,
             corun_prefill_cases=(PrefillCase((128,)), PrefillCase((256,), 4)),
-            repeats=3, sweep_repeats=2, budget_s=4.0, quiet_wait_s=1.0,
+            repeats=3, sweep_repeats=2, budget_s=4.0, quiet_wait_s=1.0, padding_batch=16, padding_context=512,
         )
 
     @classmethod
@@ -77,18 +82,22 @@ class ProfilePlan:
             corun_decode_batches=(1, 8, 32, 64),
             corun_decode_context=256,
             corun_prefill_cases=(PrefillCase((128,)), PrefillCase((512,)), PrefillCase((256,), 4)),
-            repeats=5, sweep_repeats=3, budget_s=12.0, quiet_wait_s=3.0,
+            repeats=5, sweep_repeats=3, budget_s=12.0, quiet_wait_s=3.0, padding_batch=16, padding_context=512,
         )
 
     @classmethod
     def named(cls, quick: bool) -> "ProfilePlan":
         return cls.quick() if quick else cls.full()
 
+    def padding_cases(self) -> tuple[DecodeCase, ...]:
+        """The decode-padding probe's steps (`padding.padding_cases`), or none."""
+        return padding_cases(self.padding_batch, self.padding_context) if self.padding_batch else ()
+
     def all_cases(self) -> list[PrefillCase | DecodeCase]:
         corun_prefills = [PrefillCase((sl,)) for sl in self.corun_prefill_lengths]
         corun_decodes = [uniform_decode(b, self.corun_decode_context) for b in self.corun_decode_batches]
         return [*self.sweeps, *self.steps, *self.corun_decode_cases, *self.corun_prefill_cases, *corun_prefills,
-                *corun_decodes]
+                *corun_decodes, *self.padding_cases()]
 
 
 def gpu_plan(quick: bool) -> ProfilePlan:
@@ -108,7 +117,7 @@ def gpu_plan(quick: bool) -> ProfilePlan:
             corun_decode_batches=(32, 128),
             corun_decode_context=1024,
             corun_prefill_cases=(PrefillCase((2048,)), PrefillCase((2048,), 4)),
-            repeats=5, sweep_repeats=3, budget_s=10.0, quiet_wait_s=0.0,
+            repeats=5, sweep_repeats=3, budget_s=10.0, quiet_wait_s=0.0, padding_batch=32, padding_context=2048,
         )
     return ProfilePlan(
         name="full",
@@ -125,7 +134,7 @@ def gpu_plan(quick: bool) -> ProfilePlan:
         corun_decode_batches=(8, 64, 256),
         corun_decode_context=1024,
         corun_prefill_cases=(PrefillCase((512,)), PrefillCase((2048,)), PrefillCase((2048,), 4)),
-        repeats=10, sweep_repeats=5, budget_s=30.0, quiet_wait_s=0.0,
+        repeats=10, sweep_repeats=5, budget_s=30.0, quiet_wait_s=0.0, padding_batch=64, padding_context=4096,
     )
 
 

@@ -15,6 +15,7 @@ from estimator.hardware import HardwareSpec
 from estimator.profiler.cache import cpu_model_name
 from estimator.profiler.cpu_probe import ProbeSizes, probe_cpu
 from estimator.profiler.fit import scale_sweep_to_step
+from estimator.profiler.padding import measure_padding
 from estimator.profiler.plan import ProfilePlan
 from estimator.profiler.session import Measurement, ProfileSession
 from estimator.profiler.workload import DecodeCase, PrefillCase, uniform_decode
@@ -112,15 +113,14 @@ def run_plan(config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.d
 
     with ProfileSession(config, state, dtype, cores, plan.all_cases(), plan.budget_s, plan.quiet_wait_s) as session:
         jobs = _jobs(session, plan, cores)
-        with _progress_bar(progress, len(jobs) + 1) as (advance, bar_log):
+        with _progress_bar(progress, len(jobs) + 1 + bool(plan.padding_batch)) as (advance, bar_log):
             session.log = say = log or bar_log
             hardware = probe_cpu(cores, PROBE_SIZES[plan.name], progress=False,
                                  name=f"{cpu_model_name()} ({len(cores)} cores)")
             # what the measured engine does: SDPA per sequence of a packed prefill; decode reads each
             # request's own context (the int8 model's paged kernel walks its pages, the float models'
-            # gather path pads a row only to a multiple of 64 slots): a step's cost follows the summed
-            # context, not batch x the longest (measured 2026-11-26: 16 rows of 100..500 tokens cost what
-            # 16 x 300 do, 16 x 500 cost 1.25-1.8x more) — not padded
+            # gather path pads a row only to a multiple of 64 slots) — until the padding probe below
+            # measures it (2026-11-26, by hand: 16 rows of 100..500 tokens cost what 16 x 300 do)
             hardware = hardware.model_copy(update={"prefill_attention_per_sequence": True,
                                                    "decode_attention_padded": False})
             advance("cpu probe")
@@ -139,7 +139,16 @@ def run_plan(config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.d
                 if measured.seconds > plan.max_step_seconds and group.startswith("step"):
                     kind, size = _kind_and_size(case)
                     too_slow[(units, kind)] = min(too_slow.get((units, kind), size), size)
-            notes = []
+            notes, probe_samples = [], []
+            if plan.padding_batch:
+                advance("decode padding")
+                verdict, probe_samples = measure_padding(session, len(cores), plan.repeats, plan.padding_batch,
+                                                         plan.padding_context)
+                if verdict is None:
+                    notes.append("decode padding not measured (every run disturbed): priced by summed context")
+                else:
+                    hardware = hardware.model_copy(update={"decode_attention_padded": verdict.padded})
+                    notes.append(verdict.note)
             still_disturbed = []
             for group, case, units, measure in disturbed:
                 advance("retrying a disturbed measurement")
@@ -165,7 +174,7 @@ def run_plan(config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.d
     for note in notes:
         say(note)
     steps = {(case, units): m.seconds for group, ms in kept.items() if group.startswith("step") for case, units, m in ms}
-    samples = []
+    samples = list(probe_samples)
     for group, ms in kept.items():
         for case, units, m in ms:
             step = steps.get((case, units)) if group.startswith("sweep") else None
