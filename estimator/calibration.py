@@ -8,7 +8,9 @@ Two kinds of samples:
 * op samples time one kernel (`kind` = a class of `estimator.ops.ALL_CLASSES`), e.g. from an operator
   profile such as Vidur's; `seconds` is one launch.
 * phase samples time a whole step of the served model (`kind` = "prefill" or "decode"), e.g. from
-  `bullet profile`; they calibrate what the op-level model still misses, end to end.
+  `bullet profile`; they calibrate what the op-level model still misses, end to end. A "hybrid"
+  sample times one step of fresh prompt chunks (`prefill_lens`) beside a decode batch, as a
+  chunked-prefill engine runs them (`Estimator.hybrid_step_time`).
 
 At most a couple of samples per kind are needed. Between two samples alpha is interpolated, outside
 them it is held flat ("log" mode: linear in log(size)), or the pair is read as a fixed cost plus a
@@ -31,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from estimator.ops import ALL_CLASSES
 
-PHASES = ("prefill", "decode")
+PHASES = ("prefill", "decode", "hybrid")  # hybrid: a prompt chunk and decode rows in one step (chunked baselines)
 Interpolation = Literal["log", "affine", "constant", "piecewise"]
 # Modes that read the SRM time of the state itself (not only its size) at prediction time.
 SRM_MODES = ("affine", "piecewise")

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Iterable, Iterator, Sequence
 
 from engines.model_config import ModelConfig
-from estimator.calibration import AlphaCurve, Calibration, by_units
+from estimator.calibration import PHASES, AlphaCurve, Calibration, by_units
 from estimator.contention import ContentionModel
 from estimator.hardware import DTYPE_BYTES, HardwareSpec
 from estimator.kernel_model import KernelModel
@@ -60,7 +60,7 @@ class Estimator:
         self.kernels.fit(self.calibration)
         # phase -> per unit count, the alpha curves (and weights) of Eq. 2 at the sampled counts
         self._phase_curves: dict[str, list[tuple[tuple[AlphaCurve, float], ...]]] = {}
-        for phase in ("prefill", "decode"):
+        for phase in PHASES:
             samples = self.calibration.of_kind(phase)
             if samples:
                 points = [(s.units, (self._phase_size(s), self._kernel_level_time(s), s.seconds)) for s in samples]
@@ -73,10 +73,15 @@ class Estimator:
 
     @staticmethod
     def _phase_size(sample) -> int:
+        if sample.kind == "hybrid":
+            return sum(sample.prefill_lens) + sample.decode_batch  # rows
         return sum(sample.prefill_lens) if sample.kind == "prefill" else sample.decode_batch
 
     def _kernel_level_time(self, sample) -> float:
         """What the per-kernel model alone predicts for a phase sample."""
+        if sample.kind == "hybrid":
+            return self._hybrid_kernels([(n, 0) for n in sample.prefill_lens], sample.decode_batch,
+                                        sample.decode_context, sample.units)
         if sample.kind == "prefill":
             return self._prefill(list(sample.prefill_lens), sample.units, sample.num_layers, sample.include_head,
                                  sample.co_running, False)
@@ -298,25 +303,33 @@ class Estimator:
         units = self.hardware.units if units is None else units
         if not 0 < units <= self.hardware.units:
             raise ValueError(f"units must be in 1..{self.hardware.units}, got {units}")
-        batch, context = decode_batch, decode_context
-        new = [c for c, _ in chunks]
-        tokens = sum(new)
-        rows = tokens + batch
+        tokens = sum(c for c, _ in chunks)
+        rows = tokens + decode_batch
         if rows == 0:
             return 0.0
+        seconds = self._hybrid_kernels(chunks, decode_batch, decode_context, units)
+        # a step of both takes the measured hybrid steps' calibration where the profile has some; else
+        # decode's (its curve is over rows: a step carrying a large chunk gets the alpha of a large
+        # batch, close to the kernel-level model); a decode-only step decode_time's, prompts only prefill's
+        if chunks and decode_batch and "hybrid" in self._phase_curves:
+            phase, size = "hybrid", rows
+        else:
+            phase, size = ("decode", rows) if decode_batch else ("prefill", tokens)
+        if phase in self._phase_curves:
+            seconds = self._phase_calibrated(phase, units, size, seconds)
+        return seconds
+
+    def _hybrid_kernels(self, chunks: Sequence[tuple[int, int]], batch: int, context: int, units: int) -> float:
+        """The kernel-level model of a hybrid step (before any phase calibration)."""
+        new = [c for c, _ in chunks]
+        rows = sum(new) + batch
         k = self.kernels
         layer = k.token_ops_time(rows, units, 1.0)
         if chunks:
             layer += k.chunk_attention_time(new, [p for _, p in chunks], units)
         if batch:
             layer += k.decode_attention_time(batch, context, units)
-        seconds = layer * self.model.num_hidden_layers + k.head_time(rows, len(new) + batch, units, 1.0)
-        # decode's curve is over rows, so a decode-only step gets decode_time's alpha and a step
-        # carrying a large chunk the alpha of a large batch (close to the kernel-level model)
-        phase, size = ("decode", rows) if batch else ("prefill", tokens)
-        if phase in self._phase_curves:
-            seconds = self._phase_calibrated(phase, units, size, seconds)
-        return seconds
+        return layer * self.model.num_hidden_layers + k.head_time(rows, len(new) + batch, units, 1.0)
 
     def breakdown(self, state: ExecutionState, units: int, bandwidth_scale: float = 1.0) -> list[tuple[str, float, float]]:
         """(kernel, SRM seconds, calibrated seconds) of one layer then the head ops, kernel by kernel."""

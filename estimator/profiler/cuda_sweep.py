@@ -22,9 +22,9 @@ from estimator.profiler.padding import measure_padding
 from estimator.profiler.plan import ProfilePlan
 from estimator.profiler.session import Beside, MeasuringSession, role_of
 from estimator.profiler.shares import ShareControl, corun_splits, profiled_shares
-from estimator.profiler.workload import DecodeCase, ModelBench, PrefillCase, uniform_decode
+from estimator.profiler.workload import DecodeCase, HybridCase, ModelBench, PrefillCase, uniform_decode
 
-Case = PrefillCase | DecodeCase
+Case = PrefillCase | DecodeCase | HybridCase
 StepFactory = Callable[[Case], Callable[[], object]]
 
 

@@ -29,7 +29,7 @@ FRACTION_RANGE = (0.05, 1.0)
 # The kernel sweeps already give every size its own alpha; end to end only a residual is left (the
 # Python between kernels), one factor per phase and core count. A factor varying with size would
 # bend predictions wherever the phase samples are noisy, e.g. make a bigger batch predict faster.
-PHASE_RESIDUAL = {"prefill": "constant", "decode": "constant"}
+PHASE_RESIDUAL = {"prefill": "constant", "decode": "constant", "hybrid": "constant"}
 # Kernel times go through every sweep sample, linear in the SRM time between them.
 KERNEL_CURVES = {kind: "piecewise" for kind in ALL_CLASSES}
 

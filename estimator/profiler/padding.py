@@ -12,15 +12,18 @@ of one batch size on one share —
 
 — and the ragged step is called padded when it sits nearer the longest than the mean. Where the three
 hardly differ (attention is a small part of the step), the flag changes no prediction that matters and
-the summed context is kept."""
+the summed context is kept. Each step is measured in three rounds, in turn: a 2-core machine's speed drifts
+by more than a step's context changes it."""
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 from estimator.profiler.workload import DecodeCase, uniform_decode
 
-TOO_CLOSE = 0.05  # longest within 5 % of mean: context barely changes the step, nothing to tell apart
+TOO_CLOSE = 0.10  # longest within 10 % of mean: context barely changes the step (or noise hides it)
+ROUNDS = 3  # each step measured this many times, in turn
 
 
 def padding_cases(batch: int, context: int) -> tuple[DecodeCase, DecodeCase, DecodeCase]:
@@ -54,15 +57,26 @@ def decide_padding(ragged_s: float, mean_s: float, longest_s: float, label: str 
                                  "each request reads its own context (priced by summed context)")
 
 
-def measure_padding(session, units: int, repeats: int, batch: int, context: int) -> tuple[PaddingVerdict | None, list]:
+def measure_padding(session, units: int, repeats: int, batch: int, context: int,
+                    rounds: int = ROUNDS) -> tuple[PaddingVerdict | None, list]:
     """The verdict from the three steps timed by `session` (a `session.MeasuringSession`) on `units`
-    of decode's share (None when a step's runs were all disturbed: nothing to conclude from), and the
-    calibration samples of the two uniform steps (decode steps like any other; the ragged one is
-    left out: what it reads is what was in question)."""
+    of decode's share, each the median of `rounds` measurements taken in turn, the order reversed every
+    other round (a machine whose speed drifts then slows no one step more than the others); None when
+    one step's runs were all disturbed (nothing to conclude from). With it, the calibration samples of
+    the two uniform steps (decode steps like any other; the ragged one is left out: what it reads is
+    what was in question)."""
     cases = padding_cases(batch, context)
-    ragged, mean, longest = (session.step(case, units, repeats) for case in cases)
-    uniform = [s for m in (mean, longest) if m.usable for s in m.samples]
-    if not (ragged.usable and mean.usable and longest.usable):
+    seconds: list[list[float]] = [[], [], []]
+    uniform = []
+    for r in range(rounds):
+        for i in (range(3) if r % 2 == 0 else range(2, -1, -1)):
+            measured = session.step(cases[i], units, repeats)
+            if measured.usable:
+                seconds[i].append(measured.seconds)
+                if i:
+                    uniform += measured.samples
+    if not all(seconds):
         return None, uniform
-    return decide_padding(ragged.seconds, mean.seconds, longest.seconds,
-                          f"{cases[0].label()} on {units} {session.timer.unit_name}"), uniform
+    ragged, mean, longest = (statistics.median(s) for s in seconds)
+    return decide_padding(ragged, mean, longest, f"{cases[0].label()} on {units} {session.timer.unit_name}, "
+                                                 f"medians of {rounds} rounds"), uniform

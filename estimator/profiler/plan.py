@@ -5,7 +5,8 @@ On every profiled share (every core count of a small CPU, a few SM shares of a G
 * kernel sweeps (`sweeps`): every kernel class of the model timed inside a real forward pass, for a
   few prefill lengths and decode batches — the op samples of the SRM calibration;
 * end-to-end steps (`steps`): whole prefills (single prompts and packed batches), K-layer prefill
-  steps as the layer-wise scheduler runs them, and decode steps — the phase samples of Eq. 2.
+  steps as the layer-wise scheduler runs them, decode steps, and hybrid steps (a prompt chunk beside
+  decode rows, as the chunked-prefill baselines run) — the phase samples of Eq. 2.
 With the other phase running on the complementary share (`corun_*`): decode steps beside prefills
 of a few lengths sl (-> D_{p,sl}), and prefill steps beside decode batches (-> prefill slowdown).
 On the largest share, three decode steps tell whether decode attention reads each request's own context
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from estimator.profiler.padding import padding_cases
-from estimator.profiler.workload import DecodeCase, PrefillCase, uniform_decode
+from estimator.profiler.workload import DecodeCase, HybridCase, PrefillCase, uniform_decode
 
 # A bigger model than the one the plan was sized for would make the largest steps take minutes:
 # past this many seconds for one step, the larger steps of that kind are skipped.
@@ -31,7 +32,7 @@ MAX_STEP_SECONDS = {"quick": 1.5, "full": 5.0}
 class ProfilePlan:
     name: Literal["quick", "full"]
     sweeps: tuple[PrefillCase | DecodeCase, ...]
-    steps: tuple[PrefillCase | DecodeCase, ...]
+    steps: tuple[PrefillCase | DecodeCase | HybridCase, ...]
     corun_prefill_lengths: tuple[int, ...]  # sl of the prefill looping beside timed decode steps
     corun_decode_cases: tuple[DecodeCase, ...]
     corun_decode_batches: tuple[int, ...]  # decode batch looping beside timed prefill steps
@@ -56,7 +57,8 @@ class ProfilePlan:
             sweeps=(PrefillCase((32,)), PrefillCase((256,)), uniform_decode(1, 128), uniform_decode(16, 512),
                     uniform_decode(48, 64)),
             steps=(PrefillCase((32,)), PrefillCase((256,)), PrefillCase((64, 64)), PrefillCase((256,), 4),
-                   uniform_decode(1, 128), uniform_decode(16, 512), uniform_decode(48, 64)),
+                   uniform_decode(1, 128), uniform_decode(16, 512), uniform_decode(48, 64),
+                   HybridCase((256,), uniform_decode(8, 512)), HybridCase((512,), uniform_decode(24, 512))),
             corun_prefill_lengths=(64, 512),
             corun_decode_cases=(uniform_decode(4, 256), uniform_decode(16, 512)),
             corun_decode_batches=(4, 32),
@@ -76,7 +78,9 @@ class ProfilePlan:
             steps=(PrefillCase((16,)), PrefillCase((64,)), PrefillCase((256,)), PrefillCase((1024,)),
                    PrefillCase((64,) * 4), PrefillCase((200, 50)), PrefillCase((64,), 4), PrefillCase((1024,), 4),
                    PrefillCase((256,), 1), uniform_decode(1, 64), uniform_decode(1, 1024), uniform_decode(8, 256),
-                   uniform_decode(32, 128), uniform_decode(32, 512), uniform_decode(64, 256)),
+                   uniform_decode(32, 128), uniform_decode(32, 512), uniform_decode(64, 256),
+                   HybridCase((64,), uniform_decode(16, 256)), HybridCase((256,), uniform_decode(8, 512)),
+                   HybridCase((512,), uniform_decode(24, 512))),
             corun_prefill_lengths=(32, 256, 1024),
             corun_decode_cases=(uniform_decode(1, 256), uniform_decode(8, 512), uniform_decode(32, 128)),
             corun_decode_batches=(1, 8, 32, 64),
@@ -111,7 +115,8 @@ def gpu_plan(quick: bool) -> ProfilePlan:
                     uniform_decode(128, 512)),
             steps=(PrefillCase((512,)), PrefillCase((2048,)), PrefillCase((512,) * 4), PrefillCase((2048,), 4),
                    uniform_decode(1, 1024), uniform_decode(8, 2048), uniform_decode(32, 1024),
-                   uniform_decode(128, 512)),
+                   uniform_decode(128, 512), HybridCase((2048,), uniform_decode(32, 1024)),
+                   HybridCase((512,), uniform_decode(128, 512))),
             corun_prefill_lengths=(512, 2048),
             corun_decode_cases=(uniform_decode(32, 1024), uniform_decode(128, 512)),
             corun_decode_batches=(32, 128),
@@ -128,7 +133,8 @@ def gpu_plan(quick: bool) -> ProfilePlan:
                PrefillCase((512,) * 4), PrefillCase((1500, 300, 200)), PrefillCase((2048,), 4),
                PrefillCase((8192,), 4), PrefillCase((2048,), 1), uniform_decode(1, 512), uniform_decode(1, 4096),
                uniform_decode(16, 1024), uniform_decode(64, 1024), uniform_decode(128, 2048),
-               uniform_decode(256, 512)),
+               uniform_decode(256, 512), HybridCase((2048,), uniform_decode(32, 1024)),
+               HybridCase((512,), uniform_decode(128, 512)), HybridCase((8192,), uniform_decode(64, 1024))),
         corun_prefill_lengths=(512, 2048, 8192),
         corun_decode_cases=(uniform_decode(8, 1024), uniform_decode(64, 1024), uniform_decode(256, 512)),
         corun_decode_batches=(8, 64, 256),
@@ -138,7 +144,9 @@ def gpu_plan(quick: bool) -> ProfilePlan:
     )
 
 
-def case_key(case: PrefillCase | DecodeCase) -> tuple:
+def case_key(case: PrefillCase | DecodeCase | HybridCase) -> tuple:
+    if isinstance(case, HybridCase):
+        return ("hybrid", case.chunk_lens, tuple(sorted(case.decode.context_lens)))
     if isinstance(case, PrefillCase):
         return ("prefill", case.seq_lens, case.num_layers)
     return ("decode", tuple(sorted(case.context_lens)))

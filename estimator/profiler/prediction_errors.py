@@ -21,6 +21,9 @@ def predict(estimator: Estimator, sample: Sample, context_lens: list[int] | None
         if context_lens is not None:
             return estimator.decode_time_for(context_lens, sample.units, **kw)
         return estimator.decode_time(sample.decode_batch, sample.decode_context, sample.units, **kw)
+    if sample.kind == "hybrid":
+        return estimator.hybrid_step_time([(n, 0) for n in sample.prefill_lens], sample.decode_batch,
+                                          sample.decode_context, sample.units)
     raise ValueError(f"not a phase sample: {sample.kind}")
 
 

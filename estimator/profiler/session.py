@@ -35,15 +35,18 @@ from estimator.profiler.corun import CoRunner
 from estimator.profiler.kernel_timing import kernel_times, sweep_clock
 from estimator.profiler.shares import CoreShares, Shares
 from estimator.profiler.timing import Timing, time_calls, wait_until_quiet
-from estimator.profiler.workload import DecodeCase, ModelBench, PrefillCase, kv_tokens_needed
+from estimator.profiler.workload import DecodeCase, HybridCase, ModelBench, PrefillCase, kv_tokens_needed
 
 TOKEN_CLASSES = ("input_norm", "qkv_proj", "rope", "o_proj", "post_attn_norm", "gate_up_proj", "act", "down_proj",
                  "residual_add")
 
-Case = PrefillCase | DecodeCase
+Case = PrefillCase | DecodeCase | HybridCase
 
 
 def phase_sample(case: Case, units: int, seconds: float, co_running: int = 0) -> Sample:
+    if isinstance(case, HybridCase):
+        return Sample(kind="hybrid", units=units, seconds=seconds, prefill_lens=case.chunk_lens,
+                      decode_batch=case.decode.batch, decode_context=case.decode.total_context)
     if isinstance(case, PrefillCase):
         return Sample(kind="prefill", units=units, seconds=seconds, prefill_lens=case.seq_lens,
                       num_layers=case.num_layers, include_head=case.num_layers is None, co_running=co_running)
@@ -84,7 +87,9 @@ class Measurement:
 
 
 def role_of(case: Case) -> str:
-    return "prefill" if isinstance(case, PrefillCase) else "decode"
+    """The role whose shares a case runs on (a hybrid step: a single engine's, on prefill's shares,
+    which reach the whole device)."""
+    return "decode" if isinstance(case, DecodeCase) else "prefill"
 
 
 class Timer(Protocol):

@@ -18,7 +18,7 @@ from estimator.profiler.fit import scale_sweep_to_step
 from estimator.profiler.padding import measure_padding
 from estimator.profiler.plan import ProfilePlan
 from estimator.profiler.session import Measurement, ProfileSession
-from estimator.profiler.workload import DecodeCase, PrefillCase, uniform_decode
+from estimator.profiler.workload import DecodeCase, HybridCase, PrefillCase, uniform_decode
 
 PROBE_SIZES = {"quick": ProbeSizes(gemm_n=512, matrix_mb=128, min_seconds=0.08), "full": ProbeSizes()}
 
@@ -41,9 +41,11 @@ def corun_splits(total: int) -> list[int]:
     return sorted({1, total // 2} - {0, total}) if total > 1 else []
 
 
-def _kind_and_size(case: PrefillCase | DecodeCase) -> tuple[tuple, int]:
+def _kind_and_size(case: PrefillCase | DecodeCase | HybridCase) -> tuple[tuple, int]:
     """Steps of one kind (phase, layers run) ordered by how long they take: tokens for a prefill,
     context plus batch for a decode step."""
+    if isinstance(case, HybridCase):
+        return ("hybrid", None), case.tokens + case.decode.total_context
     if isinstance(case, PrefillCase):
         return ("prefill", case.num_layers), case.tokens
     return ("decode", None), case.total_context + case.batch
@@ -118,9 +120,8 @@ def run_plan(config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.d
             hardware = probe_cpu(cores, PROBE_SIZES[plan.name], progress=False,
                                  name=f"{cpu_model_name()} ({len(cores)} cores)")
             # what the measured engine does: SDPA per sequence of a packed prefill; decode reads each
-            # request's own context (the int8 model's paged kernel walks its pages, the float models'
-            # gather path pads a row only to a multiple of 64 slots) — until the padding probe below
-            # measures it (2026-11-26, by hand: 16 rows of 100..500 tokens cost what 16 x 300 do)
+            # request's own context (the int8 model's paged kernel walks its pages; the float models'
+            # gather path pads within groups of similar widths) — until the padding probe below measures it
             hardware = hardware.model_copy(update={"prefill_attention_per_sequence": True,
                                                    "decode_attention_padded": False})
             advance("cpu probe")
@@ -142,7 +143,9 @@ def run_plan(config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.d
             notes, probe_samples = [], []
             if plan.padding_batch:
                 advance("decode padding")
-                verdict, probe_samples = measure_padding(session, len(cores), plan.repeats, plan.padding_batch,
+                # on one core: what the kernel reads does not depend on the share, and a lone core's
+                # times drift least on a shared machine (measured: 2-core medians swung past the longest)
+                verdict, probe_samples = measure_padding(session, 1, plan.repeats, plan.padding_batch,
                                                          plan.padding_context)
                 if verdict is None:
                     notes.append("decode padding not measured (every run disturbed): priced by summed context")

@@ -61,10 +61,29 @@ def uniform_decode(batch: int, context: int) -> DecodeCase:
     return DecodeCase((context,) * batch)
 
 
+@dataclass(frozen=True)
+class HybridCase:
+    """One step of fresh prompt chunks `chunk_lens` beside `decode` (one token per request), as a
+    chunked-prefill engine runs them: every linear kernel over all rows, attention for each part."""
+
+    chunk_lens: tuple[int, ...]
+    decode: DecodeCase
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.chunk_lens) + self.decode.batch
+
+    def label(self) -> str:
+        return f"hybrid[{'+'.join(map(str, self.chunk_lens))} + {self.decode.label()}]"
+
+
 def kv_tokens_needed(cases: Sequence[PrefillCase | DecodeCase]) -> int:
     """KV slots the largest case needs (pages rounded up per sequence)."""
     def need(case) -> int:
-        lens = case.seq_lens if isinstance(case, PrefillCase) else case.context_lens
+        if isinstance(case, HybridCase):
+            lens = case.chunk_lens + case.decode.context_lens
+        else:
+            lens = case.seq_lens if isinstance(case, PrefillCase) else case.context_lens
         return sum(-(-n // PAGE_SIZE) * PAGE_SIZE for n in lens)
     return max((need(c) for c in cases), default=PAGE_SIZE)
 
@@ -86,8 +105,8 @@ class ModelBench:
         self.runner = ModelRunner(self.model, kv, device)
         self.num_pages = pages
 
-    def _chunks(self, lens: Sequence[int], decode: bool) -> list[SeqChunk]:
-        chunks, next_page = [], 0
+    def _chunks(self, lens: Sequence[int], decode: bool, first_page: int = 0) -> list[SeqChunk]:
+        chunks, next_page = [], first_page
         for n in lens:
             pages = -(-n // PAGE_SIZE)
             if next_page + pages > self.num_pages:
@@ -101,7 +120,11 @@ class ModelBench:
                 chunks.append(SeqChunk([(7 * i + 3) % (vocab - 1) + 1 for i in range(n)], 0, table))
         return chunks
 
-    def chunks(self, case: PrefillCase | DecodeCase) -> list[SeqChunk]:
+    def chunks(self, case: PrefillCase | DecodeCase | HybridCase) -> list[SeqChunk]:
+        if isinstance(case, HybridCase):  # the prompts' pages first, the decode rows' after them
+            prompts = self._chunks(case.chunk_lens, decode=False)
+            used = sum(len(c.page_table) for c in prompts)
+            return prompts + self._chunks(case.decode.context_lens, decode=True, first_page=used)
         if isinstance(case, DecodeCase):
             return self._chunks(case.context_lens, decode=True)
         return self._chunks(case.seq_lens, decode=False)
@@ -110,7 +133,7 @@ class ModelBench:
         """A zero-argument callable running `case` once (inputs prepared outside the timed call,
         except what a worker also prepares per step: the runner's context tables)."""
         chunks = self.chunks(case)
-        if isinstance(case, DecodeCase) or case.num_layers is None:
+        if isinstance(case, (DecodeCase, HybridCase)) or case.num_layers is None:
             return lambda: self.runner.forward(chunks)
         return self._layer_step(chunks, case.num_layers)
 

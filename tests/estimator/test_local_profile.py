@@ -181,12 +181,12 @@ def tiny_profile(tmp_path_factory):
 def tiny_plan(**smaller):
     """The quick plan trimmed to a few cases (seconds, not a minute); `smaller` trims it further."""
     from estimator.profiler.plan import ProfilePlan
-    from estimator.profiler.workload import PrefillCase, uniform_decode
+    from estimator.profiler.workload import HybridCase, PrefillCase, uniform_decode
 
     return replace(replace(ProfilePlan.quick(),
                    sweeps=(PrefillCase((32,)), PrefillCase((256,)), uniform_decode(1, 64), uniform_decode(16, 256)),
                    steps=(PrefillCase((32,)), PrefillCase((256,)), PrefillCase((64, 64)), PrefillCase((256,), 1),
-                          uniform_decode(1, 64), uniform_decode(16, 256)),
+                          uniform_decode(1, 64), uniform_decode(16, 256), HybridCase((64,), uniform_decode(4, 128))),
                    corun_prefill_lengths=(256,), corun_decode_cases=(uniform_decode(8, 128),),
                    corun_decode_batches=(8,), corun_prefill_cases=(PrefillCase((128,)),),
                    repeats=5, sweep_repeats=3, budget_s=2.0, quiet_wait_s=0.3), **smaller)
@@ -205,6 +205,9 @@ def test_quick_profile_round_trips_and_predicts_sensibly(tiny_profile):
     padding = [n for n in profile.notes if n.startswith("decode attention") or n.startswith("decode padding")]
     assert len(padding) == 1, profile.notes
     assert est.hardware.decode_attention_padded is bool(padding_in_log(padding)), padding
+    # the hybrid step was measured at every core count and calibrates mixed steps
+    assert {s.units for s in est.calibration.of_kind("hybrid")} == set(range(1, len(cores) + 1))
+    assert est.hybrid_step_time([(64, 0)], 4, 512, len(cores)) > est.hybrid_step_time([], 4, 512, len(cores))
     assert est.prefill_time([300, 20], 1) == pytest.approx(profile.estimator().prefill_time([300, 20], 1))
     for units in range(1, len(cores) + 1):
         prefill = [est.prefill_time([n], units) for n in (16, 64, 128, 512, 1024)]
