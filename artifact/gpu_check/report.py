@@ -94,6 +94,7 @@ def markdown(results: dict) -> str:
                      for name, s in results.get("steps", {}).items()])
     lines += _goals_section(results.get("goals") or goals(results))
     lines += _engine_section(_step(results, "bench"))
+    lines += _profile_section(_step(results, "profile"))
     lines += _served_section(_step(results, "serve"))
     lines += _doctor_section(_step(results, "doctor-nomps"), _step(results, "doctor-mps"))
     lines += _tests_section(_step(results, "gpu-tests"))
@@ -114,6 +115,17 @@ def _goals_section(items: list[dict]) -> list[str]:
 
 def _not_measured(title: str, step: dict) -> list[str]:
     return [f"## {title}", "", f"Not measured ({step.get('status', 'not run')}: {step.get('summary', '')}).", ""]
+
+
+def _profile_section(step: dict) -> list[str]:
+    found = step.get("findings")
+    if not found:
+        return []
+    return ["## What the profile measured", "",
+            "The bullet policy's profile (`bullet profile --device cuda --quick`): whether decode attention pays "
+            "for each request's own context or the batch's longest, and its timed hybrid steps against what the "
+            "estimator predicts for them from decode's calibration alone (the simulator's chunked baseline "
+            "before profiles timed hybrid steps).", "", *(f"- {line}" for line in found), ""]
 
 
 def _engine_section(step: dict) -> list[str]:

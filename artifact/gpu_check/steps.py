@@ -14,6 +14,7 @@ from pathlib import Path
 
 from artifact.gpu_check import machine, procs, wheels
 from artifact.gpu_check.plan import Plan
+from artifact.gpu_check.profile_findings import findings
 
 
 @dataclass
@@ -159,12 +160,14 @@ def profile_step(ctx: Context, timeout: float) -> dict:
             return result("error", f"--estimator-profile {ctx.given_profile}: no such file")
         shutil.copyfile(ctx.given_profile, path)
         ctx.profile = path
-        return result("pass", f"given: {ctx.given_profile} (not measured in this run)", path=str(path))
+        return result("pass", f"given: {ctx.given_profile} (not measured in this run)", path=str(path),
+                      findings=findings(path))
     done = procs.run(procs.python("-m", "bullet.cli", "profile", *ctx.plan.model_args, *ctx.plan.profile_args,
                                   "--output", str(path)), ctx.logs / "profile.txt", timeout, ctx.env, cwd=ctx.root)
     if done.returncode == 0 and path.exists():
         ctx.profile = path
-    return finished(done, f"{path.name}: the bullet policy's profile, passed to its launch", path=str(path))
+    return finished(done, f"{path.name}: the bullet policy's profile, passed to its launch", path=str(path),
+                    findings=findings(path) if ctx.profile == path else [])
 
 
 def mps_start_step(ctx: Context, timeout: float) -> dict:

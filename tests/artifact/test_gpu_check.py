@@ -238,3 +238,33 @@ def test_every_served_system_keeps_its_step_timeline(tmp_path):
         args = Launch(ctx, policy, "green-ctx", None, 60.0).server.args
         at = args.index("--timeline-dir")
         assert args[at + 1] == str(ctx.logs / "timeline" / policy.replace(":", "-"))
+
+
+def test_the_report_says_what_the_profile_measured(tmp_path):
+    """A given profile's padding verdict and its hybrid steps against decode's calibration reach the report."""
+    from types import SimpleNamespace
+
+    from engines.model_config import ModelConfig
+    from estimator.profile import EstimatorProfile
+    from estimator.profiler.fit import build_estimator
+    from estimator.profiler.padding import decide_padding
+    from artifact.gpu_check.steps import profile_step
+    from tests.estimator.test_hybrid_samples import _samples
+    from tests.estimator.test_local_profile import TINY_HF_CONFIG, two_core_cpu
+
+    model, hw = ModelConfig.from_hf_dict(TINY_HF_CONFIG, name="tiny"), two_core_cpu()
+    verdict = decide_padding(14.5e-3, 10e-3, 14e-3, "decode[32x512..2048] on 132 SMs")
+    given = tmp_path / "given.json"
+    EstimatorProfile.from_estimator(build_estimator(model, hw, "bf16", _samples(model, hw, 1.7)),
+                                    ["measured somewhere", verdict.note]).write(given)
+    ctx = SimpleNamespace(work=tmp_path, given_profile=given, profile=None)
+    step = profile_step(ctx, 10.0)
+    assert step["status"] == "pass" and step["findings"][0] == verdict.note
+    hybrid = step["findings"][1:]
+    assert len(hybrid) == 4 and all("from decode's calibration (-" in line for line in hybrid), hybrid  # 1.7x slower
+    results = synthetic_results()
+    results["steps"]["profile"] = dict(step, seconds=1, cap_s=120, mps=True)
+    report.write(results, tmp_path / "out")
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "## What the profile measured" in md and "priced as padded to the longest context" in md
+    assert hybrid[0] in md

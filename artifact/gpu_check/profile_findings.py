@@ -1,0 +1,48 @@
+"""What a GPU check's profile measured that the report should say in words: whether decode attention
+pads to the batch's longest context (the profiler's padding probe), and how far the hybrid steps it
+timed (a prompt chunk beside decode rows, as chunked-prefill runs them) are from what the estimator
+predicts for them without those samples — borrowing decode's calibration, as it did before profiles
+timed hybrid steps."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def padding_verdict(profile: dict) -> str | None:
+    """The padding probe's note (`estimator.profiler.padding`), as the profile keeps it."""
+    return next((n for n in profile.get("notes", []) if n.startswith(("decode attention", "decode padding"))), None)
+
+
+def hybrid_steps(path: Path) -> list[str]:
+    """One line per timed hybrid step: measured, and predicted without the hybrid samples."""
+    from estimator.profile import EstimatorProfile
+
+    profile = EstimatorProfile.model_validate_json(Path(path).read_text())
+    measured = [s for s in profile.calibration.samples if s.kind == "hybrid"]
+    if not measured:
+        return []
+    borrowed = profile.model_copy(update={"calibration": profile.calibration.model_copy(
+        update={"samples": [s for s in profile.calibration.samples if s.kind != "hybrid"]})}).estimator()
+    lines = []
+    for s in measured:
+        predicted = borrowed.hybrid_step_time([(n, 0) for n in s.prefill_lens], s.decode_batch, s.decode_context, s.units)
+        chunks = "+".join(map(str, s.prefill_lens))
+        lines.append(f"hybrid[{chunks} + {s.decode_batch} decodes] on {s.units}: {s.seconds * 1e3:.2f} ms measured, "
+                     f"{predicted * 1e3:.2f} ms from decode's calibration ({predicted / s.seconds - 1:+.0%})")
+    return lines
+
+
+def findings(path: Path) -> list[str]:
+    """The report's lines about the profile at `path` (none when it cannot be read)."""
+    try:
+        profile = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return []
+    lines = [v for v in [padding_verdict(profile)] if v]
+    try:
+        lines += hybrid_steps(path)
+    except Exception as exc:  # the report must come out whatever the profile holds
+        lines.append(f"hybrid steps not compared: {exc}")
+    return lines
