@@ -17,7 +17,7 @@ def padding_verdict(profile: dict) -> str | None:
 
 def hybrid_steps(path: Path) -> list[str]:
     """One line per timed hybrid step: measured, and predicted without the hybrid samples."""
-    from estimator.profile import EstimatorProfile
+    from estimator.profile import EstimatorProfile  # deferred: pydantic comes with the carried wheels (after the install step)
 
     profile = EstimatorProfile.model_validate_json(Path(path).read_text())
     measured = [s for s in profile.calibration.samples if s.kind == "hybrid"]
