@@ -15,11 +15,12 @@ def padding_verdict(profile: dict) -> str | None:
     return next((n for n in profile.get("notes", []) if n.startswith(("decode attention", "decode padding"))), None)
 
 
-def hybrid_steps(path: Path) -> list[str]:
+def hybrid_steps(profile: dict) -> list[str]:
     """One line per timed hybrid step: measured, and predicted without the hybrid samples."""
     from estimator.profile import EstimatorProfile  # deferred: pydantic comes with the carried wheels (after the install step)
+    from estimator.profiler.prediction_errors import predict  # deferred: likewise
 
-    profile = EstimatorProfile.model_validate_json(Path(path).read_text())
+    profile = EstimatorProfile.model_validate(profile)
     measured = [s for s in profile.calibration.samples if s.kind == "hybrid"]
     if not measured:
         return []
@@ -27,7 +28,7 @@ def hybrid_steps(path: Path) -> list[str]:
         update={"samples": [s for s in profile.calibration.samples if s.kind != "hybrid"]})}).estimator()
     lines = []
     for s in measured:
-        predicted = borrowed.hybrid_step_time([(n, 0) for n in s.prefill_lens], s.decode_batch, s.decode_context, s.units)
+        predicted = predict(borrowed, s)
         chunks = "+".join(map(str, s.prefill_lens))
         lines.append(f"hybrid[{chunks} + {s.decode_batch} decodes] on {s.units}: {s.seconds * 1e3:.2f} ms measured, "
                      f"{predicted * 1e3:.2f} ms from decode's calibration ({predicted / s.seconds - 1:+.0%})")
@@ -42,7 +43,7 @@ def findings(path: Path) -> list[str]:
         return []
     lines = [v for v in [padding_verdict(profile)] if v]
     try:
-        lines += hybrid_steps(path)
+        lines += hybrid_steps(profile)
     except Exception as exc:  # the report must come out whatever the profile holds
         lines.append(f"hybrid steps not compared: {exc}")
     return lines

@@ -57,10 +57,9 @@ def run_cuda_plan(bench: ModelBench, shares: ShareControl, timer: GpuTimer, plan
         verdict, uniform = measure_padding(session, units_of["decode"][-1], plan.repeats, plan.padding_batch,
                                            plan.padding_context)
         samples += uniform
-        if verdict is not None:
-            padded = verdict.padded
-            log(verdict.note)  # `from_log.padding_in_log` reads it back from a server's log
-        notes.append(verdict.note if verdict is not None else "decode padding not measured (disturbed runs)")
+        padded = verdict.padded
+        log(verdict.note)  # `from_log.padding_in_log` reads it back from a server's log
+        notes.append(verdict.note)
     if other is None:
         notes.append("contention not measured (no co-running process): the estimator assumes none")
         return samples, notes, padded

@@ -37,8 +37,11 @@ def padding_cases(batch: int, context: int) -> tuple[DecodeCase, DecodeCase, Dec
 
 @dataclass(frozen=True)
 class PaddingVerdict:
-    padded: bool
+    padded: bool | None  # None: not measured (the hardware description's own value stands)
     note: str  # what was measured and concluded, for the profile's notes and the log
+
+
+NOT_MEASURED = PaddingVerdict(None, "decode padding not measured (every run disturbed): priced by summed context")
 
 
 def decide_padding(ragged_s: float, mean_s: float, longest_s: float, label: str = "") -> PaddingVerdict:
@@ -58,11 +61,11 @@ def decide_padding(ragged_s: float, mean_s: float, longest_s: float, label: str 
 
 
 def measure_padding(session, units: int, repeats: int, batch: int, context: int,
-                    rounds: int = ROUNDS) -> tuple[PaddingVerdict | None, list]:
+                    rounds: int = ROUNDS) -> tuple[PaddingVerdict, list]:
     """The verdict from the three steps timed by `session` (a `session.MeasuringSession`) on `units`
     of decode's share, each the median of `rounds` measurements taken in turn, the order reversed every
-    other round (a machine whose speed drifts then slows no one step more than the others); None when
-    one step's runs were all disturbed (nothing to conclude from). With it, the calibration samples of
+    other round (a machine whose speed drifts then slows no one step more than the others); `NOT_MEASURED`
+    when one step's runs were all disturbed (nothing to conclude from). With it, the calibration samples of
     the two uniform steps (decode steps like any other; the ragged one is left out: what it reads is
     what was in question)."""
     cases = padding_cases(batch, context)
@@ -76,7 +79,7 @@ def measure_padding(session, units: int, repeats: int, batch: int, context: int,
                 if i:
                     uniform += measured.samples
     if not all(seconds):
-        return None, uniform
+        return NOT_MEASURED, uniform
     ragged, mean, longest = (statistics.median(s) for s in seconds)
     return decide_padding(ragged, mean, longest, f"{cases[0].label()} on {units} {session.timer.unit_name}, "
                                                  f"medians of {rounds} rounds"), uniform

@@ -147,11 +147,9 @@ def run_plan(config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.d
                 # times drift least on a shared machine (measured: 2-core medians swung past the longest)
                 verdict, probe_samples = measure_padding(session, 1, plan.repeats, plan.padding_batch,
                                                          plan.padding_context)
-                if verdict is None:
-                    notes.append("decode padding not measured (every run disturbed): priced by summed context")
-                else:
+                notes.append(verdict.note)
+                if verdict.padded is not None:
                     hardware = hardware.model_copy(update={"decode_attention_padded": verdict.padded})
-                    notes.append(verdict.note)
             still_disturbed = []
             for group, case, units, measure in disturbed:
                 advance("retrying a disturbed measurement")
