@@ -205,8 +205,10 @@ def test_quick_profile_round_trips_and_predicts_sensibly(tiny_profile):
     padding = [n for n in profile.notes if n.startswith("decode attention") or n.startswith("decode padding")]
     assert len(padding) == 1, profile.notes
     assert est.hardware.decode_attention_padded is bool(padding_in_log(padding)), padding
-    # the hybrid step was measured at every core count and calibrates mixed steps
-    assert {s.units for s in est.calibration.of_kind("hybrid")} == set(range(1, len(cores) + 1))
+    # the hybrid step was measured (at a core count whose runs a busy machine disturbed throughout it is
+    # dropped, as every step is) and calibrates mixed steps
+    assert est.calibration.of_kind("hybrid") and {s.units for s in est.calibration.of_kind("hybrid")} <= set(
+        range(1, len(cores) + 1))
     assert est.hybrid_step_time([(64, 0)], 4, 512, len(cores)) > est.hybrid_step_time([], 4, 512, len(cores))
     assert est.prefill_time([300, 20], 1) == pytest.approx(profile.estimator().prefill_time([300, 20], 1))
     for units in range(1, len(cores) + 1):
