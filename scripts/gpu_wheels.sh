@@ -39,7 +39,7 @@ echo "[gpu_wheels] ${#pins[@]} pins -> $dir"
   --implementation cp "${platforms[@]}" -d "$dir" "${pins[@]}" 2>&1 | grep -v "is ignored" || true
 
 commit=$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)
-dirty=$(git -C "$root" status --porcelain 2>/dev/null | grep -v '^??' | wc -l | tr -d ' ')
+dirty=$(git -C "$root" status --porcelain 2>/dev/null | { grep -v '^??' || true; } | wc -l | tr -d ' ')
 echo "commit $commit (+$dirty uncommitted changes), wheels fetched $(date -u +%Y-%m-%dT%H:%M:%SZ)" > "$dir/SOURCE"
 # the check gpu_check --dry-run runs there: every pin present
 cd "$root"
