@@ -87,9 +87,13 @@ class DecodeInputs:
         size = self.rows * (4 + width)
         dev = torch.device(device)
         self.device_buf = torch.zeros(size, dtype=torch.int32, device=dev)
-        self.host_buf = torch.zeros(size, dtype=torch.int32, pin_memory=dev.type == "cuda")
+        # Pageable, not pinned: an asynchronous copy from pageable memory is staged before the call
+        # returns, so the host twin can be rewritten at once. A pinned block instead records an event
+        # on every stream it was copied on when it is freed, and a green context's stream whose context
+        # is already destroyed makes that free abort the process (H200, driver 13.0, 2026-11-26: the
+        # profiler and a bullet server died at start-up). The copy is a few KiB per step.
+        self.host_buf = torch.zeros(size, dtype=torch.int32)
         self._host = self.host_buf.numpy()
-        self._copied = None  # CUDA event after the last upload: the host twin is rewritten only once it passed
 
     def _segments(self, batch: int):
         r, h = self.rows, self._host
@@ -104,7 +108,6 @@ class DecodeInputs:
         real = len(token_ids)
         if not 0 < real <= batch <= self.max_batch or len(starts) != real or len(page_tables) != real:
             raise ValueError(f"{real} rows do not fit a batch of {batch} (at most {self.max_batch})")
-        self._wait()
         ps = self.page_size
         ids, positions, slots, lens, pages = self._segments(batch)
         start = np.asarray(starts, dtype=np.int64)
@@ -128,7 +131,6 @@ class DecodeInputs:
         """Every row padding (what a capture runs on: it writes only the scratch slot)."""
         if not 0 < batch <= self.max_batch:
             raise ValueError(f"a batch of {batch} rows does not fit {self.max_batch}")
-        self._wait()
         ids, positions, slots, lens, pages = self._segments(batch)
         ids[:], positions[:], slots[:], lens[:] = 0, 0, self.scratch_slot, 1
         pages[0, :batch] = self.scratch_page
@@ -141,14 +143,7 @@ class DecodeInputs:
         if self.device_buf.device.type != "cuda":
             dst.copy_(src)
             return
-        dst.copy_(src, non_blocking=True)
-        if self._copied is None:
-            self._copied = torch.cuda.Event()
-        self._copied.record()
-
-    def _wait(self) -> None:
-        if self._copied is not None:
-            self._copied.synchronize()
+        dst.copy_(src, non_blocking=True)  # no stream sync; the source is staged before it returns
 
     def views(self, batch: int) -> tuple[torch.Tensor, ...]:
         """Device views for a `batch`-row step: ids, positions, slots, context lengths [batch] and the

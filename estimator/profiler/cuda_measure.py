@@ -92,6 +92,10 @@ def measure_cuda_profile(model_path: str | None, load_format: str, dtype, share_
         other = stack.enter_context(CoRunner(weights.config, state, torch_dtype, kv_tokens, share_factory, "cuda")) \
             if corun else None
         samples, notes, padded = run_cuda_plan(bench, shares, timer, plan, step_for, other, log)
+        # free what ran on the shares' streams (graphs, KV, inputs) before the shares close: a block
+        # freed after its stream's green context is gone may need that stream
+        del step_for, bench
+        torch.cuda.synchronize()
     if padded is not None:  # measured on this GPU: overrides what the engine's kernels are expected to do
         hardware = hardware.model_copy(update={"decode_attention_padded": padded})
     estimator = build_estimator(weights.config, hardware, est_dtype, samples)
