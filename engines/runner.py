@@ -4,11 +4,13 @@ caller asked for. Knows nothing about requests, queues or sampling."""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engines.decode_groups import plan_decode
 from engines.forward_context import ForwardContext
@@ -16,6 +18,18 @@ from engines.kv_pool import KVPool
 from engines.model.llama import LlamaModel
 from engines.model.paged_attention import PagedKernels, build_tables, kernels_for
 from engines.quant.int8 import Int8Embedding
+
+# Prompt attention (SDPA) on a GPU may use any backend but cuDNN's. On Hopper torch may pick cuDNN,
+# which builds a graph per new sequence length: on an H200 (torch 2.11, 2026-11-26) the first layer
+# group of every prompt of a new length took 50-70 ms longer than the next ones, whatever its size,
+# more than a whole 2048-token prefill. Prompts rarely repeat a length, so every prefill paid it.
+# Flash (or memory-efficient, or math) attention has no per-shape set-up.
+PROMPT_ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def prompt_attention_backends(device: torch.device) -> list[SDPBackend] | None:
+    """The SDPA backends a runner on `device` allows (None: torch's choice, on a CPU)."""
+    return PROMPT_ATTENTION_BACKENDS if device.type == "cuda" else None
 
 
 @dataclass
@@ -71,6 +85,7 @@ class ModelRunner:
         if self.paged and kernels is None:
             kernels = kernels_for(self.device, self.compute_dtype, kv.tensor.dtype)
         self.kernels = kernels if self.paged else None
+        self.sdpa_backends = prompt_attention_backends(self.device)
 
     # -- batch preparation -------------------------------------------------------------------
     def _context(self, chunks: list[SeqChunk]) -> tuple[torch.Tensor, ForwardContext]:
@@ -136,7 +151,9 @@ class ModelRunner:
     def run_layers(self, state: LayerwiseState, num_layers: int | None = None) -> bool:
         """Advance by `num_layers` (all remaining if None); True once every layer has run."""
         end = self.model.num_layers if num_layers is None else min(self.model.num_layers, state.next_layer + num_layers)
-        state.hidden = self.model.forward_layers(state.hidden, state.next_layer, end, state.ctx, self.kv.tensor)
+        # once per layer group, not per attention call (entering it costs ~25 us)
+        with sdpa_kernel(self.sdpa_backends) if self.sdpa_backends else nullcontext():
+            state.hidden = self.model.forward_layers(state.hidden, state.next_layer, end, state.ctx, self.kv.tensor)
         state.next_layer = end
         return end == self.model.num_layers
 

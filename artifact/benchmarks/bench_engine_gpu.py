@@ -9,6 +9,8 @@ the serving dtype. Then, through the engine's runner — `ModelRunner.forward`, 
 `DecodeGraphs.forward` over `TorchCudaGraphs`, what a decode worker replays:
 * prefill of one prompt (2048 tokens): its model FLOPs (2 x projection parameters x tokens, causal
   attention 2 x layers x n^2 x heads x head_dim, one LM-head row) / time, as a share of the GEMM rate;
+* prefill of prompts of lengths not run before (first call, then again), under the runner's attention
+  backends and under torch's choice: what a per-shape set-up (cuDNN's graphs) adds to each prompt;
 * decode steps at 1x1024, 32x1024 and 128x512 (batch x context), graphs off and on, each against its
   memory floor: (weight bytes + KV bytes read) / copy bandwidth, the weights every projection and the
   LM head (the embedding rows a step reads are negligible), the KV every sequence's context.
@@ -147,6 +149,10 @@ def measure(bench: Bench, prefill: int, decode: list[tuple[int, int]], repeats: 
     out = {"prefill": {"tokens": prefill, "ms": seconds * 1e3, "model_tflop": flops / 1e12,
                        "tflops": flops / seconds / 1e12, "of_gemm": flops / seconds / rates["gemm_flops"]}, "decode": []}
     print(f"[bench] prefill {prefill}: {seconds * 1e3:.2f} ms, {out['prefill']['of_gemm']:.0%} of the GEMM rate", flush=True)
+    out["new_lengths"] = new_length_prefills(bench, prefill)
+    for backends, r in out["new_lengths"].items():
+        print(f"[bench] prefill of a new length ({backends}): first {r['first_ms']:.2f} ms, again "
+              f"{r['again_ms']:.2f} ms (medians of {len(r['lengths'])} lengths)", flush=True)
     graphs = bench.graphs()
     for batch, context in decode:
         floor = decode_bytes(shape, batch, context, elem) / rates["copy_bytes_s"]
@@ -165,6 +171,28 @@ def measure(bench: Bench, prefill: int, decode: list[tuple[int, int]], repeats: 
                      else row["error"]), flush=True)
     graphs.release()
     return out
+
+
+def new_length_prefills(bench: Bench, prefill: int, count: int = 4) -> dict:
+    """A prompt of a length not run before, then the same prompt again, timed per call: under the
+    runner's own attention backends and under torch's choice (which may build a cuDNN graph per new
+    length, `engines.runner.PROMPT_ATTENTION_BACKENDS`), in turn, each on its own lengths."""
+    own = bench.runner.sdpa_backends
+    lengths = {"runner's backends": [prefill // 2 + 2 * i + 1 for i in range(count)],
+               "torch's choice": [prefill // 2 + 2 * i + 2 for i in range(count)]}
+    times: dict[str, dict[str, list[float]]] = {k: {"first": [], "again": []} for k in lengths}
+    try:
+        for i in range(count):
+            for name, chosen in lengths.items():
+                bench.runner.sdpa_backends = own if name == "runner's backends" else None
+                chunks = bench.prefill_chunks(chosen[i])
+                first, again = wall_seconds(lambda: bench.runner.forward(chunks), bench.device, 2, warmup=0)
+                times[name]["first"].append(first)
+                times[name]["again"].append(again)
+    finally:
+        bench.runner.sdpa_backends = own
+    return {name: {"lengths": lengths[name], "first_ms": median(t["first"]) * 1e3, "again_ms": median(t["again"]) * 1e3}
+            for name, t in times.items()}
 
 
 def goals(result: dict) -> list[dict]:

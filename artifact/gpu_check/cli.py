@@ -42,13 +42,20 @@ ROOT = Path(__file__).resolve().parents[2]
 RUN_TOOL = 'run(command="BULLET_COMMIT=<git rev-parse HEAD> bash scripts/gpu_check.sh", carry=[".gpu-wheels"], timeout_s=600)'
 
 
-def step_functions() -> dict:
-    from artifact.gpu_check.serve import serve_step  # deferred: imports numpy and the control plane's SLO
+def _serve_step(ctx, timeout: float) -> dict:
+    # deferred: the served comparison imports the control plane (pydantic, pyzmq, ...), which a GPU
+    # image has only once the install step put the carried wheels on sys.path (on 2026-11-26 an
+    # import here, before any step ran, stopped the whole run)
+    from artifact.gpu_check.serve import serve_step
 
+    return serve_step(ctx, timeout)
+
+
+def step_functions() -> dict:
     return {"env": steps.env_step, "install": steps.install_step, "build": steps.build_step,
             "doctor-nomps": steps.doctor_step("nomps"), "bench": steps.bench_step, "mps-start": steps.mps_start_step,
             "doctor-mps": steps.doctor_step("mps"), "gpu-tests": steps.gpu_tests_step, "profile": steps.profile_step,
-            "serve": serve_step, "mps-stop": steps.mps_stop_step}
+            "serve": _serve_step, "mps-stop": steps.mps_stop_step}
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

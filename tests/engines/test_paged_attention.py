@@ -114,3 +114,35 @@ def test_paged_step_of_fresh_prompts_takes_sdpa_and_any_cached_prefix_the_kernel
         assert Recording.calls == want_calls
         torch.testing.assert_close(out, TorchPagedKernels().extend(q, k_cache, v_cache, ctx.paged, 0.25),
                                    atol=1e-5, rtol=1e-5)
+
+
+def test_a_gpu_runner_keeps_prompt_attention_off_cudnn(llm32, monkeypatch):
+    """cuDNN's SDPA builds a graph per new prompt length (50-70 ms each on an H200): a runner on a GPU
+    allows every other backend, once per layer group; on a CPU torch chooses. Checked through the
+    runner's own path on the CPU model: the flags SDPA sees while the layers run."""
+    from torch.nn.attention import SDPBackend
+
+    from engines.runner import PROMPT_ATTENTION_BACKENDS, SeqChunk, prompt_attention_backends
+    assert prompt_attention_backends(torch.device("cuda", 0)) == PROMPT_ATTENTION_BACKENDS
+    assert SDPBackend.CUDNN_ATTENTION not in PROMPT_ATTENTION_BACKENDS
+    assert SDPBackend.FLASH_ATTENTION in PROMPT_ATTENTION_BACKENDS and SDPBackend.MATH in PROMPT_ATTENTION_BACKENDS
+    assert prompt_attention_backends(torch.device("cpu")) is None
+
+    seen = []
+    sdpa = F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    ids = llm32.tokenizer.encode(PROMPTS[0])
+    logits = {}
+    for backends in (None, PROMPT_ATTENTION_BACKENDS):
+        runner = ModelRunner(llm32.runner.model, KVPool(llm32.config, 64, 16, llm32.dtype), paged=False)
+        assert runner.sdpa_backends is None  # a CPU runner's default
+        runner.sdpa_backends = backends
+        logits[backends is None] = runner.forward([SeqChunk(ids, 0, list(range(-(-len(ids) // 16))))]).last_logits
+    assert seen and seen.count(True) == seen.count(False) == len(seen) // 2  # torch's choice, then cuDNN off
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # restored after each group
+    torch.testing.assert_close(logits[True], logits[False])
