@@ -20,10 +20,12 @@ from engines.model.paged_attention import PagedKernels, build_tables, kernels_fo
 from engines.quant.int8 import Int8Embedding
 
 # Prompt attention (SDPA) on a GPU may use any backend but cuDNN's. On Hopper torch may pick cuDNN,
-# which builds a graph per new sequence length: on an H200 (torch 2.11, 2026-11-26) the first layer
-# group of every prompt of a new length took 50-70 ms longer than the next ones, whatever its size,
-# more than a whole 2048-token prefill. Prompts rarely repeat a length, so every prefill paid it.
-# Flash (or memory-efficient, or math) attention has no per-shape set-up.
+# which builds a graph per new sequence length. On an H200 (torch 2.11, 2026-11-26) the first layer
+# group of every prompt of a new length took 50-70 ms longer than the next ones, whatever its size
+# (more than a whole 2048-token prefill), and only fresh prompts (SDPA) paid it, not chunks over a
+# cached prefix (the Triton kernel): a per-shape set-up. Prompts rarely repeat a length, so every
+# prefill paid it. Flash attention (GQA, causal, no mask: our case) has none; the engine benchmark
+# times prompts of new lengths under both choices (`bench_engine_gpu`, "new_lengths").
 PROMPT_ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
