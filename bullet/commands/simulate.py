@@ -10,6 +10,7 @@ import sys
 from bullet.sim import Simulation
 from bullet.sim.config import SimConfig
 from bullet.sim.report import result_dict, summary_lines
+from bullet.types.roles import Role
 from bullet.workloads.traces import build_workload
 
 NAME = "simulate"
@@ -71,6 +72,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step-time-scale", type=float, default=d.step_time_scale,
                    help="every step's kernels take this many times the device model's latency (a served "
                         "machine slower than its profile: `python -m artifact.served_steps` measures it)")
+    p.add_argument("--role-step-time", action="append", default=[], metavar="ROLE=SCALE[,OVERHEAD_MS]",
+                   type=role_step_time,
+                   help="for one worker role (prefill, decode, unified): its steps' time scale and the overhead "
+                        "after each, in place of --step-time-scale/--step-overhead-ms (repeat per role; "
+                        "`python -m artifact.served_steps --by-role` fits them to a served run)")
     p.add_argument("--handoff-delay-ms", type=float, default=d.handoff_delay_s * 1e3)
     p.add_argument("--stop-below", type=float, default=None, metavar="ATTAINMENT",
                    help="stop early once this SLO attainment is out of reach")
@@ -79,6 +85,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
                    help="write the results as JSON to PATH (or stdout without PATH)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
+
+
+ROLES = tuple(r.value for r in Role)
+
+
+def role_step_time(text: str) -> tuple[str, tuple[float, float]]:
+    """`prefill=1.5,7.4` -> ("prefill", (1.5, 0.0074)); the overhead (ms) may be left out (0)."""
+    role, _, rest = text.partition("=")
+    try:
+        scale, *overhead = (float(x) for x in rest.split(","))
+    except ValueError:
+        scale, overhead = None, []
+    if role not in ROLES or scale is None or len(overhead) > 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected ROLE=SCALE[,OVERHEAD_MS] with ROLE one of {', '.join(ROLES)}")
+    return role, (scale, overhead[0] / 1e3 if overhead else 0.0)
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
@@ -90,7 +111,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         max_running_requests=args.max_running_requests, page_size=args.page_size, kv_memory_gb=args.kv_memory_gb,
         max_total_tokens=args.max_total_tokens,
         step_overhead_s=None if args.step_overhead_ms is None else args.step_overhead_ms / 1e3,
-        step_time_scale=args.step_time_scale,
+        step_time_scale=args.step_time_scale, role_step_times=dict(args.role_step_time),
         noise=args.noise, contention_model=not args.no_contention, contention_floor=args.contention_floor,
         prefill_slowdown=args.prefill_slowdown, policy_contention=not args.blind_policy,
         overlap_share=args.overlap_share, handoff_delay_s=args.handoff_delay_ms / 1e3, seed=args.seed,

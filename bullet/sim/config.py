@@ -4,7 +4,7 @@ pool size, the contention model."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from bullet.config import ServerArgs
 from bullet.policies.intensity import ridge_token_limit
@@ -54,6 +54,11 @@ class SimConfig:
     # slower than its profile (another load on its cores, a host whose speed drifts), measured from the
     # served run's own step log (`artifact.served_steps`). 1.0: the profile as measured
     step_time_scale: float = 1.0
+    # per worker role (prefill, decode, unified): (scale, overhead s) in place of the two above for that
+    # role's steps — two workers whose served steps ran off the profile by different amounts (a served
+    # prefill worker paying a per-prompt set-up its decode worker never saw); fitted per role by
+    # `artifact.served_steps`. Empty: every role alike
+    role_step_times: dict[str, tuple[float, float]] = field(default_factory=dict)
     prefill_preemption: bool = True  # bullet: layer-boundary preemption of the prefill batch in flight
     hand_back: str = "bounded"  # bullet: off | decode-step | bounded
     layer_group: str = "fixed"  # bullet: fixed (prefill_layers_per_step) | adaptive (about one decode step)

@@ -24,7 +24,10 @@ charged partly at each speed. Within one configuration:
   its steps slower than its profile, as its step log measured (`SimConfig.step_time_scale`).
 
 * overhead: `step_overhead_s` after every step's kernels, for every system alike — launching the
-  step and the scheduler's bookkeeping, time in which the worker is busy but its units are not."""
+  step and the scheduler's bookkeeping, time in which the worker is busy but its units are not.
+* per role: `role_step_times[role] = (scale, overhead_s)` replaces the time scale and the overhead
+  for that worker's steps (a served run whose prefill worker ran further off the profile than its
+  decode worker, `SimConfig.role_step_times`)."""
 
 from __future__ import annotations
 
@@ -117,16 +120,23 @@ class DeviceStats:
 class SimulatedDevice:
     def __init__(self, estimator: Estimator, loop: EventLoop, contention: AnalyticContention | None = None,
                  noise: float = 0.0, seed: int = 0, overlap_share: str = "demand", step_overhead_s: float = 0.0,
-                 measured_corun: bool = False, time_scale: float = 1.0):
+                 measured_corun: bool = False, time_scale: float = 1.0,
+                 role_step_times: dict[str, tuple[float, float]] | None = None):
         if not 0.0 <= noise < 1.0:
             raise ValueError(f"noise must lie in [0, 1), got {noise}")
         if not time_scale > 0:
             raise ValueError(f"step_time_scale (--step-time-scale) must be positive, got {time_scale}")
+        role_step_times = {role: (float(scale), float(overhead)) for role, (scale, overhead) in (role_step_times or {}).items()}
+        for role, (scale, overhead) in role_step_times.items():
+            if not scale > 0 or overhead < 0:
+                raise ValueError(f"role_step_times[{role!r}]: the scale must be positive and the overhead at least 0, "
+                                 f"got {scale}, {overhead}")
         if overlap_share not in OVERLAP_SHARES:
             raise ValueError(f"overlap_share must be one of {OVERLAP_SHARES}, got {overlap_share!r}")
         self.est, self.loop, self.contention, self.noise = estimator, loop, contention, noise
         self.overlap_share, self.step_overhead_s = overlap_share, step_overhead_s
         self.measured_corun, self.time_scale = measured_corun, time_scale
+        self.role_step_times = role_step_times
         self.total = estimator.hardware.units
         self.rng = random.Random(seed)
         self.running: dict[str, Step] = {}
@@ -141,7 +151,8 @@ class SimulatedDevice:
             raise ValueError(f"units must lie in 1..{self.total}, got {units}")
         now = self.loop.clock.now()
         factor = 1.0 + self.noise * (2.0 * self.rng.random() - 1.0) if self.noise else 1.0
-        factor *= self.time_scale  # x 1.0 is x, to the bit: an unscaled device charges what it did
+        # x 1.0 is x, to the bit: an unscaled device charges what it did
+        factor *= self.role_step_times[role][0] if role in self.role_step_times else self.time_scale
         self._account(now)
         self.running[role] = Step(role, work, units, factor, on_done, started=now, last=now)
         self._rebalance(now)
@@ -181,8 +192,9 @@ class SimulatedDevice:
         stats = self.stats
         stats.steps[step.role] = stats.steps.get(step.role, 0) + 1
         stats.busy_s[step.role] = stats.busy_s.get(step.role, 0.0) + (now - step.started)
-        if self.step_overhead_s > 0:
-            self.loop.at(now + self.step_overhead_s, step.on_done, now - step.started + self.step_overhead_s)
+        overhead = self.role_step_times[step.role][1] if step.role in self.role_step_times else self.step_overhead_s
+        if overhead > 0:
+            self.loop.at(now + overhead, step.on_done, now - step.started + overhead)
         else:
             step.on_done(now - step.started)
 

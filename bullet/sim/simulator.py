@@ -78,7 +78,7 @@ class Simulation:
                                       config.noise, config.seed, config.overlap_share,
                                       step_overhead(config, self.device_estimator),
                                       measured_corun=config.contention_model and measured_contention(self.device_estimator),
-                                      time_scale=config.step_time_scale)
+                                      time_scale=config.step_time_scale, role_step_times=config.role_step_times)
         self.log = RequestLog()
         self.board = StateBoard(self.clock)
         self.allocator = LocalPageAllocator(pages, config.page_size)

@@ -78,12 +78,21 @@ def round_up(feasible: Sequence[int], units: float) -> int:
     return feasible[min(i, len(feasible) - 1)]
 
 
+def nearest(feasible: Sequence[int], units: float) -> int:
+    """The feasible share closest to `units` (the larger of two as close)."""
+    return min(feasible, key=lambda u: (abs(u - units), -u))
+
+
 def profiled_shares(feasible: Sequence[int], quick: bool = False) -> list[int]:
-    """The SM counts the solo sweeps run on: a share per fraction, without repeats."""
+    """The SM counts the solo sweeps run on: a share per fraction, the feasible one nearest to it,
+    without repeats. Nearest, not rounded up: a server's green-context pool splits the device at these
+    fractions rounded to the nearest group (`GroupLayout.coarse_counts`), so the profile measures the
+    shares a server runs on; rounded up, an H200's eighth was measured at 24 SMs while its decode
+    worker ran on 16, a share the profile then extrapolated to twice its served time (2026-11-26)."""
     feasible = sorted(feasible)
     total = feasible[-1]
     fractions = QUICK_FRACTIONS if quick else SOLO_FRACTIONS
-    return sorted({round_up(feasible, f * total) for f in fractions})
+    return sorted({nearest(feasible, f * total) for f in fractions})
 
 
 def corun_splits(prefill_feasible: Sequence[int], decode_feasible: Sequence[int]) -> list[tuple[int, int]]:
@@ -93,7 +102,7 @@ def corun_splits(prefill_feasible: Sequence[int], decode_feasible: Sequence[int]
     total = max(prefill_feasible[-1], decode_feasible[-1])
     splits = set()
     for fraction in CORUN_DECODE_FRACTIONS:
-        decode = round_up(decode_feasible, fraction * total)
+        decode = nearest(decode_feasible, fraction * total)  # as `profiled_shares`
         fitting = [p for p in prefill_feasible if p + decode <= total]
         if fitting:
             splits.add((fitting[-1], decode))

@@ -35,16 +35,20 @@ H100_TPC = list(range(2, 133, 2))
 
 # ---- which shares -----------------------------------------------------------------------------------
 
-def test_profiled_shares_round_up_to_what_the_backend_grants():
-    assert profiled_shares(H100_GREEN, quick=True) == [24, 40, 72, 132]
-    assert profiled_shares(H100_TPC) == [18, 34, 50, 66, 100, 132]
+def test_profiled_shares_are_the_granted_shares_nearest_each_fraction():
+    # an eighth, a quarter, a half of 132 SMs: the shares a server's green-context pool holds (16, 32,
+    # 64), not rounded up past them (24, 40, 72: the served 16 SMs were then an extrapolation)
+    assert profiled_shares(H100_GREEN, quick=True) == [16, 32, 64, 132]
+    assert profiled_shares(H100_TPC) == [16, 34, 50, 66, 100, 132]
+    assert profiled_shares([1, 2], quick=True) == [1, 2]  # a CPU's cores: as before
+    assert profiled_shares(list(range(1, 9))) == [1, 2, 3, 4, 6, 8]
     assert profiled_shares([132]) == [132]  # the none backend: only the whole device
     assert round_up(H100_GREEN, 129) == 132 and round_up(H100_GREEN, 500) == 132
 
 
 def test_corun_splits_are_disjoint_and_fill_the_device():
     splits = corun_splits(H100_GREEN, H100_GREEN)
-    assert splits == [(88, 40), (56, 72)]  # decode rounded up to its share, prefill takes what is left
+    assert splits == [(96, 32), (64, 64)]  # decode on the share nearest its fraction, prefill on what is left
     for prefill, decode in splits:
         assert prefill + decode <= 132
     assert corun_splits(H100_TPC, H100_TPC) == [(98, 34), (66, 66)]
@@ -190,24 +194,24 @@ def test_plan_calibrates_to_a_synthetic_gpu_on_states_it_never_measured(bench):
     assert {u for _, u in shares.entered} >= set(units)
     assert {s.units for s in samples if s.kind == "attn_decode"} == set(units)
     corun = [s for s in samples if s.co_running]
-    assert {(s.kind, s.units) for s in corun} == {("decode", 40), ("decode", 72), ("prefill", 88), ("prefill", 56)}
-    assert {(role, u) for role, u, _ in other.seen} == {("prefill", 88), ("prefill", 56), ("decode", 40), ("decode", 72)}
+    assert {(s.kind, s.units) for s in corun} == {("decode", 32), ("decode", 64), ("prefill", 96), ("prefill", 64)}
+    assert {(role, u) for role, u, _ in other.seen} == {("prefill", 96), ("prefill", 64), ("decode", 32), ("decode", 64)}
 
     fitted = build_estimator(LLAMA_8B, SPEC, "bf16", samples)
     spec_only = Estimator(LLAMA_8B, SPEC)
     truth = timer.truth
-    held_out = [(PrefillCase((1024,)), 48), (PrefillCase((700, 300)), 96), (uniform_decode(64, 768), 32),
+    held_out = [(PrefillCase((1024,)), 48), (PrefillCase((700, 300)), 96), (uniform_decode(64, 768), 40),
                 (uniform_decode(16, 3000), 56), (PrefillCase((4096,), 8), 104)]
     fitted_err, spec_err = [], []
     for case, u in held_out:
         want = true_step(truth, case, u, None)
         fitted_err.append(abs(predict(fitted, phase_sample(case, u, 1.0)) / want - 1))
         spec_err.append(abs(predict(spec_only, phase_sample(case, u, 1.0)) / want - 1))
-    # between profiled shares (32 SMs lies between 24 and 40) the calibration interpolates: ~10 %
+    # between profiled shares (40 SMs lies between 32 and 64) the calibration interpolates: ~10 %
     assert max(fitted_err) < 0.15 and sum(fitted_err) / len(fitted_err) < 0.05, fitted_err
     assert sum(spec_err) / len(spec_err) > 0.25, spec_err  # what calibration had to fix
     # contention: decode beside a prefill is predicted slower than alone, as measured
-    case, u = uniform_decode(32, 1024), 40
+    case, u = uniform_decode(32, 1024), 32
     alone = predict(fitted, phase_sample(case, u, 1.0))
     beside = predict(fitted, phase_sample(case, u, 1.0, co_running=2048))
     assert beside / alone == pytest.approx(DECODE_BESIDE_PREFILL, rel=0.1)

@@ -97,6 +97,21 @@ def test_a_step_time_scale_stretches_every_step(tmp_path, policy):
     assert b.tpot == pytest.approx(1.5 * a.tpot, rel=1e-9)
 
 
+def test_role_step_times_stretch_only_that_workers_steps(tmp_path):
+    """`role_step_times`: bullet's prefill worker 2x slower with 1 ms after each of its steps, its
+    decode worker as profiled — a lone request's TTFT is its prefill groups' (2x, + 1 ms each), its
+    TPOT unchanged; the global scale is ignored for a role that has its own."""
+    _, plain = run("bullet", tmp_path / "plain")
+    groups = len(timeline(tmp_path / "plain", "prefill"))
+    _, slow = run("bullet", tmp_path / "slow", step_time_scale=3.0, role_step_times={"prefill": (2.0, 1e-3),
+                                                                                      "decode": (1.0, 0.0)})
+    [a], [b] = plain.records, slow.records
+    assert b.ttft == pytest.approx(2.0 * a.ttft + groups * 1e-3, rel=1e-6)
+    assert b.tpot == pytest.approx(a.tpot, rel=1e-9)
+    with pytest.raises(ValueError, match="role_step_times"):
+        run("bullet", tmp_path / "bad", role_step_times={"prefill": (0.0, 0.0)})
+
+
 def test_a_step_time_scale_must_be_positive(tmp_path):
     with pytest.raises(ValueError, match="time_scale"):
         run("bullet", tmp_path, step_time_scale=0.0)
