@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -153,6 +154,14 @@ def _served_from_bench(result: dict, path: str | Path, system: str, seed: int | 
     else:
         arrivals, how = bench_serving_arrivals(len(ins), rate, seed), f"arrivals redrawn from seed {seed}"
     ok = [not err and ttft > 0 for err, ttft in zip(result["errors"], result["ttfts"])]
+    extra, outs = {}, list(outs)
+    deadline = _deadline(result["errors"])
+    if deadline is not None:
+        # what the load generator cut at its deadline is in the file as 0 tokens: it asked for as many as
+        # every other request (one count for all), and the replay censors at the same deadline
+        asked = max((int(o) for o, good in zip(outs, ok) if good), default=1)
+        outs = [asked if _unfinished(err) else o for o, err in zip(outs, result["errors"])]
+        extra["deadline_s"] = deadline
     ttfts = [t for t, good in zip(result["ttfts"], ok) if good]
     tpots = [sum(itl) / len(itl) for itl, good in zip(result["itls"], ok) if good and itl]
     gaps = [g for itl, good in zip(result["itls"], ok) if good for g in itl]
@@ -163,8 +172,27 @@ def _served_from_bench(result: dict, path: str | Path, system: str, seed: int | 
                 "p99_tbt_s": percentile(gaps, 99), "out_tok_per_s": result["output_throughput"],
                 "completed": sum(ok)}
     requests = [(a, int(i), max(1, int(o))) for a, i, o in zip(arrivals, ins, outs)]
+    cut = f"; unfinished at its {deadline:g} s deadline: {sum(map(_unfinished, result['errors']))}" \
+        if deadline is not None else ""
     return ServedRun(system, rate, [requests], measured, "linear",
-                     f"per-request lengths from the file; {how} ({rate:g} req/s)", str(path))
+                     f"per-request lengths from the file; {how} ({rate:g} req/s){cut}", str(path), extra)
+
+
+_UNFINISHED = re.compile(r"unfinished at the point's deadline \((\d+(?:\.\d+)?) s\)")
+
+
+def _unfinished(error: str | None) -> bool:
+    return bool(error) and _UNFINISHED.fullmatch(error) is not None
+
+
+def _deadline(errors: list) -> float | None:
+    """The deadline `artifact.loadgen` cut a point's unfinished requests at (seconds after its first
+    send), from their error text; None when it cut none."""
+    for error in errors:
+        m = _UNFINISHED.fullmatch(error or "")
+        if m:
+            return float(m.group(1))
+    return None
 
 
 def sharegpt_bench_requests(num: int, seed: int, context_len: int, output_len: int | None, tokenizer_dir: str,

@@ -35,12 +35,21 @@ def predict(run: ServedRun, base: SimConfig, seed: int) -> dict:
     """One simulated replay of `run` (each of its loads, their requests pooled): its metrics, computed
     the way the served run computed them."""
     config = SimConfig(**{**base.as_dict(), **run.extra.get("sim", {}), "policy": run.system, "seed": seed})
+    deadline = run.extra.get("deadline_s")  # the served point cut what ran past it (seconds from its start)
     done, span, wall = [], 0.0, 0.0
     for load in run.loads:
         result = Simulation(config, load).run()
         ok = [r for r in result.records if r.ok]
+        start = min(a for a, _, _ in load)
+        if deadline is not None:
+            cut = len(ok)
+            ok = [r for r in ok if r.finish_time <= deadline]
+            cut -= len(ok)
         done += ok
-        span += max(r.finish_time for r in ok) - min(a for a, _, _ in load) if ok else 0.0
+        if deadline is not None and cut:
+            span += deadline - start
+        else:
+            span += max(r.finish_time for r in ok) - start if ok else 0.0
         wall += result.wall_s
     pct = nearest_rank if run.percentiles == "nearest-rank" else percentile
     ttft = [r.ttft for r in done]
@@ -160,34 +169,41 @@ def markdown(rows: list[dict], ranks: list[dict], title: str, notes: list[str]) 
     return "\n".join(lines) + "\n"
 
 
-def fit_by_system(runs: list[ServedRun], profile: str, root: Path) -> dict[str, dict]:
+def fit_by_system(runs: list[ServedRun], profile: str, root: Path, by_role_fits: bool = True) -> dict[str, dict]:
     """Each run replays on the device as its own server's steps measured it (`root/<system>/`, the
-    fit of `artifact.served_steps`), set in `run.extra["sim"]`; returns each system's fit."""
+    fit of `artifact.served_steps`), set in `run.extra["sim"]`: each worker role with enough priced
+    steps on its own fit (`by_role_fits`), the rest on the system's; returns each system's fits."""
     from artifact.server import system_slug  # deferred: the server helpers import the launcher's config
-    from artifact.served_steps import fit, priced_steps, read_timelines  # deferred: numpy
+    from artifact.served_steps import fit, fit_by_role, priced_by_role, read_timelines  # deferred: numpy
     from estimator.profile import load_estimator  # deferred: as above
 
     est = load_estimator(profile)
-    steps = {system: priced_steps(read_timelines([root / system_slug(system)]), est)
+    steps = {system: priced_by_role(read_timelines([root / system_slug(system)]), est)
              for system in dict.fromkeys(run.system for run in runs)}
-    fits, pooled = {}, []
-    for system, pairs in steps.items():
+    fits, roles, pooled = {}, {}, []
+    for system, by_role in steps.items():
         try:
-            fits[system] = fit(pairs)
+            fits[system], roles[system] = fit_by_role(by_role) if by_role_fits else (fit(
+                [pair for pairs in by_role.values() for pair in pairs]), {})
         except ValueError as exc:  # e.g. a timeline from before hybrid steps were recorded in full
             print(f"[validate] {system}: {exc}; it takes the other systems' pooled fit", flush=True)
             pooled.append(system)
     if pooled:
         if not fits:
             raise SystemExit(f"{root}: no system's steps could be priced")
-        shared = fit([pair for system in fits for pair in steps[system]])
+        shared = fit([pair for system in fits for pairs in steps[system].values() for pair in pairs])
         fits.update({system: shared for system in pooled})
+        roles.update({system: {} for system in pooled})
     for system, times in fits.items():
-        print(f"[validate] {system}: served steps vs the profile {times.as_dict()}", flush=True)
+        print(f"[validate] {system}: served steps vs the profile {times.as_dict()}"
+              + "".join(f"; {role} {t.as_dict()}" for role, t in roles[system].items()), flush=True)
     for run in runs:
         times = fits[run.system]
-        run.extra["sim"] = {"step_time_scale": times.scale, "step_overhead_s": times.overhead_s}
-    return {system: {**times.as_dict(), "pooled": system in pooled} for system, times in fits.items()}
+        run.extra["sim"] = {"step_time_scale": times.scale, "step_overhead_s": times.overhead_s,
+                            "role_step_times": {role: (t.scale, t.overhead_s) for role, t in roles[run.system].items()}}
+    return {system: {**times.as_dict(), "pooled": system in pooled,
+                     "by_role": {role: t.as_dict() for role, t in roles[system].items()}}
+            for system, times in fits.items()}
 
 
 def main() -> int:
@@ -213,6 +229,8 @@ def main() -> int:
                                 "TIMELINE_ROOT/<system>/ (a served comparison's <out>/timeline) — where the "
                                 "profile prices one system's steps worse than another's (a hybrid step, "
                                 "which no profile sample times)")
+    p.add_argument("--one-fit-per-system", action="store_true",
+                   help="with --served-steps-by-system: one fit for all of a system's steps, not one per worker role")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--slo-rule", default="0.003,0.25,0.05",
                    help="per-token TTFT, TTFT floor, TPOT of the load generator's attainment ('' for none)")
@@ -239,7 +257,8 @@ def main() -> int:
 
         steps = served_step_times(args.profile, args.served_steps)
         print(f"[validate] served steps vs the profile: {steps.as_dict()}", flush=True)
-    by_system = fit_by_system(runs, args.profile, args.served_steps_by_system) if args.served_steps_by_system else None
+    by_system = fit_by_system(runs, args.profile, args.served_steps_by_system, not args.one_fit_per_system) \
+        if args.served_steps_by_system else None
     base = SimConfig(estimator_profile=args.profile, max_total_tokens=args.max_total_tokens,
                      max_running_requests=args.max_running_requests, ttft_slo=args.ttft_slo, tpot_slo=args.tpot_slo,
                      **({"step_time_scale": steps.scale, "step_overhead_s": steps.overhead_s} if steps else {}))

@@ -8,7 +8,11 @@ and both models. Everything else in the measured files is held out for validatio
     python -m estimator.reference.profiles --h200
 
 regenerate the shipped profile `estimator/reference/data/a100-llama-3-8b.json` from `shared/data`, and
-the measured H200 one from the profiler output kept beside it (`h200_profile`)."""
+the H200 one rebuilt from the first GPU run's printed profile kept beside it (`h200_profile`).
+
+The H200 profile the simulator uses (`H200_PROFILE`) is the one `bullet profile --device cuda` wrote
+on a later run (its notes say which); the rebuilt one (`H200_LOG_PROFILE`) stays as the check of
+`estimator.profiler.from_log`."""
 
 from __future__ import annotations
 
@@ -40,10 +44,13 @@ DECODE_ATTENTION_SAMPLES = ((1, 1024), (128, 1024))  # (batch, context per reque
 # samples start at 128 rows, below which GEMMs are weight-bound at a different efficiency.
 DECODE_PHASE_SAMPLES = ((1, 1024), (128, 1024))
 SHIPPED_PROFILE = Path(__file__).parent / "data" / "a100-llama-3-8b.json"
-# Measured on a GPU: the H200 of the first GPU run, rebuilt from its printed profile by
-# `estimator.profiler.from_log` (the log beside it; its notes say what was filled in)
-H200_PROFILE = Path(__file__).parent / "data" / "h200-llama-3.1-8b-green-ctx.json"
-H200_LOG = H200_PROFILE.with_suffix(".log")
+# Measured on a GPU by `bullet profile --device cuda --quick` (gpu_check's profile step; decode steps
+# as CUDA-graph replays, decode padding and hybrid steps measured): the simulator's H200
+H200_PROFILE = Path(__file__).parent / "data" / "h200-llama-3.1-8b-green-ctx-profiled.json"
+# The H200 of the first GPU run, rebuilt from its printed profile by `estimator.profiler.from_log`
+# (the log beside it; its notes say what was filled in): decode timed eagerly, no hybrid steps
+H200_LOG_PROFILE = Path(__file__).parent / "data" / "h200-llama-3.1-8b-green-ctx.json"
+H200_LOG = H200_LOG_PROFILE.with_suffix(".log")
 H200_PROVENANCE = (
     "first GPU run: NVIDIA H200 (132 SMs, 143771 MiB), driver 580.159.04 / CUDA 13.0, torch 2.11.0+cu130, "
     "Python 3.12.3; dummy Llama-3.1-8B weights in bf16; partition backend green-ctx; MPS daemon on; measured "
@@ -146,10 +153,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shared-data", type=Path, default=DEFAULT_SHARED_DATA)
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--h200", action="store_true", help="the H200 profile, from its log")
+    parser.add_argument("--h200", action="store_true", help="the first run's H200 profile, from its log")
     args = parser.parse_args()
     if args.h200:
-        args.out = args.out or H200_PROFILE
+        args.out = args.out or H200_LOG_PROFILE
         h200_profile().write(args.out)
     else:
         args.out = args.out or SHIPPED_PROFILE

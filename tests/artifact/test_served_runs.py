@@ -121,3 +121,30 @@ def test_every_run_of_a_loadgen_file_replays(tmp_path):
     path.write_text(json.dumps({"an": "earlier run"}) + "\n")
     with pytest.raises(ValueError, match="per-request"):
         read_bench_runs(path, "bullet")
+
+
+def test_requests_cut_at_the_load_generators_deadline_replay_whole_and_are_censored_alike(tmp_path):
+    """`artifact.loadgen` cancels what still runs at its deadline and writes it with 0 tokens: the
+    replay asks it for the count every request asked for and leaves out, as the served point did,
+    whatever the simulation finishes after the deadline."""
+    cut = "unfinished at the point's deadline (6 s)"
+    n = 120
+    line = {"request_rate": 100.0, "output_throughput": 100.0, "arrivals": [0.01 * i for i in range(n)],
+            "input_lens": [2000] * n, "output_lens": [64] * 10 + [0] * (n - 10), "ttfts": [0.1] * 10 + [0.0] * (n - 10),
+            "itls": [[0.02] * 63] * 10 + [[]] * (n - 10), "errors": [""] * 10 + [cut] * (n - 10)}
+    path = tmp_path / "bench-static.jsonl"
+    path.write_text(json.dumps(line) + "\n")
+    [run] = read_bench_runs(path, "static")
+    assert run.extra["deadline_s"] == 6.0 and "unfinished at its 6 s deadline: 110" in run.load
+    assert [o for _, _, o in run.loads[0]] == [64] * n  # not 0 (read as 1 token before)
+    assert run.measured["completed"] == 10
+    from estimator.reference.profiles import H200_PROFILE
+
+    config = SimConfig(estimator_profile=str(H200_PROFILE),
+                       max_total_tokens=131072, noise=0.0, policy_error=0.0)
+    censored = predict(run, config, seed=0)
+    run.extra["deadline_s"] = 600.0
+    whole = predict(run, config, seed=0)
+    assert whole["completed"] == n
+    assert censored["completed"] < n  # 120 prompts of 2000 tokens in 1.2 s: not all done 6 s after the first
+    assert all(r.finish_time <= 6.0 for r in censored["records"])

@@ -9,10 +9,10 @@ import json
 
 import pytest
 
-from artifact.served_steps import fit, priced_steps, read_timelines, served_step_times
+from artifact.served_steps import OUTLIER, fit, fit_by_role, priced_by_role, priced_steps, read_timelines, served_step_times
 from bullet.sim import SimConfig, Simulation
 from estimator.profile import load_estimator
-from estimator.reference.profiles import SHIPPED_PROFILE
+from estimator.reference.profiles import H200_PROFILE, SHIPPED_PROFILE
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +65,49 @@ def test_rows_it_cannot_price_are_skipped(est):
         {"role": "router", "run": True, "units": 8, "obs_ms": 1.0},
     ]
     assert len(priced_steps(junk + good, est)) == len(good)
+
+
+def test_a_decode_step_beside_a_prefill_is_priced_beside_the_group_it_started_in():
+    """A decode row records only that a prefill held units: the prefill row whose span (start + its
+    observed time) holds the decode step's start says how many tokens ran beside it (priced with the
+    H200 profile's measured contention)."""
+    est = load_estimator(str(H200_PROFILE))
+    prefill = {"role": "prefill", "run": True, "t": 10.0, "units": 88, "tokens": 900, "batch": 1, "layers": 4,
+               "decode_batch": 8, "obs_ms": 50.0}
+    during = {"role": "decode", "run": True, "t": 10.03, "units": 40, "batch": 8, "context": 4000, "prefill_units": 88,
+              "obs_ms": 12.0}
+    after = {**during, "t": 10.2}  # the prefill group had ended: what ran beside it is not in the log
+    by_role = priced_by_role([prefill, during, after], est)
+    assert by_role["decode"] == [(0.012, est.decode_time(8, 4000, 40, co_prefill_tokens=900))]
+    assert est.decode_time(8, 4000, 40, co_prefill_tokens=900) > est.decode_time(8, 4000, 40)
+
+
+def test_warm_ups_are_left_out_of_the_fit(est):
+    rows = step_rows(est, 1.3, 0.0)
+    warm_up = {**rows[3], "obs_ms": rows[3]["obs_ms"] * OUTLIER * 2}  # a server's first step
+    set_up = {**rows[4], "obs_ms": rows[4]["obs_ms"] * 8}  # a per-prompt set-up the served run paid: kept
+    times = fit(priced_steps(rows + [warm_up], est))
+    assert times.outliers == 1 and times.scale == pytest.approx(1.3, rel=1e-6)
+    assert fit(priced_steps(rows + [set_up], est)).outliers == 0
+
+
+def test_each_role_fits_its_own_scale(est):
+    """A prefill worker 2x off the model with 3 ms per step, a decode worker as modelled: per role
+    they come back; a role with too few steps is left to the pooled fit."""
+    prefill = [r for r in step_rows(est, 2.0, 0.003) if r["role"] == "prefill"]
+    decode = [r for r in step_rows(est, 1.0, 0.0) if r["role"] == "decode"]
+    rows = [{**r, "tokens": r["tokens"] + k, "obs_ms": None} for k in range(4) for r in prefill]
+    for r in rows:
+        lens = [r["tokens"] // r["batch"] + (1 if i < r["tokens"] % r["batch"] else 0) for i in range(r["batch"])]
+        r["obs_ms"] = (0.003 + 2.0 * est.prefill_time(lens, 54, num_layers=r["layers"], include_head=False,
+                                                      co_decode_batch=r["decode_batch"])) * 1e3
+    pooled, roles = fit_by_role(priced_by_role(rows + decode, est))
+    assert set(roles) == {"prefill"}  # 4 decode steps: too few for a fit of their own
+    assert roles["prefill"].scale == pytest.approx(2.0, rel=1e-6)
+    assert roles["prefill"].overhead_s == pytest.approx(0.003, abs=1e-8)
+    assert pooled.as_dict()["steps"] == len(rows) + len(decode)
+    _, roles = fit_by_role(priced_by_role(rows + decode * 3, est))
+    assert roles["decode"].scale == pytest.approx(1.0, rel=1e-6) and roles["decode"].overhead_s == pytest.approx(0, abs=1e-9)
 
 
 def test_too_few_steps_fit_nothing(est):

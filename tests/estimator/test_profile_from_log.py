@@ -13,17 +13,17 @@ from bullet.sim.config import device_estimator, measured_contention, step_overhe
 from estimator.profile import EstimatorProfile
 from estimator.profiler.from_log import parse_case, parse_log
 from estimator.profiler.prediction_errors import predict
-from estimator.reference.profiles import H200_LOG, H200_PROFILE, h200_profile
+from estimator.reference.profiles import H200_LOG, H200_LOG_PROFILE, h200_profile
 
 
 @pytest.fixture(scope="module")
 def profile() -> EstimatorProfile:
-    return EstimatorProfile.read(H200_PROFILE)
+    return EstimatorProfile.read(H200_LOG_PROFILE)
 
 
 def test_shipped_profile_is_the_conversion_of_the_shipped_log(profile):
     regenerated = json.loads(json.dumps(h200_profile().model_dump(mode="json")))
-    assert json.loads(H200_PROFILE.read_text()) == regenerated, (
+    assert json.loads(H200_LOG_PROFILE.read_text()) == regenerated, (
         "h200-llama-3.1-8b-green-ctx.json is stale: run `python -m estimator.reference.profiles --h200`")
 
 
@@ -66,13 +66,13 @@ def test_the_fit_reproduces_the_printed_steps(profile):
 
 
 def test_the_simulator_runs_the_profiled_device(profile):
-    config = SimConfig(policy="bullet", estimator_profile=str(H200_PROFILE), noise=0.0, max_total_tokens=131072)
+    config = SimConfig(policy="bullet", estimator_profile=str(H200_LOG_PROFILE), noise=0.0, max_total_tokens=131072)
     device = device_estimator(config)
     assert device.hardware.name == "NVIDIA H200 (green-ctx)" and device.model.name == profile.model.name
     assert step_overhead(config, device) == 0.0  # the timed steps already hold what ran outside the kernels
     assert measured_contention(device)
     with pytest.raises(ValueError, match="leave --hardware out"):
-        device_estimator(SimConfig(estimator_profile=str(H200_PROFILE), hardware="a100"))
+        device_estimator(SimConfig(estimator_profile=str(H200_LOG_PROFILE), hardware="a100"))
     sim = Simulation(config, [(0.0, 1000, 64)])
     assert sim.allocator.total_pages * sim.allocator.page_size == 131072
     record = sim.run().records[0]
