@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from bullet.types.slo import parse_duration
 from engines.cpuset import parse_id_list
 
 
@@ -66,6 +67,9 @@ class ServerArgs(BaseModel):
     cores: str | None = Field(None, description="CPU cores the server may use, e.g. '0-3' (default: all allowed)")
     ttft_slo: str = Field("3.0ms/token", description="TTFT target: absolute ('2s', '500ms') or per input token ('3ms/token')")
     tpot_slo: str = Field("150ms", description="TPOT target ('150ms', '0.2s')")
+    tbt_slo: str | None = Field(None, description="bound on the gap between two tokens of a request ('100ms'): "
+                                "scored as each request's P99 gap, and the bullet decode policy never pauses for a "
+                                "prefill burst past it (default: none; TPOT alone bounds the pauses)")
     prefill_preemption: bool = Field(True, description="bullet: a queued prompt that would miss its TTFT behind the "
                                      "prefill batch in flight runs first, at the next layer boundary, when that costs "
                                      "the batch none of its TTFT targets")
@@ -108,6 +112,14 @@ class ServerArgs(BaseModel):
         if kind not in ("cpu", "cuda", "auto") or (colon and (kind != "cuda" or not index.isdigit())):
             raise ValueError(f"unknown device {v!r}; choose cpu, cuda, cuda:<index> or auto")
         return v
+
+    @field_validator("ttft_slo", "tpot_slo", "tbt_slo")
+    @classmethod
+    def _slo_parses(cls, value, info):
+        if value is None:
+            return value
+        parse_duration(value, allow_per_token=info.field_name == "ttft_slo")  # a clear error at launch, not in a worker
+        return value
 
     @field_validator("policy")
     @classmethod

@@ -39,6 +39,7 @@ class DecodeCore(LoopCore):
         self.handed_back = 0  # requests given back to prefill when the pool ran out
         self.gave_way_after = 0  # layers the running step had done when it gave units to prefill (0: it did not)
         self.gave_way = 0  # steps that did
+        self.last_step_end: float | None = None  # when the last step's tokens were out (policies bound the gap)
 
     @property
     def idle(self) -> bool:
@@ -68,7 +69,8 @@ class DecodeCore(LoopCore):
     def iterate(self) -> Wake:
         env = self.env
         view = DecodeView(now=self.now(), running=self.running, peer=self.read_peer(),
-                          total_units=env.partition.total_units, current_units=env.partition.current_units)
+                          total_units=env.partition.total_units, current_units=env.partition.current_units,
+                          last_step_end=self.last_step_end)
         decision = self.decide_timed(self.policy.decide, view)
         self.predictions = decision.predictions
         was_paused, self.paused = self.paused, bool(self.running) and not decision.run
@@ -135,6 +137,7 @@ class DecodeCore(LoopCore):
 
     def _step_done(self, view: DecodeView, decision: DecodeDecision, batch: list[Request], seconds: float) -> None:
         done, finished = [], Status.FINISHED
+        self.last_step_end = self.now()
         for r in batch:  # one pass over the batch: every step, every request (`r.finished`, inlined)
             r.num_cached += 1
             if r.status is finished:

@@ -3,6 +3,11 @@ its requests' TPOT and its pause budget, and follows the split the prefill sched
 all units when prefill is idle, the complement of prefill's share otherwise, a pause when prefill
 took everything, unless the pause budget is spent (then it runs anyway, sharing units).
 
+The pause budget is what keeps every running request's TPOT within target, and with a TBT target
+(`--tbt-slo`) also what keeps the gap since each request's last token within it: TPOT is a mean over
+a request's life, so a request with slack may otherwise freeze for several steps at once (on an H200,
+2026-11-26, pauses of 77-115 ms under a 50 ms TPOT target made the served P99 gap 130 ms).
+
 `idle_units="efficient"` (an option): while prefill is idle, decode takes the fewest units whose step
 is predicted within IDLE_SLACK of its step on every unit, and leaves the rest free — a prompt that
 arrives mid-step starts on free units instead of on units decode's step still holds (on a CPU a core
@@ -25,6 +30,13 @@ IDLE_SLACK = 0.10  # "efficient": a step at most 10 % slower than on every unit
 
 
 YIELD_AT_RULES = ("step", "layer")  # when decode gives up units prefill has claimed: at its next step or layer
+
+
+def oldest_token(running, last_step_end: float | None) -> float:
+    """When the request waiting longest for its next token got its last one: the last step's end, or
+    its first token (from prefill) when it joined after that step."""
+    last = last_step_end if last_step_end is not None else -math.inf
+    return min(max(last, r.first_token_time if r.first_token_time is not None else last) for r in running)
 
 
 def prefill_active(peer) -> bool:
@@ -63,6 +75,8 @@ class BulletDecodePolicy(DecodePolicy):
         co_tokens = peer.tokens_in_flight if active else 0
         step = self.est.decode_time_for(lens, units if units > 0 else self.feasible[0], co_prefill_tokens=co_tokens)
         budget, tpots = decode_outlook(running, view.now, step, self.slo)
+        if self.slo.tbt is not None:
+            budget = min(budget, self.slo.tbt - step - (view.now - oldest_token(running, view.last_step_end)))
         predictions = Predictions(tpot_pred_p90_ms=p90(tpots) * 1e3,
                                   pause_budget_ms=(budget if math.isfinite(budget) else 1e9) * 1e3,
                                   step_pred_ms=step * 1e3)

@@ -38,7 +38,7 @@ def initial_units(args: ServerArgs, total_units: int) -> tuple[int, int]:
 
 
 def slo_of(args: ServerArgs) -> SLO:
-    return SLO.parse(args.ttft_slo, args.tpot_slo)
+    return SLO.parse(args.ttft_slo, args.tpot_slo, args.tbt_slo)
 
 
 def make_prefill_policy(args: ServerArgs, feasible_units: list[int], num_layers: int, estimator=None,

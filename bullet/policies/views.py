@@ -83,6 +83,7 @@ class DecodeView:
     peer: WorkerState  # the prefill worker's last published state
     total_units: int
     current_units: int
+    last_step_end: float | None = None  # when this worker's last step ended (its tokens out); None: none yet
 
 
 @dataclass

@@ -182,7 +182,7 @@ def kv_pool_pages(config: SimConfig, model: ModelConfig, hardware: HardwareSpec)
 
 def server_args(config: SimConfig, pages: int) -> ServerArgs:
     """The runtime's configuration object for the policy factory, as `bullet launch` would build it."""
-    return ServerArgs(policy=config.policy, ttft_slo=config.ttft_slo, tpot_slo=config.tpot_slo,
+    return ServerArgs(policy=config.policy, ttft_slo=config.ttft_slo, tpot_slo=config.tpot_slo, tbt_slo=config.tbt_slo,
                       prefill_layers_per_step=config.prefill_layers_per_step,
                       max_prefill_tokens=config.max_prefill_tokens,
                       max_running_requests=config.max_running_requests, page_size=config.page_size,

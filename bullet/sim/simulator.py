@@ -13,7 +13,7 @@ online); the device charges latencies from a separate one that nothing refines."
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
 from bullet.loops.base import LoopEnv
@@ -25,7 +25,6 @@ from bullet.sim.board import StateBoard
 from bullet.types.finish import FinishChecker
 from bullet.types.request import Request
 from bullet.types.roles import Role
-from bullet.types.slo import parse_duration
 from bullet.sim.config import (
     SimConfig,
     device_estimator,
@@ -70,8 +69,7 @@ class Simulation:
         model, hardware = self.device_estimator.model, self.device_estimator.hardware
         pages = kv_pool_pages(config, model, hardware)
         self.args = server_args(config, pages)
-        tbt = parse_duration(config.tbt_slo, allow_per_token=False)[0] if config.tbt_slo else None
-        self.slo = replace(slo_of(self.args), tbt=tbt)
+        self.slo = slo_of(self.args)
         self.clock = VirtualClock()
         self.loop = EventLoop(self.clock)
         self.device = SimulatedDevice(self.device_estimator, self.loop, config.contention(self.device_estimator),

@@ -293,6 +293,38 @@ def test_decode_runs_anyway_once_the_pause_budget_is_spent():
     assert d.predictions.pause_budget_ms < 0
 
 
+def test_a_tbt_target_bounds_the_pause_tpot_slack_would_allow():
+    """TPOT is a mean over a request's life: 50 tokens in 1 s under a 100 ms target leave seconds of
+    slack, so without a TBT target decode pauses; with `--tbt-slo 60ms` the gap since the last step's
+    tokens (40 ms ago) plus the next step may not pass 60 ms, so it runs on a shared unit instead."""
+    from dataclasses import replace
+
+    running = [req("a", 10, 0.0, outputs=50, first_token_time=0.0)]
+    burst = WorkerState(remaining_layers=8, compute_units=TOTAL)
+    view = replace(decode_view(1.0, running, burst), last_step_end=0.96)
+    assert not dpolicy().decide(view).run  # TPOT alone: pause
+    tbt = BulletDecodePolicy(FakePredictor(), SLO.parse("10s", "100ms", "60ms"), list(range(1, TOTAL + 1)))
+    d = tbt.decide(view)
+    assert d.run and "budget spent" in d.reason and d.predictions.pause_budget_ms < 0
+    # just after a step the same target leaves room for a pause
+    d = tbt.decide(replace(view, last_step_end=0.999))
+    assert not d.run and 0 < d.predictions.pause_budget_ms < 60
+    # a request that joined after the last step counts its gap from its first token
+    fresh = [req("b", 10, 0.0, outputs=1, first_token_time=0.999)]
+    assert not tbt.decide(replace(decode_view(1.0, fresh, burst), last_step_end=0.5)).run
+
+
+def test_a_tbt_target_that_does_not_parse_stops_the_launch():
+    from pydantic import ValidationError
+
+    from bullet.config import ServerArgs
+
+    assert ServerArgs(tbt_slo="80ms").tbt_slo == "80ms"
+    for field, bad in (("tbt_slo", "2ms/token"), ("tbt_slo", "soon"), ("tpot_slo", "-5ms"), ("ttft_slo", "x")):
+        with pytest.raises(ValidationError, match="duration|per-token|positive"):
+            ServerArgs(**{field: bad})
+
+
 def test_decode_publishes_tpot_p90_of_its_requests():
     running = [req(f"r{i}", 10, 0.0, outputs=10, first_token_time=0.0) for i in range(9)]
     running.append(req("slow", 10, 0.0, outputs=2, first_token_time=0.0))
