@@ -43,10 +43,10 @@ RUN_TOOL = 'run(command="BULLET_COMMIT=<git rev-parse HEAD> bash scripts/gpu_che
 
 
 def _serve_step(ctx, timeout: float) -> dict:
-    # deferred: the served comparison imports the control plane (pydantic, pyzmq, ...), which a GPU
-    # image has only once the install step put the carried wheels on sys.path (on 2026-11-26 an
-    # import here, before any step ran, stopped the whole run)
-    from artifact.gpu_check.serve import serve_step
+    # the served comparison imports the control plane (pydantic, pyzmq, ...), which a GPU image has
+    # only once the install step put the carried wheels on sys.path (on 2026-11-26 an import when the
+    # step table was built, before any step ran, stopped the whole run)
+    from artifact.gpu_check.serve import serve_step  # deferred: needs the carried wheels (above)
 
     return serve_step(ctx, timeout)
 
