@@ -130,3 +130,36 @@ def test_phase_samples_calibrate_end_to_end(llama3_8b, a100):
 
 def test_sample_tokens_are_fixed_before_validation():
     assert SAMPLE_TOKENS == (128, 4096) and math.log2(SAMPLE_TOKENS[1] / SAMPLE_TOKENS[0]) == 5
+
+
+def test_between_calibrated_unit_counts_a_prediction_lies_between_theirs():
+    """The measured H200 profile calibrates each of 24, 40, 72 and 132 SMs on its own samples; in
+    between, the blend of two counts' curves once priced a decode step at 10.9 ms on 24 SMs, 14.0 on 32
+    and 8.8 on 40. A prediction between two calibrated counts now lies between theirs (within, the
+    kernel model's wave steps may still move it by a little), and at the sampled counts it is the
+    calibration's own."""
+    from estimator.profile import load_estimator
+    from estimator.reference.profiles import H200_PROFILE
+
+    est = load_estimator(str(H200_PROFILE))
+    sampled = sorted({s.units for s in est.calibration.samples if s.kind == "decode"})
+    assert len(sampled) >= 3
+    checked = 0
+    for lo, hi in zip(sampled, sampled[1:]):
+        for u in range(lo + 1, hi):
+            for batch, context in ((1, 1024), (8, 8192), (64, 65536)):
+                fewer, more = est.decode_time(batch, context, lo), est.decode_time(batch, context, hi)
+                if fewer >= more:
+                    assert more <= est.decode_time(batch, context, u) <= fewer
+                    checked += 1
+            for lens in ([512], [2048, 300]):
+                fewer, more = (est.prefill_time(lens, x, num_layers=4, include_head=False) for x in (lo, hi))
+                if fewer >= more:
+                    assert more <= est.prefill_time(lens, u, num_layers=4, include_head=False) <= fewer
+                    checked += 1
+    assert checked > 400
+    assert est.decode_time(8, 8192, 32) <= est.decode_time(8, 8192, 24)  # the case above
+    # at a sampled count nothing is clamped: the phase calibration's own blend of one curve
+    u = sampled[1]
+    kernel_level = est._decode(8, 8192, u, 0, True, None, False)
+    assert est.decode_time(8, 8192, u) == est._phase_calibrated("decode", u, 8, kernel_level)
