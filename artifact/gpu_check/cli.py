@@ -51,11 +51,17 @@ def _serve_step(ctx, timeout: float) -> dict:
     return serve_step(ctx, timeout)
 
 
+def _replay_step(ctx, timeout: float) -> dict:
+    from artifact.gpu_check.replay import replay_step  # deferred: as the served comparison (above)
+
+    return replay_step(ctx, timeout)
+
+
 def step_functions() -> dict:
     return {"env": steps.env_step, "install": steps.install_step, "build": steps.build_step,
             "doctor-nomps": steps.doctor_step("nomps"), "bench": steps.bench_step, "mps-start": steps.mps_start_step,
             "doctor-mps": steps.doctor_step("mps"), "gpu-tests": steps.gpu_tests_step, "profile": steps.profile_step,
-            "serve": _serve_step, "mps-stop": steps.mps_stop_step}
+            "serve": _serve_step, "mps-stop": steps.mps_stop_step, "replay": _replay_step}
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

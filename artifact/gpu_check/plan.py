@@ -79,6 +79,7 @@ STEPS = (
     Step("profile", 120, 65, 40, "bullet profile --quick: the bullet policy's profile, measured once", mps=True),
     Step("serve", 330, 230, 60, "served comparison: every system at every rate on the same prompts", mps=True),
     Step("mps-stop", 15, 1, 0, "echo quit | nvidia-cuda-mps-control", mps=True),
+    Step("replay", 45, 12, 5, "the simulator replays the served points on this run's profile and step timelines"),
 )
 NAMES = tuple(s.name for s in STEPS)
 
@@ -109,7 +110,7 @@ CPU_SMOKE = Plan(
     name="cpu-smoke", device="cpu", model_path="smollm2-135m", dtype="float32", total_s=480,
     # 2 shared cores: the doctor and the CPU profile take longer than on the GPU machine's 16
     steps=_with(STEPS, env=(30, 8, 2), build=(60, 5, 3), doctor_nomps=(60, 25, 10), bench=(90, 35, 20),
-                gpu_tests=(60, 20, 10), profile=(150, 90, 40), serve=(300, 200, 60)),
+                gpu_tests=(60, 20, 10), profile=(150, 90, 40), serve=(300, 200, 60), replay=(60, 20, 5)),
     serve=ServePlan(
         systems=(("bullet", "cpu"), ("static", "cpu"), ("chunked:256", "none"), ("sglang:256", "none")),
         rates=(1.0, 2.0, 4.0), prompt_tokens=(16, 96), output_tokens=8, window_s=2.0, drain_s=10.0,

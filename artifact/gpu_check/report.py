@@ -96,6 +96,7 @@ def markdown(results: dict) -> str:
     lines += _engine_section(_step(results, "bench"))
     lines += _profile_section(_step(results, "profile"))
     lines += _served_section(_step(results, "serve"))
+    lines += _replay_section(_step(results, "replay"))
     lines += _doctor_section(_step(results, "doctor-nomps"), _step(results, "doctor-mps"))
     lines += _tests_section(_step(results, "gpu-tests"))
     lines += ["## Files", "", "`results.json` (all of the above, machine-readable); `logs.tgz`: every step's log, "
@@ -111,6 +112,20 @@ def _goals_section(items: list[dict]) -> list[str]:
     return ["## Goals (issue 24)", "", *_table(["goal", "measured", "target", "verdict"],
             [[g["goal"], _fmt(g["measured"], " " + g.get("unit", "")), g["target"], "met" if g["met"] else "**not met**"]
              for g in items])]
+
+
+def _replay_section(step: dict) -> list[str]:
+    """The simulator's replay of this run's served points (`artifact.gpu_check.replay`): its table,
+    one heading level down."""
+    text = step.get("markdown")
+    if not text:
+        return [] if not step else _not_measured("Simulator vs this run", step)
+    body = [line for line in text.splitlines() if not line.startswith("# ")]
+    return ["## Simulator vs this run", "",
+            "Each system's served points replayed by `bullet simulate`'s engine for the same policy, on the profile "
+            "measured above, each worker's steps at the speed its own timeline recorded "
+            "(`python -m artifact.sim_validation`; goal: P50s within 15 %, P90s within 30 %).",
+            *(("#" + line) if line.startswith("## ") else line for line in body), ""]
 
 
 def _not_measured(title: str, step: dict) -> list[str]:

@@ -6,6 +6,7 @@ the report written from a results dict."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -291,3 +292,33 @@ def test_the_step_table_imports_nothing_the_install_step_brings():
             "print(bad); sys.exit(1 if bad else 0)")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_the_replay_step_replays_a_gpu_runs_served_points(tmp_path):
+    """On the committed H200 run (its per-request files, step timelines and profile): the replay step
+    runs `artifact.sim_validation` on them and the report quotes its table; without served points or
+    a profile it says why it has nothing to replay."""
+    import tarfile
+
+    from artifact.gpu_check.replay import replay_command, replay_step
+    from artifact.gpu_check.steps import Context
+
+    logs = ROOT / "docs" / "gpu" / "nvidia-h200-2026-11-26-b" / "logs.tgz"
+    work = tmp_path / "work"
+    ctx = Context(root=ROOT, plan=GPU, work=work, wheel_dir=tmp_path, env=dict(os.environ))
+    work.mkdir()
+    assert "no served points" in replay_command(ctx, work / "v")
+    with tarfile.open(logs) as tgz:
+        tgz.extractall(work, filter="data")
+    assert "no profile" in replay_command(ctx, work / "v")
+    ctx.profile = work / "logs" / "profile.json"
+    cmd = replay_command(ctx, work / "v")
+    assert "--served-steps-by-system" in cmd and "0.003,0,0.05" in cmd  # 3ms/token TTFT, 50ms TPOT
+    assert [c.split(",")[1] for c in cmd if c.endswith((",bullet", ",static", ",chunked:1024", ",sglang:1024"))] == \
+        ["bullet", "static", "chunked:1024", "sglang:1024"]
+    out = replay_step(ctx, 120)
+    assert out["status"] == "pass", out
+    assert re.match(r"\d+ of 40 P50/P90 cells within the goal; median \|error\| P50 \d+%; median \|error\| P90 \d+%",
+                    out["summary"]), out["summary"]
+    section = "\n".join(report._replay_section(out))
+    assert section.startswith("## Simulator vs this run") and "| bullet | 24 |" in section and "\n# " not in section

@@ -1,0 +1,78 @@
+"""The `replay` step: the simulator replays the served comparison this run just made (issue 25's
+validation, on every GPU report): each system's points — their prompts, output lengths and arrival
+times, from the load generator's per-request files — for the same policy on the device model of the
+profile measured in the same run, each worker's steps at the speed its own timeline recorded
+(`artifact.sim_validation --served-steps-by-system`). CPU only, seconds; after MPS is stopped.
+
+The cell-by-cell table lands in `logs/validation.md` (and `.json`); the report quotes it."""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from pathlib import Path
+
+from artifact.gpu_check import procs
+from artifact.gpu_check.steps import Context, finished, result
+
+WITHIN = re.compile(r"Within the goal: (\d+) of (\d+)")  # sim_validation's own count of the goal's cells
+
+
+def replay_command(ctx: Context, out: Path) -> list[str] | str:
+    """The sim_validation command for what the run served, or why there is none."""
+    # deferred: both import the control plane, on the path only once the install step ran
+    from artifact.server import system_slug
+    from bullet.types.slo import SLO  # deferred: as above
+
+    sp = ctx.plan.serve
+    benches = [(policy, ctx.logs / f"bench-{system_slug(policy)}.jsonl") for policy, _ in sp.systems]
+    benches = [(policy, path) for policy, path in benches if path.is_file() and path.stat().st_size]
+    if not benches:
+        return "no served points to replay (the served comparison wrote no per-request files)"
+    if ctx.profile is None or not Path(ctx.profile).is_file():
+        return "no profile of this GPU to replay on (the profile step did not write one)"
+    flags = dict(zip(sp.launch_flags[::2], sp.launch_flags[1::2]))
+    slo = SLO.parse(sp.ttft_slo, sp.tpot_slo)
+    # the load generator's attainment rule: per-token TTFT, TTFT floor, TPOT
+    rule = (slo.ttft, 0.0) if slo.ttft_per_token else (0.0, slo.ttft)
+    cmd = procs.python("-m", "artifact.sim_validation", "--bench-serving",
+                       *(f"{path},{policy}" for policy, path in benches),
+                       "--profile", str(ctx.profile),
+                       "--max-total-tokens", flags.get("--max-total-tokens", "262144"),
+                       "--max-running-requests", flags.get("--max-running-requests", "128"),
+                       "--ttft-slo", sp.ttft_slo, "--tpot-slo", sp.tpot_slo,
+                       "--slo-rule", f"{rule[0]:g},{rule[1]:g},{slo.tpot:g}",
+                       "--title", f"Simulator vs this run ({ctx.plan.name} plan)", "--out", str(out))
+    timelines = ctx.logs / "timeline"
+    if timelines.is_dir():
+        cmd += ["--served-steps-by-system", str(timelines)]
+    return cmd
+
+
+def replay_step(ctx: Context, timeout: float) -> dict:
+    out = ctx.logs / "validation"
+    cmd = replay_command(ctx, out)
+    if isinstance(cmd, str):
+        return result("skipped", cmd)
+    done = procs.run(cmd, ctx.logs / "replay.txt", timeout, ctx.env, cwd=ctx.root)
+    table = out.with_suffix(".md")
+    if done.returncode != 0 or not table.is_file():
+        return finished(done, "")
+    text = table.read_text()
+    return finished(done, summary(text, out.with_suffix(".json")), markdown=text)
+
+
+def summary(text: str, json_path: Path) -> str:
+    """'N of M P50/P90 cells within the goal; median |error| P50 x %, P90 y %'."""
+    m = WITHIN.search(text)
+    parts = [f"{m.group(1)} of {m.group(2)} P50/P90 cells within the goal" if m else "no latency cell compared"]
+    try:
+        rows = json.loads(json_path.read_text())["runs"]
+    except (OSError, ValueError, KeyError):
+        return parts[0]
+    for label, keys in (("P50", ("ttft_p50_s", "tpot_p50_s")), ("P90", ("ttft_p90_s", "tpot_p90_s"))):
+        errors = [abs(r["error"][k]) for r in rows for k in keys if k in r.get("error", {})]
+        if errors:
+            parts.append(f"median |error| {label} {statistics.median(errors):.0%}")
+    return "; ".join(parts)
