@@ -6,7 +6,13 @@ rate together is compared with its rate alone.
 * shared units, or a device that time-slices the two (no MPS): they split the time, so the two
   fractions kept add up to about one (at most SHARED_SUM);
 * anything between: the shares partly overlap (or contend for something else, e.g. memory
-  bandwidth or a power cap) — neither proven disjoint nor plainly shared.
+  bandwidth or a power cap) — neither proven disjoint nor plainly shared;
+* unless the device itself sets that limit: side A alone on the whole device (`whole`) shows what
+  all the units together deliver. Where the two halves alone add up to more than the whole device
+  does (a power cap lowers the clocks once every SM is busy), perfectly disjoint shares keep only
+  `reference` = whole / (A alone + B alone), scaled to the units they hold — and shares that keep
+  at least KEEP of that are disjoint as far as this device allows (on an H200 under MPS, 2026-11-26,
+  each kept 74–76 % of its alone rate: overlap or power could not be told apart without it).
 
 Rates are measured in rounds (A alone, B alone, both together), repeated; the median of each is
 used, and when the alone rounds of one side disagree by more than NOISE_LIMIT the verdict is
@@ -36,6 +42,8 @@ class IsolationSamples:
     together_a: Sequence[float] = ()
     together_b: Sequence[float] = ()
     errors: dict[str, str] = field(default_factory=dict)
+    whole: Sequence[float] = ()  # side A alone on every unit (the device's own limit; empty: not measured)
+    units: tuple[int, int, int] | None = None  # units A and B held, and the whole device's
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,7 @@ class IsolationVerdict:
     kept_a: float | None = None  # median together / median alone
     kept_b: float | None = None
     spread: float | None = None  # largest relative spread of one side's alone rounds
+    reference: float | None = None  # what disjoint shares keep on this device (module doc); None: not measured
 
     @property
     def isolated(self) -> bool:
@@ -52,7 +61,7 @@ class IsolationVerdict:
 
     def as_dict(self) -> dict:
         return {"outcome": self.outcome, "summary": self.summary, "kept_a": self.kept_a, "kept_b": self.kept_b,
-                "spread": self.spread}
+                "spread": self.spread, "reference": self.reference}
 
 
 def _spread(rates: Sequence[float]) -> float:
@@ -82,5 +91,24 @@ def judge_isolation(samples: IsolationSamples, keep: float = KEEP, shared_sum: f
     if kept_a + kept_b <= shared_sum:
         return IsolationVerdict(SHARED, f"{shown}: they split one set of units in time (shared, or time-sliced)",
                                 kept_a, kept_b, spread)
+    ref = device_reference(samples)
+    if ref is not None and min(kept_a, kept_b) >= keep * ref:
+        return IsolationVerdict(DISJOINT, f"{shown}: disjoint as far as this device allows — on every unit alone, "
+                                          f"side A runs at {ref:.0%} of what the two shares make alone (a limit of "
+                                          f"the whole device: power, memory), and both keep >= {keep:.0%} of that",
+                                kept_a, kept_b, spread, ref)
+    why = f"; disjoint shares would keep {ref:.0%} here (A on every unit)" if ref is not None else ""
     return IsolationVerdict(PARTIAL, f"{shown}: partly overlapping or contending (neither >= {keep:.0%} each nor "
-                                     "a plain time split)", kept_a, kept_b, spread)
+                                     f"a plain time split{why})", kept_a, kept_b, spread, ref)
+
+
+def device_reference(samples: IsolationSamples) -> float | None:
+    """What two disjoint shares keep of their alone rates on this device (module doc), at most 1;
+    None without a whole-device measurement."""
+    if not samples.whole or samples.units is None or min(samples.whole) <= 0:
+        return None
+    units_a, units_b, total = samples.units
+    alone = statistics.median(samples.alone_a) + statistics.median(samples.alone_b)
+    if alone <= 0 or total <= 0:
+        return None
+    return min(1.0, statistics.median(samples.whole) / alone * (units_a + units_b) / total)

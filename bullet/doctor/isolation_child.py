@@ -96,6 +96,10 @@ def main(argv=None) -> int:
         return 1
     import torch
 
+    if args.backend == "cpu" and not args.cores:
+        # the cores at start, kept: a share taken again (`share`) divides the same set, not the one
+        # core the last share pinned this process to
+        args.cores = ",".join(map(str, sorted(os.sched_getaffinity(0))))
     device = torch.device(args.device, 0) if args.device == "cuda" else torch.device("cpu")
     size = args.size or (4096 if args.device == "cuda" else 192)
     held = _take_share(torch, device, args, size)

@@ -39,7 +39,8 @@ class IsolationRun:
 
     def as_dict(self) -> dict:
         return {"backend": self.backend, "granted": self.granted, **self.verdict.as_dict(),
-                "rates": {k: list(v) for k, v in asdict(self.samples).items() if k != "errors"}}
+                "rates": {k: list(v) for k, v in asdict(self.samples).items() if k not in ("errors", "units")},
+                "units": self.samples.units}
 
 
 def _child(backend: str, side: Side, device: str, extra: list[str], timeout: float) -> JsonLineChild:
@@ -66,31 +67,54 @@ def measure_pairs(backend: str, a: Side, bs: list[Side], device: str = "cuda", p
     """`measure_isolation` of A beside each of `bs` in turn, with the same two processes: B takes
     each next share in place (the env of the first B holds for all)."""
     children: dict[str, JsonLineChild] = {}
-    runs: list[IsolationRun] = []
+    measured: list[tuple[dict, dict, dict]] = []  # (rates, errors, granted) per pair
     errors: dict[str, str] = {}
+    whole: list[float] = []
+    total = None
     try:
         for name, side in (("A", a), ("B", bs[0])):  # both start at once; the rounds begin when both are ready
             children[name] = _child(backend, side, device, extra or [], timeout)
-        granted = {name: _ready(child, child.wait_ready, errors, name) for name, child in children.items()}
+        answers: dict[str, dict] = {}
+        granted = {name: _ready(child, child.wait_ready, errors, name, answers) for name, child in children.items()}
         for i, b in enumerate(bs):
             if i and not errors:
                 granted["B"] = _ready(children["B"], lambda: children["B"].send(f"share {b.role} {b.units}"),
-                                      errors, "B")
+                                      errors, "B", answers)
             rates = {"alone_a": [], "alone_b": [], "together_a": [], "together_b": []}
             if not errors:
                 try:
                     _rounds(children, rates, phase_s, rounds, phase_s + timeout)
                 except (RuntimeError, OSError, ValueError) as e:
                     errors["run"] = str(e)
-            samples = IsolationSamples(**rates, errors=dict(errors))
-            runs.append(IsolationRun(backend, samples, judge_isolation(samples), dict(granted)))
+            measured.append((rates, dict(errors), dict(granted)))
+        total = answers.get("A", {}).get("total")
+        if not errors and total:
+            whole = _whole_device(children["A"], a.role, int(total), phase_s, rounds, phase_s + timeout)
     finally:
         for child in children.values():
             child.close()
+    runs = []
+    for rates, errs, held in measured:
+        units = (held["A"], held["B"], int(total)) if whole and held.get("A") and held.get("B") else None
+        samples = IsolationSamples(**rates, errors=errs, whole=whole, units=units)
+        runs.append(IsolationRun(backend, samples, judge_isolation(samples), held))
     return runs
 
 
-def _ready(child: JsonLineChild, read, errors: dict[str, str], name: str) -> int | None:
+def _whole_device(child: JsonLineChild, role: str, total: int, phase_s: float, rounds: int,
+                  answer_s: float) -> list[float]:
+    """Side A alone on every unit, `rounds` times (the device's own limit, `isolation.device_reference`);
+    empty when the backend cannot give it (the verdict then goes without)."""
+    try:
+        answer = child.send(f"share {role} {total}", answer_s)
+        if "error" in answer or answer.get("units") != total:
+            return []
+        return [_rate(child.send(f"run {phase_s}", answer_s)) for _ in range(rounds)]
+    except (RuntimeError, OSError, ValueError):
+        return []
+
+
+def _ready(child: JsonLineChild, read, errors: dict[str, str], name: str, answers: dict[str, dict]) -> int | None:
     try:
         answer = read()
     except (RuntimeError, OSError, ValueError) as e:
@@ -98,6 +122,7 @@ def _ready(child: JsonLineChild, read, errors: dict[str, str], name: str) -> int
         return None
     if "error" in answer:
         errors[name] = answer["error"]
+    answers[name] = answer
     return answer.get("units")
 
 

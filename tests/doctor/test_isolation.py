@@ -45,6 +45,22 @@ def test_partly_overlapping_shares_are_neither():
     assert just_under.outcome == PARTIAL  # 89 % < 90 %: not proven disjoint
 
 
+def test_a_whole_device_limit_is_not_taken_for_overlap():
+    """Two halves of 64 SMs each keep 75 % together. If side A on all 132 SMs alone makes only 152
+    where the halves alone make 100 + 100 (a power cap: every SM busy lowers the clocks), disjoint
+    shares could keep no more than 74 % here: disjoint as far as the device allows. If the whole
+    device scales (206), the same 75 % is overlap."""
+    capped = judge_isolation(rates([100, 100], [100, 100], [75, 75], [76, 76], whole=[152, 152], units=(64, 64, 132)))
+    assert capped.outcome == DISJOINT and capped.isolated
+    assert capped.reference == pytest.approx(152 / 200 * 128 / 132) and "as far as this device allows" in capped.summary
+    scales = judge_isolation(rates([100, 100], [100, 100], [75, 75], [76, 76], whole=[206, 206], units=(64, 64, 132)))
+    assert scales.outcome == PARTIAL and scales.reference == pytest.approx(206 / 200 * 128 / 132) and "would keep 100%" in scales.summary
+    # a plain time split stays shared, and without a whole-device rate nothing changes
+    assert judge_isolation(rates([100], [100], [50], [50], whole=[150], units=(64, 64, 132))).outcome == SHARED
+    assert judge_isolation(rates([100], [100], [75], [76])).outcome == PARTIAL
+    assert judge_isolation(rates([100], [100], [75], [76], whole=[152])).reference is None  # units unknown
+
+
 def test_noisy_rounds_are_not_judged():
     v = judge_isolation(rates([100, 70], [100, 100], [95, 95], [99, 99]))  # alone rounds of A differ by 35 %
     assert v.outcome == NOISY and v.spread == pytest.approx(30 / 85)
@@ -84,8 +100,10 @@ def test_two_processes_on_their_own_cores_and_on_a_shared_core_are_measured_and_
     for run in (disjoint, shared):
         assert run.verdict.outcome != FAILED, run.verdict.summary
         assert run.granted == {"A": 1, "B": 1}
-        assert all(len(r) == 2 and min(r) > 0 for r in run.as_dict()["rates"].values())
+        assert all(len(r) == 2 and min(r) > 0 for r in run.as_dict()["rates"].values())  # whole too
         assert run.verdict == judge_isolation(run.samples)
+        # and A alone on every core, once, for the device's own limit
+        assert run.samples.units == (1, 1, 2) and len(run.samples.whole) == 2 and min(run.samples.whole) > 0
 
 
 def test_a_side_that_cannot_start_is_reported_not_raised():
