@@ -115,7 +115,9 @@ def main(argv=None) -> int:
             if cmd[0] == "run":
                 _reply(**held[1].run(float(cmd[1])))
             elif cmd[0] == "share" and len(cmd) == 3:
-                held[0].close()
+                backend = held[0]
+                held = None  # the GEMM loop's tensors go before the stream they ran on
+                backend.close()
                 args.role, args.units = cmd[1], int(cmd[2])
                 held = _take_share(torch, device, args, size)
                 if held is None:
@@ -124,7 +126,9 @@ def main(argv=None) -> int:
                 _reply(error=f"unknown command {line.strip()!r}")
     finally:
         if held is not None:
-            held[0].close()
+            backend = held[0]
+            held = None  # as above
+            backend.close()
     return 0
 
 
