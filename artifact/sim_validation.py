@@ -5,6 +5,8 @@ TTFT and TPOT (P50, P90) and throughput, with the error of every cell.
     python -m artifact.sim_validation --serve-jsonl docs/sim/h200-2026-11-26/serve.jsonl \\
         --profile estimator/reference/data/h200-llama-3.1-8b-green-ctx.json \\
         --max-total-tokens 131072 --max-running-requests 128 --out docs/sim/validation-h200
+    python -m artifact.sim_validation --bench-serving logs/bench-bullet.jsonl,bullet ... --profile logs/profile.json \
+        --served-steps-by-system logs/timeline ...   # a GPU check's logs.tgz (docs/sim/validation-h200-2026-11-26b.md)
     python -m artifact.sim_validation --bench-serving bench-bullet-2.0-0.jsonl,bullet,1 ... --profile <cpu profile>
     python -m artifact.sim_validation --comparison docs/artifact/full-2026-11-26/06_cpu_comparison/results.json \
         --profile <cpu profile> --max-total-tokens 32768 --max-running-requests 64 ...

@@ -37,7 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--estimator-profile", default=None,
                    help="simulate the device this profile measured (`bullet profile`, e.g. --device cuda: its "
                         "SM-share rates, kernel and step times, contention); shipped: "
-                        "estimator/reference/data/h200-llama-3.1-8b-green-ctx.json (default: the A100 one)")
+                        "estimator/reference/data/h200-llama-3.1-8b-green-ctx-profiled.json (an H200 measured by bullet profile "
+                        "--device cuda; default: the A100 one)")
     p.add_argument("--policy", default=d.policy, help="bullet | static[:<prefill units>] | naive | chunked:<token budget>")
     p.add_argument("--workload", default="sharegpt", choices=sorted(TABLE4_SLOS))
     p.add_argument("--arrivals", default="poisson", choices=["poisson", "trace"],
