@@ -141,6 +141,23 @@ def _cell(row: dict, metric: str) -> str:
     return f"{m * scale:.0f} / {p * scale:.0f}{unit} ({err:+.0%}{flag})"
 
 
+def within_goal(rows: list[dict]) -> tuple[int, int]:
+    """(P50/P90 latency cells within the goal, all of them)."""
+    cells = [(m, e) for r in rows for m, e in r["error"].items() if m in GOALS]
+    return sum(1 for m, e in cells if abs(e) <= GOALS[m]), len(cells)
+
+
+def median_errors(rows: list[dict]) -> dict[str, float]:
+    """Median |error| of the P50, mean, P90 and throughput cells (the labels that have any)."""
+    out = {}
+    for label, keys in (("P50", ("ttft_p50_s", "tpot_p50_s")), ("mean", ("ttft_mean_s", "tpot_mean_s")),
+                        ("P90", ("ttft_p90_s", "tpot_p90_s")), ("throughput", ("out_tok_per_s",))):
+        errors = [abs(r["error"][k]) for r in rows for k in keys if k in r["error"]]
+        if errors:
+            out[label] = statistics.median(errors)
+    return out
+
+
 def markdown(rows: list[dict], ranks: list[dict], title: str, notes: list[str]) -> str:
     columns = [m for m in (*METRICS, "attainment", "p99_tbt_s") if any(m in r["measured"] for r in rows)]
     lines = [f"# {title}", "", *(x for note in notes for x in (note, "")),
@@ -149,16 +166,10 @@ def markdown(rows: list[dict], ranks: list[dict], title: str, notes: list[str]) 
              "|---|---|" + "---|" * len(columns)]
     for r in sorted(rows, key=lambda r: (r["rate"], r["system"])):
         lines.append(f"| {r['system']} | {r['rate']:g} | " + " | ".join(_cell(r, m) for m in columns) + " |")
-    cells = [(m, e) for r in rows for m, e in r["error"].items() if m in GOALS]
+    within, cells = within_goal(rows)
     if cells:
-        within = sum(1 for m, e in cells if abs(e) <= GOALS[m])
-        lines += ["", f"Within the goal: {within} of {len(cells)} P50/P90 latency cells."]
-    medians = []
-    for label, keys in (("P50", ("ttft_p50_s", "tpot_p50_s")), ("mean", ("ttft_mean_s", "tpot_mean_s")),
-                        ("P90", ("ttft_p90_s", "tpot_p90_s")), ("throughput", ("out_tok_per_s",))):
-        errors = [abs(r["error"][k]) for r in rows for k in keys if k in r["error"]]
-        if errors:
-            medians.append(f"{label} cells {statistics.median(errors):.0%}")
+        lines += ["", f"Within the goal: {within} of {cells} P50/P90 latency cells."]
+    medians = [f"{label} cells {m:.0%}" for label, m in median_errors(rows).items()]
     if medians:
         lines += ["", "Median |error|: " + ", ".join(medians) + "."]
     if ranks:

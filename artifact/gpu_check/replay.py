@@ -9,15 +9,10 @@ The cell-by-cell table lands in `logs/validation.md` (and `.json`); the report q
 from __future__ import annotations
 
 import json
-import re
-import statistics
 from pathlib import Path
 
 from artifact.gpu_check import procs
 from artifact.gpu_check.steps import Context, finished, result
-
-WITHIN = re.compile(r"Within the goal: (\d+) of (\d+)")  # sim_validation's own count of the goal's cells
-
 
 def replay_command(ctx: Context, out: Path) -> list[str] | str:
     """The sim_validation command for what the run served, or why there is none."""
@@ -59,20 +54,15 @@ def replay_step(ctx: Context, timeout: float) -> dict:
     table = out.with_suffix(".md")
     if done.returncode != 0 or not table.is_file():
         return finished(done, "")
-    text = table.read_text()
-    return finished(done, summary(text, out.with_suffix(".json")), markdown=text)
+    return finished(done, summary(out.with_suffix(".json")), markdown=table.read_text())
 
 
-def summary(text: str, json_path: Path) -> str:
-    """'N of M P50/P90 cells within the goal; median |error| P50 x %, P90 y %'."""
-    m = WITHIN.search(text)
-    parts = [f"{m.group(1)} of {m.group(2)} P50/P90 cells within the goal" if m else "no latency cell compared"]
-    try:
-        rows = json.loads(json_path.read_text())["runs"]
-    except (OSError, ValueError, KeyError):
-        return parts[0]
-    for label, keys in (("P50", ("ttft_p50_s", "tpot_p50_s")), ("P90", ("ttft_p90_s", "tpot_p90_s"))):
-        errors = [abs(r["error"][k]) for r in rows for k in keys if k in r.get("error", {})]
-        if errors:
-            parts.append(f"median |error| {label} {statistics.median(errors):.0%}")
-    return "; ".join(parts)
+def summary(json_path: Path) -> str:
+    """'N of M P50/P90 cells within the goal; median |error| P50 x%; median |error| P90 y%'."""
+    from artifact.sim_validation import median_errors, within_goal  # deferred: imports the simulator
+
+    rows = json.loads(json_path.read_text())["runs"]
+    within, cells = within_goal(rows)
+    medians = median_errors(rows)
+    return "; ".join([f"{within} of {cells} P50/P90 cells within the goal" if cells else "no latency cell compared",
+                      *(f"median |error| {label} {medians[label]:.0%}" for label in ("P50", "P90") if label in medians)])
