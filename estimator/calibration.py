@@ -29,7 +29,7 @@ import functools
 import math
 from typing import Literal, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from estimator.ops import ALL_CLASSES
 
@@ -208,11 +208,28 @@ class OnlineCorrection(BaseModel):
     moving average of observed / predicted at three levels — (phase), (phase, size bucket) and
     (phase, size bucket, units bucket). A prediction uses the finest level observed so far; a level
     seen for the first time starts from its parent's value, so one odd step moves it by `weight`
-    only, and a systematic error spreads at once to sizes and splits not yet observed."""
+    only, and a systematic error spreads at once to sizes and splits not yet observed.
+
+    A lone spike is held back: an observation more than `spike` times off the current correction
+    (either way) is folded in only when the phase's next observation is off the same way too — a
+    shift that lasts is learnt one step late, a one-off is not learnt at all. On an H200 the first
+    layer group of every prompt of a new length took 50-70 ms instead of 3-10 (a per-shape kernel
+    plan) and the very first step 713 ms: folded at weight 0.25, each made every prefill prediction
+    for the next several steps 1.3-3x too long (the decisions of the bullet policy rest on them)."""
 
     weight: float = Field(0.25, gt=0, le=1, description="EWMA weight of a new observation")
     units_buckets: int = Field(4, gt=0)
+    spike: float = Field(3.0, gt=1, description="an observation this many times off the current correction, "
+                                                "either way, waits for the next one to confirm it")
     factors: dict[str, float] = Field(default_factory=dict)  # "phase", "phase/s", "phase/s/u"
+    # per phase: the spike held back (whether it was slow, and its observe() arguments), until the next one
+    _held: dict[str, tuple[bool, tuple[int, int, int, float]]] = PrivateAttr(default_factory=dict)
+    _spikes_held: int = PrivateAttr(0)
+
+    @property
+    def spikes_held(self) -> int:
+        """Lone spikes dropped so far (held back, then not confirmed by the next observation)."""
+        return self._spikes_held
 
     def keys(self, phase: str, size: int, units: int, total_units: int) -> tuple[str, str, str]:
         """Finest first. Sizes are bucketed by powers of two, units by fractions of the device."""
@@ -237,7 +254,23 @@ class OnlineCorrection(BaseModel):
         return 1.0
 
     def observe(self, phase: str, size: int, units: int, total_units: int, ratio: float) -> None:
-        """Fold one observed / predicted ratio (of the uncorrected prediction) into every level."""
+        """Fold one observed / predicted ratio (of the uncorrected prediction) into every level —
+        unless it is a spike (see the class): then it waits for the phase's next observation."""
+        held = self._held.pop(phase, None)
+        current = self.factor(phase, size, units, total_units)
+        up = ratio > current * self.spike
+        if up or ratio * self.spike < current:
+            if held is not None and held[0] == up:  # two in a row, the same way: the error is real
+                self._fold(phase, *held[1])
+                self._fold(phase, size, units, total_units, ratio)
+                return
+            self._spikes_held += held is not None  # the one before was a one-off: dropped
+            self._held[phase] = (up, (size, units, total_units, ratio))
+            return
+        self._spikes_held += held is not None
+        self._fold(phase, size, units, total_units, ratio)
+
+    def _fold(self, phase: str, size: int, units: int, total_units: int, ratio: float) -> None:
         parent = 1.0
         for key in reversed(self.keys(phase, size, units, total_units)):
             old = self.factors.get(key, parent)
@@ -246,6 +279,7 @@ class OnlineCorrection(BaseModel):
 
     def reset(self) -> None:
         self.factors.clear()
+        self._held.clear()
 
 
 class Calibration(BaseModel):

@@ -193,3 +193,27 @@ def test_a_fresh_calibration_is_the_raw_roofline(llama3_8b, a100):
     est = Estimator(llama3_8b, a100, Calibration())
     rows = est.breakdown(ExecutionState(prefill_lens=(256,)), 108)
     assert all(srm == calibrated for _, srm, calibrated in rows)
+
+
+def test_a_lone_spike_is_not_learnt_a_lasting_shift_is(llama3_8b, a100):
+    """An observation 3x off the current correction waits for the next one: a one-off (an H200's
+    first step of a new prompt length: 10x) is dropped, two in a row the same way are both folded."""
+    est = Estimator(llama3_8b, a100)
+    base = est.prefill_time([1024], 78)
+    online = est.calibration.online
+    est.observe_prefill([1024], 78, 10 * base)  # held
+    assert est.prefill_time([1024], 78) == base
+    est.observe_prefill([1024], 78, 1.2 * base)  # not confirmed: the spike is dropped, this one folded
+    assert est.prefill_time([1024], 78) == pytest.approx(1.05 * base) and online.spikes_held == 1
+    est.observe_prefill([1024], 78, 0.1 * base)  # held (the other way)
+    est.observe_prefill([1024], 78, 10 * base)  # the other direction: drops the held one, holds itself
+    assert est.prefill_time([1024], 78) == pytest.approx(1.05 * base) and online.spikes_held == 2
+    est.observe_prefill([1024], 78, 10 * base)  # confirmed: both folded, in order
+    after_one = 1.05 + 0.25 * (10 - 1.05)
+    assert est.prefill_time([1024], 78) == pytest.approx((after_one + 0.25 * (10 - after_one)) * base)
+    # phases are held apart: a decode spike does not confirm a prefill one
+    est.calibration.online.reset()
+    est.observe_prefill([1024], 78, 10 * base)
+    decode = est.decode_time(16, 16 * 900, 30)
+    est.observe_decode([900] * 16, 30, 10 * decode)
+    assert est.prefill_time([1024], 78) == base and est.decode_time(16, 16 * 900, 30) == decode
