@@ -19,6 +19,19 @@ on the same host clock) holds the decode step's start, a hybrid step of the chun
 chunks and decode rows). The timeline keeps a prefill batch's token count, not each prompt's: its
 prompts are taken as equal. Decode rows keep the batch's summed context.
 
+A worker may also pay a set-up the first time its prompt attention meets a fresh sequence of a new
+length (a per-shape kernel plan: on an H200 whose SDPA went to cuDNN, 50-70 ms on the first layer
+group of every prompt of a new length). Each step is therefore counted with the new lengths it began
+— a prefill batch's first layer group, a hybrid step's fresh chunks, by the lengths this worker had
+not run before — and the fit is
+
+    observed = overhead + scale x predicted + setup x new lengths
+
+(every coefficient >= 0: the least-squares fit over the subsets of terms that keeps them so, with the
+least residual), the simulator's `attention_setup_s`. The set-up term is kept only where it removes
+at least `MIN_SETUP_GAIN` of the squared error scale and overhead leave: on this project's CPU, which
+builds no plan per shape, it would take up a few milliseconds of the steps' own spread.
+
 Steps more than `OUTLIER` times off the median ratio of observed to predicted are left out of the
 fit (a server's warm-up, a stall the device model does not describe); the fit says how many.
 `--by-role` fits each worker role on its own (`bullet simulate --role-step-time`): a served
@@ -49,6 +62,9 @@ MIN_STEPS = 10  # fewer priced steps than this fit nothing worth using
 # (the H200 servers' first step: 200-700x) goes, a per-prompt set-up the served run really paid (its
 # first prefill groups: 5-20x) stays
 OUTLIER = 25.0
+# the set-up term is fitted only where it removes at least this share of the squared error that scale
+# and overhead alone leave
+MIN_SETUP_GAIN = 0.10
 
 
 @dataclass(frozen=True)
@@ -60,6 +76,8 @@ class StepTimes:
     scale: float
     overhead_s: float
     outliers: int = 0  # steps left out (OUTLIER)
+    setup_s: float = 0.0  # per new attention length a step began (0 where no step began one)
+    new_lengths: int = 0  # how many the steps began
 
     @property
     def median_ratio(self) -> float:
@@ -67,30 +85,81 @@ class StepTimes:
 
     def as_dict(self) -> dict:
         return {"steps": len(self.observed), "scale": self.scale, "overhead_s": self.overhead_s,
-                "median_ratio": self.median_ratio, "outliers": self.outliers}
+                "setup_s": self.setup_s, "new_lengths": self.new_lengths, "median_ratio": self.median_ratio,
+                "outliers": self.outliers}
 
 
-def priced_steps(rows: Iterable[dict], est: Estimator) -> list[tuple[float, float]]:
-    """(observed s, the device model's s) of each step row the model can price (see the module
-    docstring); other rows (decisions that ran nothing, decode beside a prefill the timeline does
-    not show, unknown roles) are skipped."""
-    return [pair for pairs in priced_by_role(rows, est).values() for pair in pairs]
+Priced = tuple[float, float, int]  # (observed s, the device model's s, new attention lengths the step began)
 
 
-def priced_by_role(rows: Iterable[dict], est: Estimator) -> dict[str, list[tuple[float, float]]]:
-    """`priced_steps`, per worker role."""
+def priced_steps(rows: Iterable[dict], est: Estimator) -> list[Priced]:
+    """(observed s, the device model's s, new attention lengths) of each step row the model can price
+    (see the module docstring); other rows (decisions that ran nothing, decode beside a prefill the
+    timeline does not show, unknown roles) are skipped."""
+    return [step for steps in priced_by_role(rows, est).values() for step in steps]
+
+
+def priced_by_role(rows: Iterable[dict], est: Estimator) -> dict[str, list[Priced]]:
+    """`priced_steps`, per worker role (each role's rows in the order its worker logged them)."""
     rows = list(rows)
     prefills = PrefillSpans(rows)
-    out: dict[str, list[tuple[float, float]]] = {}
+    new = NewLengths(est.model.num_hidden_layers)
+    out: dict[str, list[Priced]] = {}
     for row in rows:
         try:
+            began = new.began(row)
             priced = _price(row, est, prefills)
         except (TypeError, ValueError, KeyError) as exc:  # a row of another shape: not ours to price
             log.debug("step row skipped (%s): %s", exc, row)
             continue
         if priced is not None:
-            out.setdefault(row["role"], []).append(priced)
+            out.setdefault(row["role"], []).append((*priced, began))
     return out
+
+
+class NewLengths:
+    """Which step rows began fresh sequences of lengths their worker had not run before, in a step of
+    fresh sequences only (the engine's SDPA path; any cached prefix or decode row in the step sends it
+    to the paged kernel): a prefill batch's first layer group (a batch is its (prompts, tokens) until
+    its layers add up to the model's; one preempted at a layer boundary resumes as the same batch), a
+    hybrid step of prompt chunks with nothing cached before them and no decode row. A prefill row does
+    not say what was cached: its prompts are taken as fresh (no prefix cache in the served runs). The timeline keeps only a prefill batch's summed tokens: a batch of
+    several prompts is taken to begin as many new lengths (prompts of one length are rare)."""
+
+    def __init__(self, num_layers: int):
+        self.num_layers = num_layers
+        self.seen: dict[str, set[int]] = {}
+        self.running: dict[tuple[int, int], int] = {}  # a prefill batch in flight -> its layers done
+
+    def began(self, row: dict) -> int:
+        if not row.get("run") or not row.get("obs_ms"):
+            return 0
+        role = row.get("role")
+        if role == "prefill" and row.get("tokens") and row.get("layers"):
+            batch, tokens = max(1, int(row.get("batch") or 1)), int(row["tokens"])
+            key = (batch, tokens)
+            done = self.running.get(key)
+            layers = (done or 0) + int(row["layers"])
+            if layers >= self.num_layers:
+                self.running.pop(key, None)
+            else:
+                self.running[key] = layers
+            if done is not None:
+                return 0
+            # several prompts: as many lengths, none known (the timeline keeps their sum)
+            return self._new(role, [tokens]) if batch == 1 else batch
+        if role == "unified" and "chunks" in row:
+            chunks = [(int(n), int(start)) for n, start in row["chunks"]]
+            if row.get("decode_batch") or any(start for _, start in chunks):
+                return 0  # the engine's paged kernel attends for the whole step: no plan per shape
+            return self._new(role, [n for n, _ in chunks])
+        return 0
+
+    def _new(self, role: str, lengths: list[int]) -> int:
+        seen = self.seen.setdefault(role, set())
+        fresh = set(lengths) - seen
+        seen |= fresh
+        return len(fresh)
 
 
 class PrefillSpans:
@@ -137,28 +206,57 @@ def _price(row: dict, est: Estimator, prefills: PrefillSpans | None = None) -> t
     return (obs_ms / 1e3, predicted) if predicted > 0 else None
 
 
-def fit(pairs: list[tuple[float, float]]) -> StepTimes:
-    """observed = overhead + scale x predicted, least squares, overhead >= 0, over the steps within
-    `OUTLIER` times the median observed/predicted ratio."""
-    if len(pairs) < MIN_STEPS:
-        raise ValueError(f"{len(pairs)} priced steps: too few to fit (at least {MIN_STEPS})")
-    median = statistics.median(o / p for o, p in pairs)
-    kept = [(o, p) for o, p in pairs if median / OUTLIER <= o / p <= median * OUTLIER]
-    obs = np.array([o for o, _ in kept])
-    pred = np.array([p for _, p in kept])
-    (overhead, scale), *_ = np.linalg.lstsq(np.vstack([np.ones_like(pred), pred]).T, obs, rcond=None)
-    if overhead < 0:  # no negative overhead: the scale alone, through the origin
-        overhead, scale = 0.0, float(obs @ pred / (pred @ pred))
-    if scale <= 0:
-        raise ValueError(f"the steps fit a scale of {scale:.3g}: the profile does not describe this device")
-    return StepTimes(tuple(obs.tolist()), tuple(pred.tolist()), float(scale), float(overhead), len(pairs) - len(kept))
+def fit(steps: list[Priced] | list[tuple[float, float]], setup: bool = True) -> StepTimes:
+    """observed = overhead + scale x predicted + setup x new lengths, least squares, every coefficient
+    >= 0, over the steps within `OUTLIER` times the median observed/predicted ratio (steps given as
+    (observed, predicted) pairs began no new length; `setup=False`: no set-up term, as before
+    2026-11-27)."""
+    if len(steps) < MIN_STEPS:
+        raise ValueError(f"{len(steps)} priced steps: too few to fit (at least {MIN_STEPS})")
+    median = statistics.median(s[0] / s[1] for s in steps)
+    kept = [s for s in steps if median / OUTLIER <= s[0] / s[1] <= median * OUTLIER]
+    obs = np.array([s[0] for s in kept])
+    pred = np.array([s[1] for s in kept])
+    began = np.array([s[2] if len(s) > 2 else 0 for s in kept], dtype=float)
+    fits = {}  # with the set-up term or not -> (residual, scale, overhead, setup), the best of its subsets
+    for terms in ((True, True), (False, True), (True, False), (False, False)):  # (overhead, set-up)
+        if terms[1] and not (setup and began.any()):
+            continue
+        columns = [pred] + ([np.ones_like(pred)] if terms[0] else []) + ([began] if terms[1] else [])
+        a = np.vstack(columns).T
+        coef, *_ = np.linalg.lstsq(a, obs, rcond=None)
+        if (coef < 0).any():
+            continue
+        residual = float(((a @ coef - obs) ** 2).sum())
+        coef = list(coef)
+        row = (residual, coef.pop(0), coef.pop(0) if terms[0] else 0.0, coef.pop(0) if terms[1] else 0.0)
+        if terms[1] not in fits or residual < fits[terms[1]][0]:
+            fits[terms[1]] = row
+    best = fits.get(False)
+    with_setup = fits.get(True)
+    # the set-up term stays only where it explains a good part of what scale and overhead leave
+    # (H200 prefill workers: 32-89 %; this project's CPU: 2-6 %, a few ms it would invent)
+    if with_setup is not None and (best is None or with_setup[0] <= (1.0 - MIN_SETUP_GAIN) * best[0]):
+        best = with_setup
+    if best is None or best[1] <= 0:  # (a set-up fit alone is never tried: the scale is always in)
+        raise ValueError("the steps fit no positive scale: the profile does not describe this device")
+    _, scale, overhead, setup_s = best
+    return StepTimes(tuple(obs.tolist()), tuple(pred.tolist()), float(scale), float(overhead), len(steps) - len(kept),
+                     float(setup_s), int(began.sum()))
 
 
-def fit_by_role(by_role: dict[str, list[tuple[float, float]]]) -> tuple[StepTimes, dict[str, StepTimes]]:
+def fit_by_role(by_role: dict[str, list[Priced]], setup: bool = True) -> tuple[StepTimes, dict[str, StepTimes]]:
     """The fit of every step together, and of each role with at least MIN_STEPS priced steps (a role
     with fewer takes the pooled fit: leave it out of `role_step_times`)."""
-    pooled = fit([pair for pairs in by_role.values() for pair in pairs])
-    return pooled, {role: fit(pairs) for role, pairs in by_role.items() if len(pairs) >= MIN_STEPS}
+    pooled = fit([step for steps in by_role.values() for step in steps], setup)
+    return pooled, {role: fit(steps, setup) for role, steps in by_role.items() if len(steps) >= MIN_STEPS}
+
+
+def attention_setup(pooled: StepTimes, roles: dict[str, StepTimes]) -> float:
+    """The set-up per new attention length to replay with: the fit of the role that began new lengths
+    (prefill, or a unified worker; decode never does), else the pooled fit's."""
+    fitted = [t.setup_s for t in roles.values() if t.new_lengths]
+    return max(fitted) if fitted else pooled.setup_s
 
 
 def read_timelines(dirs: Iterable[str | Path]) -> list[dict]:
@@ -183,29 +281,34 @@ def read_timelines(dirs: Iterable[str | Path]) -> list[dict]:
     return rows
 
 
-def served_step_times(profile: str | Path, timeline_dirs: Iterable[str | Path]) -> StepTimes:
-    return fit(priced_steps(read_timelines(timeline_dirs), load_estimator(str(profile))))
+def served_step_times(profile: str | Path, timeline_dirs: Iterable[str | Path], setup: bool = True) -> StepTimes:
+    return fit(priced_steps(read_timelines(timeline_dirs), load_estimator(str(profile))), setup)
 
 
-def served_step_times_by_role(profile: str | Path, timeline_dirs: Iterable[str | Path]) -> tuple[StepTimes, dict[str, StepTimes]]:
-    return fit_by_role(priced_by_role(read_timelines(timeline_dirs), load_estimator(str(profile))))
+def served_step_times_by_role(profile: str | Path, timeline_dirs: Iterable[str | Path],
+                              setup: bool = True) -> tuple[StepTimes, dict[str, StepTimes]]:
+    return fit_by_role(priced_by_role(read_timelines(timeline_dirs), load_estimator(str(profile))), setup)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--profile", required=True, help="the estimator profile the simulator would use")
     p.add_argument("--by-role", action="store_true", help="also fit each worker role on its own")
+    p.add_argument("--no-attention-setup", action="store_true",
+                   help="fit no set-up per new attention length (the fit before 2026-11-27)")
     p.add_argument("timelines", nargs="+", help="a served run's timeline directories (<role>.jsonl files)")
     args = p.parse_args()
     if not args.by_role:
-        times = served_step_times(args.profile, args.timelines)
+        times = served_step_times(args.profile, args.timelines, not args.no_attention_setup)
         print(json.dumps(times.as_dict(), indent=1))
-        print(f"replay with: --step-time-scale {times.scale:.4g} --step-overhead-ms {times.overhead_s * 1e3:.4g}")
+        print(f"replay with: --step-time-scale {times.scale:.4g} --step-overhead-ms {times.overhead_s * 1e3:.4g}"
+              f" --attention-setup-ms {times.setup_s * 1e3:.4g}")
         return 0
-    pooled, roles = served_step_times_by_role(args.profile, args.timelines)
+    pooled, roles = served_step_times_by_role(args.profile, args.timelines, not args.no_attention_setup)
     print(json.dumps({"pooled": pooled.as_dict(), **{role: t.as_dict() for role, t in roles.items()}}, indent=1))
     print(f"replay with: --step-time-scale {pooled.scale:.4g} --step-overhead-ms {pooled.overhead_s * 1e3:.4g}"
-          + "".join(f" --role-step-time {role}={t.scale:.4g},{t.overhead_s * 1e3:.4g}" for role, t in roles.items()))
+          + "".join(f" --role-step-time {role}={t.scale:.4g},{t.overhead_s * 1e3:.4g}" for role, t in roles.items())
+          + f" --attention-setup-ms {attention_setup(pooled, roles) * 1e3:.4g}")
     return 0
 
 

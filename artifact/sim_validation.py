@@ -182,12 +182,13 @@ def markdown(rows: list[dict], ranks: list[dict], title: str, notes: list[str]) 
     return "\n".join(lines) + "\n"
 
 
-def fit_by_system(runs: list[ServedRun], profile: str, root: Path, by_role_fits: bool = True) -> dict[str, dict]:
+def fit_by_system(runs: list[ServedRun], profile: str, root: Path, by_role_fits: bool = True,
+                  setup: bool = True) -> dict[str, dict]:
     """Each run replays on the device as its own server's steps measured it (`root/<system>/`, the
     fit of `artifact.served_steps`), set in `run.extra["sim"]`: each worker role with enough priced
     steps on its own fit (`by_role_fits`), the rest on the system's; returns each system's fits."""
     from artifact.server import system_slug  # deferred: the server helpers import the launcher's config
-    from artifact.served_steps import fit, fit_by_role, priced_by_role, read_timelines  # deferred: numpy
+    from artifact.served_steps import attention_setup, fit, fit_by_role, priced_by_role, read_timelines  # deferred: numpy
     from estimator.profile import load_estimator  # deferred: as above
 
     est = load_estimator(profile)
@@ -196,15 +197,15 @@ def fit_by_system(runs: list[ServedRun], profile: str, root: Path, by_role_fits:
     fits, roles, pooled = {}, {}, []
     for system, by_role in steps.items():
         try:
-            fits[system], roles[system] = fit_by_role(by_role) if by_role_fits else (fit(
-                [pair for pairs in by_role.values() for pair in pairs]), {})
+            fits[system], roles[system] = fit_by_role(by_role, setup) if by_role_fits else (fit(
+                [step for steps in by_role.values() for step in steps], setup), {})
         except ValueError as exc:  # e.g. a timeline from before hybrid steps were recorded in full
             print(f"[validate] {system}: {exc}; it takes the other systems' pooled fit", flush=True)
             pooled.append(system)
     if pooled:
         if not fits:
             raise SystemExit(f"{root}: no system's steps could be priced")
-        shared = fit([pair for system in fits for pairs in steps[system].values() for pair in pairs])
+        shared = fit([step for system in fits for role_steps in steps[system].values() for step in role_steps], setup)
         fits.update({system: shared for system in pooled})
         roles.update({system: {} for system in pooled})
     for system, times in fits.items():
@@ -213,7 +214,8 @@ def fit_by_system(runs: list[ServedRun], profile: str, root: Path, by_role_fits:
     for run in runs:
         times = fits[run.system]
         run.extra["sim"] = {"step_time_scale": times.scale, "step_overhead_s": times.overhead_s,
-                            "role_step_times": {role: (t.scale, t.overhead_s) for role, t in roles[run.system].items()}}
+                            "role_step_times": {role: (t.scale, t.overhead_s) for role, t in roles[run.system].items()},
+                            "attention_setup_s": attention_setup(times, roles[run.system])}
     return {system: {**times.as_dict(), "pooled": system in pooled,
                      "by_role": {role: t.as_dict() for role, t in roles[system].items()}}
             for system, times in fits.items()}
@@ -244,6 +246,9 @@ def main() -> int:
                                 "which no profile sample times)")
     p.add_argument("--one-fit-per-system", action="store_true",
                    help="with --served-steps-by-system: one fit for all of a system's steps, not one per worker role")
+    p.add_argument("--no-attention-setup", action="store_true",
+                   help="with --served-steps(-by-system): fit no set-up per new attention length (a per-shape kernel "
+                        "plan the served prefill paid; the fit before 2026-11-27)")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--slo-rule", default="0.003,0.25,0.05",
                    help="per-token TTFT, TTFT floor, TPOT of the load generator's attainment ('' for none)")
@@ -268,13 +273,14 @@ def main() -> int:
     if args.served_steps:
         from artifact.served_steps import served_step_times  # deferred: numpy and the profile loader
 
-        steps = served_step_times(args.profile, args.served_steps)
+        steps = served_step_times(args.profile, args.served_steps, not args.no_attention_setup)
         print(f"[validate] served steps vs the profile: {steps.as_dict()}", flush=True)
-    by_system = fit_by_system(runs, args.profile, args.served_steps_by_system, not args.one_fit_per_system) \
-        if args.served_steps_by_system else None
+    by_system = fit_by_system(runs, args.profile, args.served_steps_by_system, not args.one_fit_per_system,
+                              not args.no_attention_setup) if args.served_steps_by_system else None
     base = SimConfig(estimator_profile=args.profile, max_total_tokens=args.max_total_tokens,
                      max_running_requests=args.max_running_requests, ttft_slo=args.ttft_slo, tpot_slo=args.tpot_slo,
-                     **({"step_time_scale": steps.scale, "step_overhead_s": steps.overhead_s} if steps else {}))
+                     **({"step_time_scale": steps.scale, "step_overhead_s": steps.overhead_s,
+                         "attention_setup_s": steps.setup_s} if steps else {}))
     slo_rule = tuple(float(x) for x in args.slo_rule.split(",")) if args.slo_rule else None
     rows = validate(runs, base, list(range(args.seeds)), slo_rule)
     ranks = rankings(rows)

@@ -58,11 +58,18 @@ def replay_step(ctx: Context, timeout: float) -> dict:
 
 
 def summary(json_path: Path) -> str:
-    """'N of M P50/P90 cells within the goal; median |error| P50 x%; median |error| P90 y%'."""
+    """'N of M P50/P90 cells within the goal; median |error| P50 x%; median |error| P90 y%', and the
+    set-up per new prompt length each system's steps fitted (a per-shape attention plan: what keeping
+    prompt attention off cuDNN should remove)."""
     from artifact.sim_validation import median_errors, within_goal  # deferred: imports the simulator
 
-    rows = json.loads(json_path.read_text())["runs"]
+    data = json.loads(json_path.read_text())
+    rows = data["runs"]
     within, cells = within_goal(rows)
     medians = median_errors(rows)
+    fits = ((data.get("served_steps") or {}).get("by_system") or {}).items()
+    setups = [f"{system} {max([t['setup_s'] for t in fit.get('by_role', {}).values()] + [fit.get('setup_s', 0.0)]) * 1e3:.0f} ms"
+              for system, fit in fits if fit.get("new_lengths")]
     return "; ".join([f"{within} of {cells} P50/P90 cells within the goal" if cells else "no latency cell compared",
-                      *(f"median |error| {label} {medians[label]:.0%}" for label in ("P50", "P90") if label in medians)])
+                      *(f"median |error| {label} {medians[label]:.0%}" for label in ("P50", "P90") if label in medians),
+                      *([f"set-up per new prompt length: {', '.join(setups)}"] if setups else [])])

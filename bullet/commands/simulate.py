@@ -78,6 +78,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="for one worker role (prefill, decode, unified): its steps' time scale and the overhead "
                         "after each, in place of --step-time-scale/--step-overhead-ms (repeat per role; "
                         "`python -m artifact.served_steps --by-role` fits them to a served run)")
+    p.add_argument("--attention-setup-ms", type=milliseconds, default=d.attention_setup_s * 1e3,
+                   help="set-up a worker pays the first time its prompt attention meets a fresh sequence of a new "
+                        "length, before that step's kernels (a per-shape kernel plan: 50-70 ms measured on an H200 "
+                        "whose SDPA went to cuDNN; `python -m artifact.served_steps` measures it). Default 0")
     p.add_argument("--handoff-delay-ms", type=float, default=d.handoff_delay_s * 1e3)
     p.add_argument("--stop-below", type=float, default=None, metavar="ATTAINMENT",
                    help="stop early once this SLO attainment is out of reach")
@@ -89,6 +93,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 ROLES = tuple(r.value for r in Role)
+
+
+def milliseconds(text: str) -> float:
+    """A duration in ms, >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"{text!r}: expected milliseconds >= 0")
+    return value
 
 
 def role_step_time(text: str) -> tuple[str, tuple[float, float]]:
@@ -113,6 +128,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         max_total_tokens=args.max_total_tokens,
         step_overhead_s=None if args.step_overhead_ms is None else args.step_overhead_ms / 1e3,
         step_time_scale=args.step_time_scale, role_step_times=dict(args.role_step_time),
+        attention_setup_s=args.attention_setup_ms / 1e3,
         noise=args.noise, contention_model=not args.no_contention, contention_floor=args.contention_floor,
         prefill_slowdown=args.prefill_slowdown, policy_contention=not args.blind_policy,
         overlap_share=args.overlap_share, handoff_delay_s=args.handoff_delay_ms / 1e3, seed=args.seed,

@@ -59,6 +59,9 @@ class SimConfig:
     # prefill worker paying a per-prompt set-up its decode worker never saw); fitted per role by
     # `artifact.served_steps`. Empty: every role alike
     role_step_times: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # seconds a worker spends the first time its prompt attention meets a fresh sequence of a new
+    # length (a per-shape kernel plan built on the host: cuDNN's SDPA graph on Hopper); 0: none
+    attention_setup_s: float = 0.0
     prefill_preemption: bool = True  # bullet: layer-boundary preemption of the prefill batch in flight
     hand_back: str = "bounded"  # bullet: off | decode-step | bounded
     layer_group: str = "fixed"  # bullet: fixed (prefill_layers_per_step) | adaptive (about one decode step)

@@ -1,6 +1,12 @@
 """Runs a loop core's steps on the simulated device: the step's work is charged there (beside
 whatever the other worker runs), and when it ends each request that the step samples gets a token —
-a fixed id, with the same finish rules and virtual-time stamps a real token would get."""
+a fixed id, with the same finish rules and virtual-time stamps a real token would get.
+
+A worker may also pay a set-up the first time its prompt attention meets a fresh sequence of a new
+length (`attention_setup_s` per such length) in a step of fresh sequences only (the engine's SDPA
+path): a per-shape kernel plan that the worker builds on the host before that step's kernels run —
+cuDNN's SDPA graph on Hopper, 50-70 ms per new length on an H200 in served step timelines. Its
+device units idle meanwhile; the step's observed time includes it."""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ from bullet.loops.base import HybridItem, hybrid_shape
 from bullet.loops.clock import Clock
 from bullet.policies.views import InflightPrefill
 from bullet.sim.device import DecodeWork, HybridWork, PrefillWork, SimulatedDevice
+from bullet.sim.events import EventLoop
 from bullet.sim.partition import SimulatedPartition
 from bullet.types.finish import FinishChecker
 from bullet.types.request import Request, total_seq_len
@@ -21,22 +28,45 @@ SIM_TOKEN_ID = 0  # the token every simulated step "samples": not an EOS id of a
 class SimExecutor:
     def __init__(self, role: Role, device: SimulatedDevice, partition: SimulatedPartition, clock: Clock,
                  finish: FinishChecker, on_step_end: Callable[[], None] = lambda: None,
-                 token_times: dict[int, list[float]] | None = None):
+                 token_times: dict[int, list[float]] | None = None, loop: EventLoop | None = None,
+                 attention_setup_s: float = 0.0):
+        if not attention_setup_s >= 0:  # nan too
+            raise ValueError(f"attention_setup_s must be >= 0, got {attention_setup_s}")
+        if attention_setup_s and loop is None:
+            raise ValueError("a set-up per new attention length needs the event loop to wait on")
         self.role, self.device, self.partition, self.clock, self.finish = role, device, partition, clock, finish
+        self.loop, self.attention_setup_s = loop, attention_setup_s
+        self._seen_lengths: set[int] = set()  # fresh sequence lengths whose attention plan this worker built
+        self.setups = 0  # how many it built
         self.on_step_end = on_step_end  # the driver goes round again once the core has taken the step's end
         # where each token's time goes, by request uid (the request log's, for its TBT); None: nowhere
         self.token_times = token_times
         # `FinishChecker.quiet_until` of each request it emitted for (forgotten when it ends one)
         self._quiet: dict[int, int] = {}
 
-    def _run(self, work, sampled: Sequence[Request], on_done: Callable[[float], None]) -> None:
+    def _run(self, work, sampled: Sequence[Request], on_done: Callable[[float], None], setup_s: float = 0.0) -> None:
         def ended(seconds: float) -> None:
             if sampled:
                 self.emit_tokens(sampled)
-            on_done(seconds)
+            on_done(seconds + setup_s)
             self.on_step_end()
 
-        self.device.start(self.role.value, work, self.partition.current_units, ended)
+        if setup_s > 0:  # the host builds the plans first; the kernels start after (on the units held then)
+            self.loop.at(self.clock.now() + setup_s,
+                         lambda: self.device.start(self.role.value, work, self.partition.current_units, ended))
+        else:
+            self.device.start(self.role.value, work, self.partition.current_units, ended)
+
+    def setup_for(self, lengths: Sequence[int], starts: Sequence[int]) -> float:
+        """Seconds of set-up a step of these sequences pays: where every one is fresh (nothing cached
+        before it: the engine then runs SDPA per sequence, else its paged kernel, which needs no plan
+        per shape), for each length this worker has not attended before; they are then seen."""
+        if not self.attention_setup_s or any(starts):
+            return 0.0
+        new = {n for n in lengths if n not in self._seen_lengths}
+        self._seen_lengths |= new
+        self.setups += len(new)
+        return self.attention_setup_s * len(new)
 
     def emit_token(self, req: Request) -> None:
         self.emit_tokens((req,))
@@ -70,7 +100,9 @@ class SimExecutor:
     def run_prefill(self, batch: InflightPrefill, layers: int, finishing: Sequence[Request] | None,
                     on_done: Callable[[float], None]) -> None:
         work = PrefillWork(tuple(batch.lengths), layers, include_head=finishing is not None, cached=tuple(batch.starts))
-        self._run(work, finishing or (), on_done)
+        # the plans are built in the first layer, then every layer of every later group reuses them
+        setup = self.setup_for(batch.lengths, batch.starts) if batch.layers_done == 0 else 0.0
+        self._run(work, finishing or (), on_done, setup)
 
     def run_decode(self, batch: Sequence[Request], on_done: Callable[[float], None],
                    between_layers: Callable[[int], None] | None = None) -> None:
@@ -78,7 +110,10 @@ class SimExecutor:
         self._run(DecodeWork(len(batch), total_seq_len(batch)), batch, on_done)
 
     def run_hybrid(self, items: Sequence[HybridItem], on_done: Callable[[float], None]) -> None:
-        self._run(hybrid_work(items), [req for req, _, _, _, _, sample in items if sample], on_done)
+        work = hybrid_work(items)
+        # decode rows in the step: the paged kernel attends for every row, fresh chunks too
+        setup = self.setup_for(*zip(*work.chunks)) if self.attention_setup_s and work.chunks and not work.batch else 0.0
+        self._run(work, [req for req, _, _, _, _, sample in items if sample], on_done, setup)
 
 
 def hybrid_work(items: Sequence[HybridItem]) -> HybridWork:

@@ -98,7 +98,8 @@ class Simulation:
             partition.apply(start.get(role, hardware.units))
             # the driver (built below, around the core) goes round again once the core has taken a step's end
             executor = SimExecutor(role, self.device, partition, self.clock, self.finish,
-                                   on_step_end=drivers_step_ended(drivers, role), token_times=self.log.token_times)
+                                   on_step_end=drivers_step_ended(drivers, role), token_times=self.log.token_times,
+                                   loop=self.loop, attention_setup_s=self.config.attention_setup_s)
             outbox = SimOutbox(self.log, self.loop, drivers, self.config.handoff_delay_s)
             env = LoopEnv(role=role, clock=self.clock, state=self.board, allocator=self.allocator, partition=partition,
                           timeline=Timeline(self.config.timeline_dir, role.value), executor=executor, outbox=outbox)

@@ -318,7 +318,7 @@ def test_the_replay_step_replays_a_gpu_runs_served_points(tmp_path):
         ["bullet", "static", "chunked:1024", "sglang:1024"]
     out = replay_step(ctx, 120)
     assert out["status"] == "pass", out
-    assert re.match(r"\d+ of 40 P50/P90 cells within the goal; median \|error\| P50 \d+%; median \|error\| P90 \d+%",
-                    out["summary"]), out["summary"]
+    assert re.match(r"\d+ of 40 P50/P90 cells within the goal; median \|error\| P50 \d+%; median \|error\| P90 \d+%"
+                    r"; set-up per new prompt length: bullet \d+ ms, static \d+ ms", out["summary"]), out["summary"]
     section = "\n".join(report._replay_section(out))
     assert section.startswith("## Simulator vs this run") and "| bullet | 24 |" in section and "\n# " not in section

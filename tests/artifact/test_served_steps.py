@@ -78,7 +78,7 @@ def test_a_decode_step_beside_a_prefill_is_priced_beside_the_group_it_started_in
               "obs_ms": 12.0}
     after = {**during, "t": 10.2}  # the prefill group had ended: what ran beside it is not in the log
     by_role = priced_by_role([prefill, during, after], est)
-    assert by_role["decode"] == [(0.012, est.decode_time(8, 4000, 40, co_prefill_tokens=900))]
+    assert by_role["decode"] == [(0.012, est.decode_time(8, 4000, 40, co_prefill_tokens=900), 0)]
     assert est.decode_time(8, 4000, 40, co_prefill_tokens=900) > est.decode_time(8, 4000, 40)
 
 
@@ -108,6 +108,61 @@ def test_each_role_fits_its_own_scale(est):
     assert pooled.as_dict()["steps"] == len(rows) + len(decode)
     _, roles = fit_by_role(priced_by_role(rows + decode * 3, est))
     assert roles["decode"].scale == pytest.approx(1.0, rel=1e-6) and roles["decode"].overhead_s == pytest.approx(0, abs=1e-9)
+
+
+def prefill_batches(est, batches, setup_s: float, scale: float = 1.0) -> list[dict]:
+    """Prefill step rows of whole batches (8 groups of 4 layers) of these (prompts, tokens), each
+    first group paying `setup_s` per fresh prompt length the worker had not run before."""
+    rows, seen = [], set()
+    for batch, tokens in batches:
+        lens = [tokens // batch + (1 if i < tokens % batch else 0) for i in range(batch)]
+        new = batch if batch > 1 else len({tokens} - seen)  # several prompts: distinct lengths
+        seen.add(tokens)
+        for group in range(8):
+            s = scale * est.prefill_time(lens, 54, num_layers=4, include_head=False) + (setup_s * new if not group else 0)
+            rows.append({"role": "prefill", "run": True, "units": 54, "tokens": tokens, "batch": batch, "layers": 4,
+                         "decode_batch": 0, "obs_ms": s * 1e3})
+    return rows
+
+
+def test_a_set_up_per_new_prompt_length_is_fitted_apart(est):
+    """The first layer group of every prompt of a new length pays 55 ms (a per-shape attention plan):
+    the fit gives it back per new length and the scale of the rest; a repeated length pays nothing."""
+    batches = [(1, 403), (1, 1789), (2, 1136), (1, 403), (1, 700), (3, 900)]
+    rows = prefill_batches(est, batches, 0.055, scale=1.2)
+    steps = priced_steps(rows, est)
+    assert [s[2] for s in steps[::8]] == [1, 1, 2, 0, 1, 3]  # 403 again: seen
+    assert all(s[2] == 0 for i, s in enumerate(steps) if i % 8)  # only a batch's first group begins lengths
+    times = fit(steps)
+    assert times.setup_s == pytest.approx(0.055, rel=1e-6) and times.scale == pytest.approx(1.2, rel=1e-6)
+    assert times.overhead_s == pytest.approx(0.0, abs=1e-9) and times.new_lengths == 8
+    # without any set-up the term is not fitted
+    assert fit(priced_steps(prefill_batches(est, batches, 0.0), est)).setup_s == pytest.approx(0.0, abs=1e-12)
+
+
+def test_a_set_up_that_explains_little_is_not_fitted(est, monkeypatch):
+    """A device that builds no plan per shape (this project's CPU): steps with their own spread, first
+    groups no slower on purpose. Least squares would still hand a few ms to a set-up term; the fit
+    keeps the term only where it removes MIN_SETUP_GAIN of the squared error."""
+    import random
+
+    rng = random.Random(0)
+    rows = prefill_batches(est, [(1, 300 + 37 * k) for k in range(12)], 0.0, scale=1.1)
+    for i, row in enumerate(rows):
+        row["obs_ms"] *= rng.uniform(0.8, 1.2) * (1.1 if i % 8 == 0 else 1.0)  # first groups a little slower
+    steps = priced_steps(rows, est)
+    assert fit(steps).setup_s == 0.0 and fit(steps).new_lengths == 12
+    assert fit(steps) == fit(steps, setup=False)
+    monkeypatch.setattr("artifact.served_steps.MIN_SETUP_GAIN", 0.0)
+    assert 0 < fit(steps).setup_s < 0.002  # what plain least squares would have invented
+
+
+def test_a_batch_preempted_at_a_layer_boundary_begins_its_lengths_once(est):
+    """A batch preempted after two groups resumes as the same batch: only its first group began."""
+    first = prefill_batches(est, [(1, 1000)], 0.05)
+    second = prefill_batches(est, [(1, 300)], 0.05)
+    steps = priced_steps(first[:2] + second + first[2:], est)
+    assert [s[2] for s in steps] == [1, 0, 1] + [0] * 7 + [0] * 6
 
 
 def test_too_few_steps_fit_nothing(est):

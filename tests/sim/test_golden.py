@@ -33,6 +33,10 @@ CASES.update({
     # the served runs' KV pool, a TBT target
     **{f"h200-{p}": (p, "sharegpt", 6.0, 6.0, {"estimator_profile": str(H200_PROFILE), "max_total_tokens": 131072,
                                                 "tbt_slo": "100ms"}) for p in ("bullet", "chunked:1024")},
+    # a per-shape attention set-up on every new prompt length (as the H200's cuDNN SDPA paid)
+    "h200-bullet-attention-setup": ("bullet", "sharegpt", 6.0, 6.0, {"estimator_profile": str(H200_PROFILE),
+                                                                     "max_total_tokens": 131072,
+                                                                     "attention_setup_s": 0.05}),
 })
 
 

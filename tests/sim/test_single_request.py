@@ -115,3 +115,40 @@ def test_role_step_times_stretch_only_that_workers_steps(tmp_path):
 def test_a_step_time_scale_must_be_positive(tmp_path):
     with pytest.raises(ValueError, match="time_scale"):
         run("bullet", tmp_path, step_time_scale=0.0)
+
+
+@pytest.mark.parametrize("policy", ["bullet", "static:40"])
+def test_a_new_prompt_length_pays_the_attention_set_up_once(tmp_path, policy):
+    """`attention_setup_s`: the first prompt of a length pays it before its first layer group (its
+    TTFT and that group's observed time grow by it); a later prompt of the same length does not, one
+    of another length does."""
+    requests = [(0.0, PROMPT, 2), (5.0, PROMPT, 2), (10.0, PROMPT + 1, 2)]
+    _, plain = run(policy, tmp_path / "plain", requests)
+    sim, paid = run(policy, tmp_path / "paid", requests, attention_setup_s=0.05)
+    by_arrival = [sorted(r.records, key=lambda r: r.arrival) for r in (plain, paid)]
+    extra = [b.ttft - a.ttft for a, b in zip(*by_arrival)]
+    assert extra == pytest.approx([0.05, 0.0, 0.05], abs=1e-9)
+    prefill = sim.drivers[0].core.env.executor
+    assert prefill.setups == 2
+    groups = timeline(tmp_path / "paid", "prefill")
+    first = [g["obs_ms"] for g in timeline(tmp_path / "plain", "prefill")][0]
+    assert groups[0]["obs_ms"] == pytest.approx(first + 50.0, rel=1e-9)  # the worker observes what it paid
+
+
+def test_hybrid_steps_pay_the_set_up_only_without_decode_rows(tmp_path):
+    """A unified worker runs SDPA only for a step of fresh prompts alone: the chunk that starts a
+    prompt of a new length pays; a chunk beside decode rows (the paged kernel) does not."""
+    alone = [(0.0, 200, 3)]
+    _, plain = run("chunked:512", tmp_path / "a", alone)
+    _, paid = run("chunked:512", tmp_path / "b", alone, attention_setup_s=0.05)
+    assert paid.records[0].ttft - plain.records[0].ttft == pytest.approx(0.05, abs=1e-9)
+    beside = [(0.0, 200, 400), (1.0, 300, 2)]  # the second arrives while the first decodes
+    sim, _ = run("chunked:512", tmp_path / "c", beside, attention_setup_s=0.05)
+    assert sim.entry.core.env.executor.setups == 1  # the first prompt's; the second ran beside decode rows
+    [step] = [r for r in timeline(tmp_path / "c", "unified") if r.get("chunks") == [[300, 0]]]
+    assert step["decode_batch"] == 1
+
+
+def test_a_negative_attention_set_up_is_refused():
+    with pytest.raises(ValueError, match="attention_setup_s"):
+        Simulation(SimConfig(attention_setup_s=-0.01), [(0.0, 10, 2)])
