@@ -44,18 +44,22 @@ class SimExecutor:
         # `FinishChecker.quiet_until` of each request it emitted for (forgotten when it ends one)
         self._quiet: dict[int, int] = {}
 
-    def _run(self, work, sampled: Sequence[Request], on_done: Callable[[float], None], setup_s: float = 0.0) -> None:
+    def _run(self, work, sampled: Sequence[Request], on_done: Callable[[float], None]) -> None:
         def ended(seconds: float) -> None:
             if sampled:
                 self.emit_tokens(sampled)
-            on_done(seconds + setup_s)
+            on_done(seconds)
             self.on_step_end()
 
-        if setup_s > 0:  # the host builds the plans first; the kernels start after (on the units held then)
-            self.loop.at(self.clock.now() + setup_s,
-                         lambda: self.device.start(self.role.value, work, self.partition.current_units, ended))
-        else:
-            self.device.start(self.role.value, work, self.partition.current_units, ended)
+        self.device.start(self.role.value, work, self.partition.current_units, ended)
+
+    def _run_after(self, setup_s: float, work, sampled: Sequence[Request], on_done: Callable[[float], None]) -> None:
+        """`_run`, after `setup_s` of set-up: the host builds the plans first, the kernels start after
+        (on the units held then), and the step's observed time includes the set-up."""
+        if not setup_s:
+            self._run(work, sampled, on_done)
+            return
+        self.loop.at(self.clock.now() + setup_s, self._run, work, sampled, lambda seconds: on_done(seconds + setup_s))
 
     def setup_for(self, lengths: Sequence[int], starts: Sequence[int]) -> float:
         """Seconds of set-up a step of these sequences pays: where every one is fresh (nothing cached
@@ -102,7 +106,7 @@ class SimExecutor:
         work = PrefillWork(tuple(batch.lengths), layers, include_head=finishing is not None, cached=tuple(batch.starts))
         # the plans are built in the first layer, then every layer of every later group reuses them
         setup = self.setup_for(batch.lengths, batch.starts) if batch.layers_done == 0 else 0.0
-        self._run(work, finishing or (), on_done, setup)
+        self._run_after(setup, work, finishing or (), on_done)
 
     def run_decode(self, batch: Sequence[Request], on_done: Callable[[float], None],
                    between_layers: Callable[[int], None] | None = None) -> None:
@@ -113,7 +117,7 @@ class SimExecutor:
         work = hybrid_work(items)
         # decode rows in the step: the paged kernel attends for every row, fresh chunks too
         setup = self.setup_for(*zip(*work.chunks)) if self.attention_setup_s and work.chunks and not work.batch else 0.0
-        self._run(work, [req for req, _, _, _, _, sample in items if sample], on_done, setup)
+        self._run_after(setup, work, [req for req, _, _, _, _, sample in items if sample], on_done)
 
 
 def hybrid_work(items: Sequence[HybridItem]) -> HybridWork:
