@@ -58,7 +58,9 @@ def summary_lines(data: dict) -> list[str]:
         f"{run['corun_s']:.0f}s, overlapping units {run['overlap_unit_s'] / max(run['corun_s'], 1e-9):.1f} on average "
         f"while co-running; steps {run['steps']}"
         + (f"; decode pauses {run['decode_pauses']}" if "decode_pauses" in run else "")
-        + (f"; preemptions {run['preemptions']}" if "preemptions" in run else ""),
+        + (f"; preemptions {run['preemptions']}" if "preemptions" in run else "")
+        + (f"; attention set-ups {run['attention_setups']} x {cfg['attention_setup_s'] * 1e3:g} ms"
+           if "attention_setups" in run else ""),
         f"simulated in {run['wall_s']:.1f}s wall ({run['events']} events). {data['note']}",
     ]
     return lines

@@ -156,6 +156,8 @@ class Simulation:
                     "steps": {d.core.role.value: d.core.steps for d in self.drivers}}
         for d in self.drivers:
             counters.update(d.core.counters())
+        if self.config.attention_setup_s:  # per-shape plans the workers built (SimExecutor.setup_for)
+            counters["attention_setups"] = sum(d.core.env.executor.setups for d in self.drivers)
         return SimResult(self.config, self.log.records, summary, self.device.stats, end, time.perf_counter() - t0,
                          self.loop.processed, self.stopped_early, counters)
 

@@ -129,7 +129,8 @@ def test_a_new_prompt_length_pays_the_attention_set_up_once(tmp_path, policy):
     extra = [b.ttft - a.ttft for a, b in zip(*by_arrival)]
     assert extra == pytest.approx([0.05, 0.0, 0.05], abs=1e-9)
     prefill = sim.drivers[0].core.env.executor
-    assert prefill.setups == 2
+    assert prefill.setups == 2 and paid.counters["attention_setups"] == 2
+    assert "attention_setups" not in plain.counters
     groups = timeline(tmp_path / "paid", "prefill")
     first = [g["obs_ms"] for g in timeline(tmp_path / "plain", "prefill")][0]
     assert groups[0]["obs_ms"] == pytest.approx(first + 50.0, rel=1e-9)  # the worker observes what it paid
