@@ -281,13 +281,25 @@ def read_timelines(dirs: Iterable[str | Path]) -> list[dict]:
     return rows
 
 
+def priced_dirs(est: Estimator, timeline_dirs: Iterable[str | Path]) -> dict[str, list[Priced]]:
+    """`priced_by_role` of each directory's timelines on their own (one server's workers: which prefill
+    group a decode step ran beside, which lengths a worker had run, are questions within one server),
+    pooled per role."""
+    out: dict[str, list[Priced]] = {}
+    for d in timeline_dirs:
+        for role, steps in priced_by_role(read_timelines([d]), est).items():
+            out.setdefault(role, []).extend(steps)
+    return out
+
+
 def served_step_times(profile: str | Path, timeline_dirs: Iterable[str | Path], setup: bool = True) -> StepTimes:
-    return fit(priced_steps(read_timelines(timeline_dirs), load_estimator(str(profile))), setup)
+    return fit([step for steps in priced_dirs(load_estimator(str(profile)), timeline_dirs).values() for step in steps],
+               setup)
 
 
 def served_step_times_by_role(profile: str | Path, timeline_dirs: Iterable[str | Path],
                               setup: bool = True) -> tuple[StepTimes, dict[str, StepTimes]]:
-    return fit_by_role(priced_by_role(read_timelines(timeline_dirs), load_estimator(str(profile))), setup)
+    return fit_by_role(priced_dirs(load_estimator(str(profile)), timeline_dirs), setup)
 
 
 def main() -> int:

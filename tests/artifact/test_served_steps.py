@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from artifact.served_steps import OUTLIER, fit, fit_by_role, priced_by_role, priced_steps, read_timelines, served_step_times
+from artifact.served_steps import (OUTLIER, fit, fit_by_role, priced_by_role, priced_dirs, priced_steps, read_timelines,
+                                   served_step_times)
 from bullet.sim import SimConfig, Simulation
 from estimator.profile import load_estimator
 from estimator.reference.profiles import H200_PROFILE, SHIPPED_PROFILE
@@ -163,6 +164,17 @@ def test_a_batch_preempted_at_a_layer_boundary_begins_its_lengths_once(est):
     second = prefill_batches(est, [(1, 300)], 0.05)
     steps = priced_steps(first[:2] + second + first[2:], est)
     assert [s[2] for s in steps] == [1, 0, 1] + [0] * 7 + [0] * 6
+
+
+def test_each_servers_timelines_are_read_on_their_own(est, tmp_path):
+    """Two servers' timelines fitted together: a length one server ran is new to the other (each
+    worker builds its own plans), and a decode step is priced beside its own server's prefill only."""
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        rows = prefill_batches(est, [(1, 403)], 0.05)
+        (tmp_path / name / "prefill.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    steps = priced_dirs(est, [tmp_path / "a", tmp_path / "b"])["prefill"]
+    assert [s[2] for s in steps] == [1] + [0] * 7 + [1] + [0] * 7
 
 
 def test_too_few_steps_fit_nothing(est):
