@@ -22,8 +22,8 @@ prompts are taken as equal. Decode rows keep the batch's summed context.
 A worker may also pay a set-up the first time its prompt attention meets a fresh sequence of a new
 length (a per-shape kernel plan: on an H200 whose SDPA went to cuDNN, 50-70 ms on the first layer
 group of every prompt of a new length). Each step is therefore counted with the new lengths it began
-— a prefill batch's first layer group, a hybrid step's fresh chunks, by the lengths this worker had
-not run before — and the fit is
+— a prefill batch's first layer group, a hybrid step of fresh prompts alone, by the lengths this
+worker had not run before (`NewLengths`) — and the fit is
 
     observed = overhead + scale x predicted + setup x new lengths
 
@@ -123,8 +123,9 @@ class NewLengths:
     to the paged kernel): a prefill batch's first layer group (a batch is its (prompts, tokens) until
     its layers add up to the model's; one preempted at a layer boundary resumes as the same batch), a
     hybrid step of prompt chunks with nothing cached before them and no decode row. A prefill row does
-    not say what was cached: its prompts are taken as fresh (no prefix cache in the served runs). The timeline keeps only a prefill batch's summed tokens: a batch of
-    several prompts is taken to begin as many new lengths (prompts of one length are rare)."""
+    not say what was cached: its prompts are taken as fresh (no prefix cache in the served runs). It
+    keeps only the batch's summed tokens: a batch of several prompts is taken to begin as many new
+    lengths (prompts of one length are rare)."""
 
     def __init__(self, num_layers: int):
         self.num_layers = num_layers
