@@ -211,12 +211,13 @@ def fit_by_system(runs: list[ServedRun], profile: str, root: Path, by_role_fits:
     for system, times in fits.items():
         print(f"[validate] {system}: served steps vs the profile {times.as_dict()}"
               + "".join(f"; {role} {t.as_dict()}" for role, t in roles[system].items()), flush=True)
+    setups = {system: attention_setup(times, roles[system]) for system, times in fits.items()}
     for run in runs:
         times = fits[run.system]
         run.extra["sim"] = {"step_time_scale": times.scale, "step_overhead_s": times.overhead_s,
                             "role_step_times": {role: (t.scale, t.overhead_s) for role, t in roles[run.system].items()},
-                            "attention_setup_s": attention_setup(times, roles[run.system])}
-    return {system: {**times.as_dict(), "pooled": system in pooled,
+                            "attention_setup_s": setups[run.system]}
+    return {system: {**times.as_dict(), "pooled": system in pooled, "attention_setup_s": setups[system],
                      "by_role": {role: t.as_dict() for role, t in roles[system].items()}}
             for system, times in fits.items()}
 

@@ -68,14 +68,10 @@ def summary(json_path: Path) -> str:
     within, cells = within_goal(rows)
     medians = median_errors(rows)
     fits = ((data.get("served_steps") or {}).get("by_system") or {}).items()
-    setups = [f"{system} {replayed_setup(fit) * 1e3:.0f} ms" for system, fit in fits if fit.get("new_lengths")]
+    # the set-up each system was replayed with, as sim_validation recorded it
+    setups = [f"{system} {fit.get('attention_setup_s', 0.0) * 1e3:.0f} ms"
+              for system, fit in fits if fit.get("new_lengths")]
     return "; ".join([f"{within} of {cells} P50/P90 cells within the goal" if cells else "no latency cell compared",
                       *(f"median |error| {label} {medians[label]:.0%}" for label in ("P50", "P90") if label in medians),
                       *([f"set-up per new prompt length: {', '.join(setups)}"] if setups else [])])
 
-
-def replayed_setup(fit: dict) -> float:
-    """The set-up per new prompt length a system was replayed with, from its fit as sim_validation
-    writes it (`served_steps.attention_setup`: the roles that began new lengths, else the system's)."""
-    roles = [t["setup_s"] for t in fit.get("by_role", {}).values() if t.get("new_lengths")]
-    return max(roles) if roles else fit.get("setup_s", 0.0)
