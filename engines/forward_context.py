@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engines.decode_groups import DecodePlan
-from engines.model.paged_attention import PagedKernels, PagedTables
+from engines.model.paged_attention import PagedKernels, PagedPart, PagedTables
 
 
 @dataclass
@@ -36,6 +36,8 @@ class ForwardContext:
     # The GPU path (engines.model.paged_attention): kernels read K/V from the pool's pages through
     # these tables; when set, attention takes it and the gather tables above stay None.
     paged: PagedTables | None = None
+    # a step mixing decode rows with longer chunks: each kind on its own kernel (`split_mixed`)
+    paged_parts: list[PagedPart] | None = None
     kernels: PagedKernels | None = None
 
     def __post_init__(self):

@@ -16,7 +16,7 @@ from engines.decode_groups import plan_decode
 from engines.forward_context import ForwardContext
 from engines.kv_pool import KVPool
 from engines.model.llama import LlamaModel
-from engines.model.paged_attention import PagedKernels, build_tables, kernels_for
+from engines.model.paged_attention import PagedKernels, build_tables, kernels_for, split_mixed
 from engines.quant.int8 import Int8Embedding
 
 # Prompt attention (SDPA) on a GPU may use any backend but cuDNN's. On Hopper torch may pick cuDNN,
@@ -88,6 +88,9 @@ class ModelRunner:
             kernels = kernels_for(self.device, self.compute_dtype, kv.tensor.dtype)
         self.kernels = kernels if self.paged else None
         self.sdpa_backends = prompt_attention_backends(self.device)
+        # a paged step mixing decode rows and chunks runs each kind on its own kernel (`split_mixed`);
+        # False: one extend over every row, what the engine benchmark times beside it
+        self.split_mixed = True
 
     # -- batch preparation -------------------------------------------------------------------
     def _context(self, chunks: list[SeqChunk]) -> tuple[torch.Tensor, ForwardContext]:
@@ -116,7 +119,10 @@ class ModelRunner:
         )
         ctx.rope_cos, ctx.rope_sin = self.model.rope.tables(ctx.positions)
         if self.paged:
-            ctx.paged = build_tables([c.page_table for c in chunks], ctx_lens, q_lens, ps, dev)
+            page_tables = [c.page_table for c in chunks]
+            ctx.paged = build_tables(page_tables, ctx_lens, q_lens, ps, dev)
+            if self.split_mixed and not ctx.all_decode:
+                ctx.paged_parts = split_mixed(page_tables, ctx_lens, q_lens, ps, dev)
             ctx.kernels = self.kernels
         elif ctx.all_decode or any(c.start > 0 for c in chunks):
             table, valid = self._context_slots(chunks, ctx_lens)

@@ -256,7 +256,9 @@ class OnlineCorrection(BaseModel):
     def observe(self, phase: str, size: int, units: int, total_units: int, ratio: float) -> None:
         """Fold one observed / predicted ratio (of the uncorrected prediction) into every level —
         unless it is a spike (see the class): then it waits for the phase's next observation."""
-        held = self._held.pop(phase, None)
+        # a private attribute is a pydantic look-up per access: fetched once (this runs every step)
+        held_by_phase = self._held
+        held = held_by_phase.pop(phase, None) if held_by_phase else None
         current = self.factor(phase, size, units, total_units)
         up = ratio > current * self.spike
         if up or ratio * self.spike < current:
@@ -264,17 +266,19 @@ class OnlineCorrection(BaseModel):
                 self._fold(phase, *held[1])
                 self._fold(phase, size, units, total_units, ratio)
                 return
-            self._spikes_held += held is not None  # the one before was a one-off: dropped
-            self._held[phase] = (up, (size, units, total_units, ratio))
+            if held is not None:  # the one before was a one-off: dropped
+                self._spikes_held += 1
+            held_by_phase[phase] = (up, (size, units, total_units, ratio))
             return
-        self._spikes_held += held is not None
+        if held is not None:
+            self._spikes_held += 1
         self._fold(phase, size, units, total_units, ratio)
 
     def _fold(self, phase: str, size: int, units: int, total_units: int, ratio: float) -> None:
-        parent = 1.0
+        parent, factors, weight = 1.0, self.factors, self.weight
         for key in reversed(self.keys(phase, size, units, total_units)):
-            old = self.factors.get(key, parent)
-            self.factors[key] = old + self.weight * (ratio - old)
+            old = factors.get(key, parent)
+            factors[key] = old + weight * (ratio - old)
             parent = old
 
     def reset(self) -> None:

@@ -13,7 +13,11 @@ the serving dtype. Then, through the engine's runner — `ModelRunner.forward`, 
   backends and under torch's choice: what a per-shape set-up (cuDNN's graphs) adds to each prompt;
 * decode steps at 1x1024, 32x1024 and 128x512 (batch x context), graphs off and on, each against its
   memory floor: (weight bytes + KV bytes read) / copy bandwidth, the weights every projection and the
-  LM head (the embedding rows a step reads are negligible), the KV every sequence's context.
+  LM head (the embedding rows a step reads are negligible), the KV every sequence's context;
+* mixed steps (a fresh prompt chunk beside decode rows, what the chunked baselines run): 512 tokens
+  beside 128x512 and 1024 beside 32x1024, with the decode rows on the decode kernel (the runner's
+  split, `engines.model.paged_attention.split_mixed`) and with one extend kernel over every row (as
+  before the split), side by side.
 A step is timed on the host clock from the call to the end of its kernels (what a worker pays:
 Python, launches, the graph's table copies), the median of `--repeats`.
 
@@ -49,8 +53,10 @@ from engines.weights.resolve import dummy_config
 PAGE_SIZE = 16
 DECODE_GOALS = {(1, 1024): 1.5, (32, 1024): 2.0, (128, 512): 2.0}  # x the memory floor, graphs on
 PREFILL_GOAL = 0.70, 2048  # share of the GEMM rate, at this many tokens
-SIZES = {"cuda": {"prefill": 2048, "decode": "1x1024,32x1024,128x512", "copy_mib": 1024, "gemm_n": 8192, "repeats": 10},
-         "cpu": {"prefill": 32, "decode": "1x32,2x32,4x16", "copy_mib": 32, "gemm_n": 256, "repeats": 3}}
+SIZES = {"cuda": {"prefill": 2048, "decode": "1x1024,32x1024,128x512", "mixed": "512+128x512,1024+32x1024",
+                  "copy_mib": 1024, "gemm_n": 8192, "repeats": 10},
+         "cpu": {"prefill": 32, "decode": "1x32,2x32,4x16", "mixed": "16+4x16", "copy_mib": 32, "gemm_n": 256,
+                 "repeats": 3}}
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
 
@@ -95,19 +101,34 @@ def parse_decode(spec: str) -> list[tuple[int, int]]:
     return cases
 
 
+def parse_mixed(spec: str) -> list[tuple[int, int, int]]:
+    """PROMPTxBATCHxCONTEXT cases written PROMPT+BATCHxCONTEXT, e.g. 512+128x512."""
+    try:
+        cases = []
+        for item in filter(str.strip, spec.split(",")):
+            prompt, rest = item.split("+")
+            cases.append((int(prompt), *parse_decode(rest)[0]))
+    except (ValueError, argparse.ArgumentTypeError):
+        cases = []
+    if not cases or any(min(c) < 1 for c in cases):
+        raise argparse.ArgumentTypeError(f"--mixed wants PROMPT+BATCHxCONTEXT[,...], e.g. 512+128x512; got {spec!r}")
+    return cases
+
+
 class Bench:
     def __init__(self, model_path: str, dtype: torch.dtype, device: torch.device, prefill: int,
-                 decode: list[tuple[int, int]], seed: int = 0):
+                 decode: list[tuple[int, int]], seed: int = 0, mixed: list[tuple[int, int, int]] = ()):
         self.config = dummy_config(model_path)
         self.device, self.dtype = device, dtype
-        pages = max([-(-prefill // PAGE_SIZE)] + [b * -(-(c + 1) // PAGE_SIZE) for b, c in decode]) + 1
+        pages = max([-(-prefill // PAGE_SIZE)] + [b * -(-(c + 1) // PAGE_SIZE) for b, c in decode]
+                    + [-(-p // PAGE_SIZE) + b * -(-(c + 1) // PAGE_SIZE) for p, b, c in mixed]) + 1
         model = build_model(self.config, device_state(self.config, dtype, device, seed), device)
         # paged on every device: decode graphs read the paged-attention tables (the CPU's "graphs" rerun the step)
         self.runner = ModelRunner(model, KVPool(self.config, pages, PAGE_SIZE, dtype, device), device, paged=True)
         # pages in a shuffled order, as a pool hands them out after a while; the last one is the graphs' scratch
         order = torch.randperm(pages - 1, generator=torch.Generator().manual_seed(seed)).tolist()
         self.pages, self.scratch_slot = order, (pages - 1) * PAGE_SIZE
-        self.max_batch = max(b for b, _ in decode)
+        self.max_batch = max(b for b, _ in decode) if decode else 1
         self.rng = torch.Generator().manual_seed(seed + 1)
 
     def ids(self, n: int) -> list[int]:
@@ -123,6 +144,13 @@ class Bench:
             chunks.append(SeqChunk([token], context, self.pages[k : k + need]))
             k += need
         return chunks
+
+    def mixed_chunks(self, prompt: int, batch: int, context: int) -> list[SeqChunk]:
+        """Decode rows, then a fresh prompt chunk on pages of its own (the chunked baselines' order:
+        running requests first, new prompts after)."""
+        decode = self.decode_chunks(batch, context)
+        used = sum(len(c.page_table) for c in decode)
+        return decode + [SeqChunk(self.ids(prompt), 0, self.pages[used : used + -(-prompt // PAGE_SIZE)])]
 
     def graphs(self) -> DecodeGraphs:
         api = TorchCudaGraphs() if self.device.type == "cuda" else RerunGraphs()
@@ -140,7 +168,26 @@ def decode_bytes(shape: dict, batch: int, context: int, elem: int) -> float:
     return float(weights + kv)
 
 
-def measure(bench: Bench, prefill: int, decode: list[tuple[int, int]], repeats: int, rates: dict) -> dict:
+def mixed_steps(bench: Bench, mixed: list[tuple[int, int, int]], repeats: int) -> list[dict]:
+    """Each mixed step with the runner's split and with one extend over every row, in turn."""
+    rows = []
+    try:
+        for prompt, batch, context in mixed:
+            chunks, row = bench.mixed_chunks(prompt, batch, context), {"prompt": prompt, "batch": batch, "context": context}
+            for name, split in (("split_ms", True), ("one_extend_ms", False)):
+                bench.runner.split_mixed = split
+                row[name] = median(wall_seconds(lambda: bench.runner.forward(chunks), bench.device, repeats, warmup=2)) * 1e3
+            row["one_extend_x_split"] = row["one_extend_ms"] / row["split_ms"]
+            rows.append(row)
+            print(f"[bench] mixed {prompt} + {batch}x{context}: split {row['split_ms']:.2f} ms, one extend "
+                  f"{row['one_extend_ms']:.2f} ms ({row['one_extend_x_split']:.2f}x)", flush=True)
+    finally:
+        bench.runner.split_mixed = True
+    return rows
+
+
+def measure(bench: Bench, prefill: int, decode: list[tuple[int, int]], repeats: int, rates: dict,
+            mixed: list[tuple[int, int, int]] = ()) -> dict:
     shape, dev = model_shape(bench.config), bench.device
     elem = torch.empty((), dtype=bench.dtype).element_size()
     chunks = bench.prefill_chunks(prefill)
@@ -170,6 +217,7 @@ def measure(bench: Bench, prefill: int, decode: list[tuple[int, int]], repeats: 
                   + (f"{row['ms']:.2f} ms, {row['over_floor']:.2f}x the floor ({row['floor_ms']:.2f} ms)" if "ms" in row
                      else row["error"]), flush=True)
     graphs.release()
+    out["mixed"] = mixed_steps(bench, list(mixed), repeats)
     return out
 
 
@@ -219,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="bfloat16", choices=list(DTYPES))
     ap.add_argument("--prefill-tokens", type=int, default=None)
     ap.add_argument("--decode", type=parse_decode, default=None, help="BATCHxCONTEXT,... (default: per device)")
+    ap.add_argument("--mixed", type=parse_mixed, default=None,
+                    help="PROMPT+BATCHxCONTEXT,... mixed steps, split and one extend (default: per device)")
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (a CPU run; default: torch's)")
@@ -234,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes, device, dtype = SIZES[args.device], torch.device(args.device), DTYPES[args.dtype]
     prefill = args.prefill_tokens or sizes["prefill"]
     decode = args.decode or parse_decode(sizes["decode"])
+    mixed = args.mixed or parse_mixed(sizes["mixed"])
     repeats = args.repeats or sizes["repeats"]
     stream = torch.cuda.Stream() if device.type == "cuda" else None  # graphs cannot be captured on the default stream
     with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
@@ -241,8 +292,8 @@ def main(argv: list[str] | None = None) -> int:
                  "gemm_flops": gemm_rate(device, dtype, sizes["gemm_n"])}
         print(f"[bench] copy {rates['copy_bytes_s'] / 1e9:.0f} GB/s, "
               f"{args.dtype} GEMM {rates['gemm_flops'] / 1e12:.1f} TFLOP/s", flush=True)
-        bench = Bench(args.model_path, dtype, device, prefill, decode, args.seed)
-        result = measure(bench, prefill, decode, repeats, rates)
+        bench = Bench(args.model_path, dtype, device, prefill, decode, args.seed, mixed)
+        result = measure(bench, prefill, decode, repeats, rates, mixed)
         synchronize(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     payload = {"config": {"model": args.model_path, "dtype": args.dtype, "device": name, "page_size": PAGE_SIZE,
@@ -263,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     rows += [{"step": f"decode {r['batch']}x{r['context']}", "graphs": r["graphs"], "ms": r.get("ms", "-"),
               "floor ms": r["floor_ms"], "ratio": f"{r['over_floor']:.2f}x floor" if "over_floor" in r else r.get("error")}
              for r in result["decode"]]
+    rows += [{"step": f"mixed {r['prompt']} + {r['batch']}x{r['context']}", "graphs": "-", "ms": r["split_ms"],
+              "floor ms": "-", "ratio": f"one extend {r['one_extend_x_split']:.2f}x"} for r in result["mixed"]]
     print_table(rows, ["step", "graphs", "ms", "floor ms", "ratio"], title=f"{args.model_path} {args.dtype} on {name} ({path})")
     for g in payload["goals"]:
         measured = "-" if g["measured"] is None else f"{g['measured']:.2f} {g['unit']}"

@@ -168,6 +168,13 @@ def _engine_section(step: dict) -> list[str]:
         lines += _table(["attention backends", "lengths", "first ms", "again ms"],
                         [[name, ", ".join(map(str, r["lengths"])), f"{r['first_ms']:.2f}", f"{r['again_ms']:.2f}"]
                          for name, r in fresh.items()])
+    mixed = e.get("mixed")
+    if mixed:  # benchmarks before 2026-11-27 did not measure it
+        lines += ["", "Mixed steps (a fresh prompt chunk beside decode rows): the decode rows on the decode kernel "
+                  "(the runner's split) against one extend kernel over every row (before the split).", ""]
+        lines += _table(["step", "split ms", "one extend ms", "one extend / split"],
+                        [[f"{r['prompt']} + {r['batch']}x{r['context']}", f"{r['split_ms']:.2f}",
+                          f"{r['one_extend_ms']:.2f}", f"{r['one_extend_x_split']:.2f}x"] for r in mixed])
     return lines
 
 

@@ -13,7 +13,8 @@ Three shapes of work, chosen per sequence from the ForwardContext:
 Only torch ops, so the same code runs on CUDA tensors. On a GPU (and on a CPU for the int8 model,
 `engines.model.cpu_attention`) the runner sets `ctx.paged` instead: kernels then read K/V from the
 pool's pages (`engines.model.paged_attention`), except in a step of fresh prompts only, which SDPA
-serves from its new K/V as above."""
+serves from its new K/V as above; a step mixing decode rows and chunks runs each kind on its own
+kernel (`paged_attention.split_mixed`)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,8 @@ def paged_attention(
             for start, q_len in zip(ctx.q_starts, ctx.q_lens):
                 out[start : start + q_len] = _causal_sdpa(q, k, v, start, q_len, scale)
             return out
+        if ctx.paged_parts is not None:
+            return _paged_parts(q, k_cache, v_cache, ctx, scale)
         return ctx.kernels.extend(q, k_cache, v_cache, ctx.paged, scale)
     plan = ctx.decode_plan
     if plan is None and ctx.all_decode:
@@ -72,6 +75,19 @@ def paged_attention(
             cols = torch.arange(ctx_len, device=q.device).unsqueeze(0)
             oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=cols <= rows, scale=scale, enable_gqa=True)
         out[start : start + q_len] = oi.squeeze(0).transpose(0, 1)
+    return out
+
+
+def _paged_parts(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ctx: ForwardContext,
+                 scale: float) -> torch.Tensor:
+    """A mixed step's decode rows on the decode kernel, its chunks on extend (`split_mixed`)."""
+    out = torch.empty_like(q)
+    for part in ctx.paged_parts:
+        run = ctx.kernels.decode if part.decode else ctx.kernels.extend
+        if isinstance(part.rows, slice):  # views: the kernels read and write the rows in place
+            run(q[part.rows], k_cache, v_cache, part.tables, scale, out[part.rows])
+        else:
+            out.index_copy_(0, part.rows, run(q.index_select(0, part.rows), k_cache, v_cache, part.tables, scale))
     return out
 
 

@@ -24,7 +24,8 @@ Why these choices (reasoned, not measured: no GPU has timed these kernels yet;
   launch). Each sequence cuts *its own* length into the splits on the device, so a ragged batch
   stays balanced; the count depends only on host ints (batch, KV heads, the page table's width,
   the SM count), as a CUDA graph needs. 4 warps, 2 stages: a [16, 64] score tile is small work.
-* **Extend** (chunks after a cached prefix, and mixed prefill/decode steps; a step of fresh prompts
+* **Extend** (chunks after a cached prefix, and the chunks of mixed prefill/decode steps, whose
+  one-token rows the runner sends to decode, `paged_attention.split_mixed`; a step of fresh prompts
   only stays on SDPA, see `engines.model.attention`) is flash attention over pages: one program per
   (query head, BLOCK_M new tokens, sequence), online softmax over 64-key blocks. Blocks below the
   block's first query need no mask (a loop of their own); the diagonal blocks are masked; blocks

@@ -34,6 +34,9 @@ def test_the_tiny_cpu_run_measures_every_step_against_its_floor(tmp_path):
     rows = [(r["batch"], r["context"], r["graphs"]) for r in data["decode"]]
     assert rows == [(1, 32, "off"), (1, 32, "on"), (2, 32, "off"), (2, 32, "on"), (4, 16, "off"), (4, 16, "on")]
     assert all(r["ms"] > 0 and r["over_floor"] > 0 and r["floor_ms"] > 0 for r in data["decode"])
+    mixed, = data["mixed"]  # a prompt chunk beside decode rows, split and as one extend
+    assert (mixed["prompt"], mixed["batch"], mixed["context"]) == (16, 4, 16)
+    assert mixed["split_ms"] > 0 and mixed["one_extend_ms"] > 0 and "mixed 16 + 4x16" in proc.stdout
     assert data["goals"] == []  # the goals are for their own sizes (8B on a GPU), not these
     assert "re-run" in data["graphs_note"] and "x floor" in proc.stdout
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from bullet.llm import OfflineEngine
 from bullet.types.finish import FinishChecker
 from engines.kv_pool import KVPool
-from engines.model.paged_attention import TorchPagedKernels, build_tables, kernels_for
+from engines.model.paged_attention import TorchPagedKernels, build_tables, kernels_for, split_mixed
 from engines.runner import ModelRunner
 from engines.sampling_params import SamplingParams
 from tests.engines.conftest import PROMPTS
@@ -114,6 +114,68 @@ def test_paged_step_of_fresh_prompts_takes_sdpa_and_any_cached_prefix_the_kernel
         assert Recording.calls == want_calls
         torch.testing.assert_close(out, TorchPagedKernels().extend(q, k_cache, v_cache, ctx.paged, 0.25),
                                    atol=1e-5, rtol=1e-5)
+
+
+def mixed_step(q_lens, ctx_lens, heads=6, kvh=2, d=16, ps=4, seed=0):
+    """A step's q, K/V pool (new tokens written) and page tables, each sequence on shuffled pages."""
+    g = torch.Generator().manual_seed(seed)
+    need = [-(-n // ps) for n in ctx_lens]
+    free = list(range(sum(need) + 2))
+    random.Random(seed).shuffle(free)
+    tables = [[free.pop() for _ in range(n)] for n in need]
+    k_cache, v_cache = random_pool(kvh, d, pages=sum(need) + 2, page_size=ps, seed=seed)
+    slots = torch.tensor([pages[pos // ps] * ps + pos % ps for pages, n_q, n in zip(tables, q_lens, ctx_lens)
+                          for pos in range(n - n_q, n)])
+    t = sum(q_lens)
+    q, k, v = (torch.randn(t, h, d, generator=g) for h in (heads, kvh, kvh))
+    return q, k, v, k_cache, v_cache, slots, tables
+
+
+@pytest.mark.parametrize("q_lens, ctx_lens", [
+    ([5, 3, 1, 1], [9, 3, 7, 12]),  # chunks first, decode rows after: two slices
+    ([1, 5, 1, 1, 4], [6, 13, 1, 9, 4]),  # interleaved: decode rows gathered, chunks gathered
+    ([1, 1, 6], [8, 5, 6]),  # decode rows first
+])
+def test_a_mixed_step_runs_decode_rows_on_the_decode_kernel(q_lens, ctx_lens):
+    """In a step that mixes decode rows with longer chunks, the decode kernel takes every one-token
+    sequence and extend the rest (extend over all of them gave each decode row a whole query block);
+    the output is the reference's over the whole step, whatever the rows' order."""
+    from engines.forward_context import ForwardContext
+    from engines.model.attention import paged_attention, write_kv
+
+    class Recording(TorchPagedKernels):
+        calls: list = []
+
+        def decode(self, q, k, v, tables, scale, out=None):
+            self.calls.append(("decode", tables.seq_lens.tolist()))
+            return self.extend(q, k, v, tables, scale, out, record=False)
+
+        def extend(self, q, k, v, tables, scale, out=None, record=True):
+            if record:
+                self.calls.append(("extend", tables.seq_lens.tolist()))
+            return super().extend(q, k, v, tables, scale, out)
+
+    ps = 4
+    q, k, v, k_cache, v_cache, slots, tables = mixed_step(q_lens, ctx_lens, ps=ps)
+    write_kv(k_cache, v_cache, k, v, slots)
+    parts = split_mixed(tables, ctx_lens, q_lens, ps, "cpu")
+    ctx = ForwardContext(positions=torch.zeros(len(slots), dtype=torch.long), slot_mapping=slots, q_lens=q_lens,
+                         ctx_lens=ctx_lens, paged=build_tables(tables, ctx_lens, q_lens, ps, "cpu"),
+                         paged_parts=parts, kernels=Recording())
+    Recording.calls = []
+    out = paged_attention(q, k, v, k_cache, v_cache, ctx, 0.25)
+    assert Recording.calls == [("decode", [c for n, c in zip(q_lens, ctx_lens) if n == 1]),
+                               ("extend", [c for n, c in zip(q_lens, ctx_lens) if n != 1])]
+    torch.testing.assert_close(out, TorchPagedKernels().extend(q, k_cache, v_cache, ctx.paged, 0.25),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_only_a_step_of_both_kinds_is_split():
+    assert split_mixed([[0], [1]], [3, 4], [1, 1], 4, "cpu") is None  # all decode: the decode kernel already
+    assert split_mixed([[0], [1]], [3, 4], [3, 2], 4, "cpu") is None  # no decode row
+    decode, extend = split_mixed([[0, 1], [2]], [6, 4], [1, 4], 4, "cpu")
+    assert decode.decode and decode.rows == slice(0, 1) and not extend.decode and extend.rows == slice(1, 5)
+    assert extend.tables.q_starts.tolist() == [0, 4] and extend.tables.page_table.tolist() == [[2]]
 
 
 def test_a_gpu_runner_keeps_prompt_attention_off_cudnn(llm32, monkeypatch):

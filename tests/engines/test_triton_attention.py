@@ -102,6 +102,28 @@ def test_extend_mixes_decode_rows_prefills_and_cached_prefixes():
     check("extend", [5, 1, 9], [5, 40, 30], 8, 2, 64, 16, torch.float32)
 
 
+@pytest.mark.parametrize("q_lens, ctx_lens", [([9, 1, 1, 1], [30, 40, 17, 64]), ([1, 70, 1], [33, 100, 65])])
+def test_a_mixed_step_splits_decode_rows_from_chunks(q_lens, ctx_lens):
+    """The runner's split of a mixed step (`split_mixed`): the decode kernel on the one-token rows
+    (views of q and out, or gathered where they lie apart), extend on the chunks; the whole step
+    equals the reference's extend over every row."""
+    from engines.model.attention import _paged_parts
+    from engines.model.paged_attention import split_mixed
+
+    dtype, page_size = torch.bfloat16, 16
+    q, k, v, tables = make_case(q_lens, ctx_lens, 8, 2, 64, page_size, dtype)
+    pages = [tables.page_table[b, : -(-n // page_size)].tolist() for b, n in enumerate(ctx_lens)]
+    parts = split_mixed(pages, ctx_lens, q_lens, page_size, DEVICE)
+    assert [p.decode for p in parts] == [True, False]
+
+    class Ctx:  # what _paged_parts reads of a ForwardContext
+        paged_parts, kernels = parts, ta.TritonPagedKernels()
+
+    got = _paged_parts(q, k, v, Ctx, 0.125)
+    want = TorchPagedKernels().extend(q, k, v, tables, 0.125)
+    torch.testing.assert_close(got.float(), want.float(), **TOL[dtype])
+
+
 def test_extend_query_blocks_and_prefix_fp32():
     """fp32 takes 32-row query blocks: 70 new tokens span three, after a 30-token prefix."""
     check("extend", [70, 1], [100, 9], 2, 1, 64, 4, torch.float32)
