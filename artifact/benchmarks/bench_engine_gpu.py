@@ -17,7 +17,10 @@ the serving dtype. Then, through the engine's runner — `ModelRunner.forward`, 
 * mixed steps (a fresh prompt chunk beside decode rows, what the chunked baselines run): 512 tokens
   beside 128x512 and 1024 beside 32x1024, with the decode rows on the decode kernel (the runner's
   split, `engines.model.paged_attention.split_mixed`) and with one extend kernel over every row (as
-  before the split), side by side.
+  before the split), side by side;
+* the layer's small stages fused (`engines.model.fused`: RMSNorm, RoPE, SwiGLU one kernel each) and
+  as torch lines (`BULLET_FUSED_KERNELS=0`), side by side: a short prefill (128 tokens, where
+  launches dominate), the long one and each decode step with graphs on (captured anew per setting).
 A step is timed on the host clock from the call to the end of its kernels (what a worker pays:
 Python, launches, the graph's table copies), the median of `--repeats`.
 
@@ -45,12 +48,14 @@ from artifact.benchmarks.bench_engine import model_shape
 from artifact.benchmarks.device_rates import copy_bandwidth, gemm_rate, median, synchronize, wall_seconds
 from engines.cuda_graphs import DecodeGraphs, TorchCudaGraphs
 from engines.kv_pool import KVPool
+from engines.model import fused
 from engines.model.build import build_model
 from engines.model.llama import LlamaModel
 from engines.runner import ModelRunner, SeqChunk
 from engines.weights.resolve import dummy_config
 
 PAGE_SIZE = 16
+FUSED_DEFAULT = fused.ENABLED  # what BULLET_FUSED_KERNELS said: restored after the side-by-side
 DECODE_GOALS = {(1, 1024): 1.5, (32, 1024): 2.0, (128, 512): 2.0}  # x the memory floor, graphs on
 PREFILL_GOAL = 0.70, 2048  # share of the GEMM rate, at this many tokens
 SIZES = {"cuda": {"prefill": 2048, "decode": "1x1024,32x1024,128x512", "mixed": "512+128x512,1024+32x1024",
@@ -186,6 +191,34 @@ def mixed_steps(bench: Bench, mixed: list[tuple[int, int, int]], repeats: int) -
     return rows
 
 
+def fused_stages(bench: Bench, prefill: int, decode: list[tuple[int, int]], repeats: int) -> list[dict]:
+    """Steps with the layer's small stages fused and as torch lines, in turn (graphs recaptured)."""
+    short = min(128, prefill)
+    steps = [(f"prefill {short}", bench.prefill_chunks(short), False),
+             (f"prefill {prefill}", bench.prefill_chunks(prefill), False)]
+    steps += [(f"decode {b}x{c} graphs on", bench.decode_chunks(b, c), True) for b, c in decode]
+    rows = [{"step": name} for name, _, _ in steps]
+    try:
+        for key, enabled in (("fused_ms", True), ("torch_lines_ms", False)):
+            fused.ENABLED = enabled
+            graphs = bench.graphs()
+            for row, (_, chunks, graphed) in zip(rows, steps):
+                run = (lambda: graphs.forward(chunks)) if graphed else (lambda: bench.runner.forward(chunks))
+                if graphed and graphs.shape_for(chunks) is None:
+                    row["error"] = "no graph bucket for this step"
+                    continue
+                row[key] = median(wall_seconds(run, bench.device, repeats, warmup=2)) * 1e3
+            graphs.release()
+    finally:
+        fused.ENABLED = FUSED_DEFAULT
+    for row in rows:
+        if "fused_ms" in row and "torch_lines_ms" in row:
+            row["torch_lines_x_fused"] = row["torch_lines_ms"] / row["fused_ms"]
+            print(f"[bench] {row['step']}: fused {row['fused_ms']:.2f} ms, torch lines {row['torch_lines_ms']:.2f} ms "
+                  f"({row['torch_lines_x_fused']:.2f}x)", flush=True)
+    return rows
+
+
 def measure(bench: Bench, prefill: int, decode: list[tuple[int, int]], repeats: int, rates: dict,
             mixed: list[tuple[int, int, int]] = ()) -> dict:
     shape, dev = model_shape(bench.config), bench.device
@@ -218,6 +251,7 @@ def measure(bench: Bench, prefill: int, decode: list[tuple[int, int]], repeats: 
                      else row["error"]), flush=True)
     graphs.release()
     out["mixed"] = mixed_steps(bench, list(mixed), repeats)
+    out["fused"] = fused_stages(bench, prefill, decode, repeats)
     return out
 
 
@@ -316,6 +350,9 @@ def main(argv: list[str] | None = None) -> int:
              for r in result["decode"]]
     rows += [{"step": f"mixed {r['prompt']} + {r['batch']}x{r['context']}", "graphs": "-", "ms": r["split_ms"],
               "floor ms": "-", "ratio": f"one extend {r['one_extend_x_split']:.2f}x"} for r in result["mixed"]]
+    rows += [{"step": f"{r['step']} (fused stages)", "graphs": "-", "ms": r.get("fused_ms", "-"), "floor ms": "-",
+              "ratio": f"torch lines {r['torch_lines_x_fused']:.2f}x" if "torch_lines_x_fused" in r else r.get("error")}
+             for r in result["fused"]]
     print_table(rows, ["step", "graphs", "ms", "floor ms", "ratio"], title=f"{args.model_path} {args.dtype} on {name} ({path})")
     for g in payload["goals"]:
         measured = "-" if g["measured"] is None else f"{g['measured']:.2f} {g['unit']}"

@@ -72,7 +72,8 @@ STEPS = (
     Step("install", 40, 8, 5, "carried wheels: pip install --no-index --no-deps --target <work>/site", setup=True),
     Step("build", 90, 15, 10, "the C extension: python3 setup.py build_ext --inplace", setup=True),
     Step("doctor-nomps", 70, 30, 20, "bullet doctor -v --json, MPS off"),
-    Step("bench", 120, 45, 30, "engine micro-benchmark: copy and GEMM rates, prefill, decode graphs off/on vs floor"),
+    Step("bench", 120, 55, 30, "engine micro-benchmark: copy and GEMM rates, prefill, decode graphs off/on vs floor, "
+                                "mixed steps split or not, fused stages or torch lines"),
     Step("mps-start", 15, 2, 2, "nvidia-cuda-mps-control -d", mps=True),
     Step("doctor-mps", 70, 30, 20, "bullet doctor -v --json, MPS on", mps=True),
     Step("gpu-tests", 70, 25, 15, "pytest -m gpu on the GPU-marked test files", mps=True),

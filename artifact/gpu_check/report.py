@@ -175,6 +175,14 @@ def _engine_section(step: dict) -> list[str]:
         lines += _table(["step", "split ms", "one extend ms", "one extend / split"],
                         [[f"{r['prompt']} + {r['batch']}x{r['context']}", f"{r['split_ms']:.2f}",
                           f"{r['one_extend_ms']:.2f}", f"{r['one_extend_x_split']:.2f}x"] for r in mixed])
+    stages = e.get("fused")
+    if stages:  # benchmarks before 2026-11-27 did not measure it
+        lines += ["", "The layer's small stages (RMSNorm, RoPE, SwiGLU) as one kernel each against torch's lines "
+                  "(`BULLET_FUSED_KERNELS=0`); decode graphs captured anew for each.", ""]
+        lines += _table(["step", "fused ms", "torch lines ms", "torch lines / fused"],
+                        [[r["step"], f"{r['fused_ms']:.2f}" if "fused_ms" in r else r.get("error", "-"),
+                          f"{r['torch_lines_ms']:.2f}" if "torch_lines_ms" in r else "-",
+                          f"{r['torch_lines_x_fused']:.2f}x" if "torch_lines_x_fused" in r else "-"] for r in stages])
     return lines
 
 

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from engines.forward_context import ForwardContext
+from engines.model import fused
 from engines.model.attention import paged_attention, write_kv
 from engines.model.rope import RotaryEmbedding, rotate_heads
 from engines.model_config import ModelConfig
@@ -43,12 +44,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:  # torch's op: bit-identical to the lines below in fp32, fewer dispatches
-            return nn.functional.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        # fp32 statistics whatever the storage dtype, as the reference implementation does
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        return fused.rms_norm(x, self.weight, self.eps)  # float32 statistics; one kernel on a GPU
 
 
 class DecoderLayer(nn.Module):
@@ -97,8 +93,7 @@ class DecoderLayer(nn.Module):
 
     @staticmethod
     def act(gate_up: torch.Tensor) -> torch.Tensor:
-        gate, up = gate_up.chunk(2, dim=-1)
-        return nn.functional.silu(gate) * up
+        return fused.silu_mul(gate_up)  # silu(gate) * up; one kernel on a GPU
 
 
 class LlamaModel(nn.Module):

@@ -9,6 +9,7 @@ import math
 
 import torch
 
+from engines.model import fused
 from engines.model_config import ModelConfig
 
 
@@ -88,8 +89,5 @@ def rotate_heads(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    xf = x.float()
-    half = xf.shape[-1] // 2
-    rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
-    out = xf * cos + rotated * sin
-    return out if out.dtype == x.dtype else out.to(x.dtype)
+    # float32 arithmetic, the result in x's dtype; one kernel on a GPU (`fused.rope`)
+    return fused.rope(x, cos, sin)

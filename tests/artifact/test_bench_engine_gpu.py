@@ -37,6 +37,9 @@ def test_the_tiny_cpu_run_measures_every_step_against_its_floor(tmp_path):
     mixed, = data["mixed"]  # a prompt chunk beside decode rows, split and as one extend
     assert (mixed["prompt"], mixed["batch"], mixed["context"]) == (16, 4, 16)
     assert mixed["split_ms"] > 0 and mixed["one_extend_ms"] > 0 and "mixed 16 + 4x16" in proc.stdout
+    stages = [r["step"] for r in data["fused"]]  # fused stages against torch lines, per step
+    assert stages == ["prefill 32", "prefill 32", "decode 1x32 graphs on", "decode 2x32 graphs on", "decode 4x16 graphs on"]
+    assert all(r["fused_ms"] > 0 and r["torch_lines_ms"] > 0 for r in data["fused"])
     assert data["goals"] == []  # the goals are for their own sizes (8B on a GPU), not these
     assert "re-run" in data["graphs_note"] and "x floor" in proc.stdout
 

@@ -189,6 +189,8 @@ def synthetic_results() -> dict:
                          {"batch": 128, "context": 512, "graphs": "on", "floor_ms": 5.6, "error": "no graph bucket"}],
               "mixed": [{"prompt": 512, "batch": 128, "context": 512, "split_ms": 30.0, "one_extend_ms": 48.0,
                          "one_extend_x_split": 1.6}],
+              "fused": [{"step": "decode 1x1024 graphs on", "fused_ms": 5.0, "torch_lines_ms": 6.0,
+                         "torch_lines_x_fused": 1.2}],
               "goals": [{"goal": "decode 1x1024, graphs on", "measured": 1.39, "target": "<= 1.5x floor", "met": True, "unit": "x"},
                         {"goal": "decode 128x512, graphs on", "measured": None, "target": "<= 2x floor", "met": False, "unit": "x"}]}
     return {"run": {"plan": "gpu", "device": "cuda", "model": "llama-3.1-8b (bfloat16, dummy)", "budget_s": 480, "elapsed_s": 470.0},
@@ -223,6 +225,7 @@ def test_the_report_judges_every_goal_and_labels_every_number(tmp_path):
     assert "20 s left: not one point fits" in md and "no graph bucket" in md
     assert "| MPS daemon | FAIL: not running | PASS: running |" in md
     assert "| 512 + 128x512 | 30.00 | 48.00 | 1.60x |" in md  # mixed steps: the split beside one extend
+    assert "| decode 1x1024 graphs on | 5.00 | 6.00 | 1.20x |" in md  # fused stages beside torch lines
 
 
 def test_the_report_of_a_run_that_measured_nothing_says_so(tmp_path):
