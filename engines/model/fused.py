@@ -5,9 +5,8 @@ Written as torch lines, a Llama layer launches about 40 kernels (counted by disp
 and K heads 7, SwiGLU's `silu(gate) * up` 2. Served on an H200 (2026-11-26), a prefill layer group
 of 16 tokens took as long as one of 400 (0.8 ms a layer on 88 SMs: launches, not math), and a
 decode step replayed from a CUDA graph still ran at 1.7x its memory floor, most of its ~1,300
-kernels small ones.
-Here they are one kernel each: torch's own fused `rms_norm`, and the Triton kernels of
-`triton_fused_kernels` for RoPE and SwiGLU.
+kernels small ones. Here they are one Triton kernel each (`triton_fused_kernels`; torch's own
+`rms_norm` dispatches the same lines again, at least on a CPU).
 
 Each stage's torch lines stay the reference and the path of every other device: the CPU's float
 models keep their results bit for bit (the tests compare them with transformers'). On a GPU the
@@ -70,8 +69,9 @@ def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
 # -- the stages, as a layer calls them -----------------------------------------------------------------
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    if fused_on(x) and weight.dtype == x.dtype:  # (a weight kept in another dtype: the lines promote as before)
-        return F.rms_norm(x, weight.shape, weight, eps)  # one CUDA kernel (float32 statistics)
+    # (a weight kept in another dtype than x: the lines promote the result, as before)
+    if fused_on(x) and weight.dtype == x.dtype and _kernels() is not None:
+        return rms_norm_triton(x, weight, eps)
     return rms_norm_reference(x, weight, eps)
 
 
@@ -121,3 +121,19 @@ def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
         _kernels().silu_mul_kernel[(t, triton.cdiv(width, SILU_BLOCK))](
             gate_up, out, gate_up.stride(0), out.stride(0), WIDTH=width, BLOCK=SILU_BLOCK, num_warps=4)
     return out
+
+
+def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    width = x.shape[-1]
+    if weight.shape != (width,) or x.stride(-1) != 1:
+        raise ValueError(f"RMSNorm needs [..., {weight.shape[0]}] rows with a contiguous last dimension, "
+                         f"got {tuple(x.shape)}")
+    rows = x.reshape(-1, width)  # a view where the rows allow it
+    out = torch.empty((rows.shape[0], width), dtype=x.dtype, device=x.device)
+    if rows.shape[0]:
+        import triton  # deferred: only where the kernels imported
+
+        block = triton.next_power_of_2(width)
+        _kernels().rms_norm_kernel[(rows.shape[0],)](rows, weight, out, rows.stride(0), out.stride(0), eps,
+                                                     WIDTH=width, BLOCK=block, num_warps=8 if block >= 4096 else 4)
+    return out.view(x.shape)

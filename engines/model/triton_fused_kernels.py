@@ -1,6 +1,6 @@
-"""Triton kernels that fuse a layer's small elementwise stages on a GPU (`engines.model.fused` picks
-them and says why). Each reads its input once in its storage dtype, computes in float32 and writes
-once; the torch lines they replace launch one kernel per operation (RoPE: 7, SwiGLU's product: 2).
+"""Triton kernels that fuse a layer's small stages on a GPU (`engines.model.fused` picks them and
+says why). Each reads its input once in its storage dtype, computes in float32 and writes once; the
+torch lines they replace launch one kernel per operation (RMSNorm: 8, RoPE: 7, SwiGLU's product: 2).
 
 Both take one program per token row and no token count, so neither recompiles when a step's size
 changes (a CUDA graph per batch bucket replays the same compiled kernel)."""
@@ -42,3 +42,16 @@ def silu_mul_kernel(x_ptr, out_ptr, stride_xt, stride_ot, WIDTH: tl.constexpr, B
     gate = tl.load(x_ptr + t * stride_xt + cols, mask=ok, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + t * stride_xt + WIDTH + cols, mask=ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + t * stride_ot + cols, (gate * tl.sigmoid(gate) * up).to(out_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_xt, stride_ot, eps, WIDTH: tl.constexpr, BLOCK: tl.constexpr):
+    """Program t: row t scaled by the reciprocal root mean square of its float32 values, times the
+    weight."""
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < WIDTH
+    x = tl.load(x_ptr + t * stride_xt + cols, mask=ok, other=0.0).to(tl.float32)
+    scale = tl.rsqrt(tl.sum(x * x, 0) / WIDTH + eps)
+    w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t * stride_ot + cols, (x * scale * w).to(out_ptr.dtype.element_ty), mask=ok)

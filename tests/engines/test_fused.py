@@ -68,13 +68,15 @@ def test_silu_mul_kernel_is_swiglus_product(dtype, width):
     torch.testing.assert_close(got.float(), fused.silu_mul_reference(gate_up).float(), **TOL[dtype])
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_torchs_fused_rms_norm_is_the_reference_within_one_rounding(dtype):
-    """What the GPU runs (`F.rms_norm`, float32 statistics, one rounding) against the reference's lines."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("width", [96, 576])
+def test_rms_norm_kernel_is_the_reference_within_one_rounding(dtype, width):
+    """float32 statistics, one rounding at the end, against the reference's lines."""
     g = torch.Generator().manual_seed(2)
-    x = (4 * torch.randn(6, 96, generator=g)).to(dtype)
-    w = (1 + torch.randn(96, generator=g) / 4).to(dtype)
-    got = torch.nn.functional.rms_norm(x, w.shape, w, 1e-5)
+    x = (4 * torch.randn(6, width, generator=g)).to(dtype).to(DEVICE)
+    w = (1 + torch.randn(width, generator=g) / 4).to(dtype).to(DEVICE)
+    got = fused.rms_norm_triton(x, w, 1e-5)
+    assert got.shape == x.shape and got.dtype == dtype
     torch.testing.assert_close(got.float(), fused.rms_norm_reference(x, w, 1e-5).float(), **TOL[dtype])
 
 
@@ -97,6 +99,8 @@ def test_bad_shapes_are_refused():
         fused.rope_triton(torch.zeros(2, 3, 8, device=DEVICE), cos.half(), sin.half())
     with pytest.raises(ValueError, match="2I"):
         fused.silu_mul_triton(torch.zeros(2, 7, device=DEVICE))
+    with pytest.raises(ValueError, match="RMSNorm"):
+        fused.rms_norm_triton(torch.zeros(2, 8, device=DEVICE), torch.ones(7, device=DEVICE), 1e-5)
 
 
 AOT_SCRIPT = textwrap.dedent("""
@@ -106,11 +110,14 @@ AOT_SCRIPT = textwrap.dedent("""
     from engines.model import triton_fused_kernels as K
     cases = [(K.rope_kernel, {"x_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "out_ptr": "*bf16"},
               dict(HEADS=40, HALF=64, BLOCK_H=64, BLOCK_HALF=64)),
-             (K.silu_mul_kernel, {"x_ptr": "*bf16", "out_ptr": "*bf16"}, dict(WIDTH=14336, BLOCK=1024))]
+             (K.silu_mul_kernel, {"x_ptr": "*bf16", "out_ptr": "*bf16"}, dict(WIDTH=14336, BLOCK=1024)),
+             (K.rms_norm_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "eps": "fp32"},
+              dict(WIDTH=4096, BLOCK=4096))]
     for kernel, pointers, constexprs in cases:
+        # (num_warps as the launches choose: 8 for a 4096-wide RMSNorm row)
         signature = {n: "constexpr" if n in constexprs else pointers.get(n, "i64") for n in kernel.arg_names}
         compiled = triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32),
-                                  options={"num_warps": 4})
+                                  options={"num_warps": 8 if constexprs.get("BLOCK") == 4096 else 4})
         assert "cubin" in compiled.asm
         print(kernel.__name__, compiled.metadata.shared)
 """)
@@ -126,7 +133,7 @@ def test_kernels_compile_for_hopper():
     done = subprocess.run([sys.executable, "-c", AOT_SCRIPT], env=env, cwd=ROOT, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert sorted(line.split()[0] for line in done.stdout.split("\n") if line) == ["rope_kernel", "silu_mul_kernel"]
+    assert sorted(line.split()[0] for line in done.stdout.split("\n") if line) == ["rms_norm_kernel", "rope_kernel", "silu_mul_kernel"]
 
 
 @pytest.mark.gpu
