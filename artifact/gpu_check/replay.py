@@ -46,15 +46,21 @@ def replay_command(ctx: Context, out: Path) -> list[str] | str:
 
 
 def replay_step(ctx: Context, timeout: float) -> dict:
+    # what each kind of served step cost, from the timelines alone (`artifact.step_costs`, no device
+    # model): reported whether or not the replay itself can run
+    from artifact.step_costs import step_costs  # deferred: numpy, on the machine's path but not the CLI's concern
+
+    timelines = ctx.logs / "timeline"
+    costs = {"step_costs": step_costs(timelines)} if timelines.is_dir() else {}
     out = ctx.logs / "validation"
     cmd = replay_command(ctx, out)
     if isinstance(cmd, str):
-        return result("skipped", cmd)
+        return result("skipped", cmd, **costs)
     done = procs.run(cmd, ctx.logs / "replay.txt", timeout, ctx.env, cwd=ctx.root)
     table = out.with_suffix(".md")
     if done.returncode != 0 or not table.is_file():
-        return finished(done, "")
-    return finished(done, summary(out.with_suffix(".json")), markdown=table.read_text())
+        return finished(done, "", **costs)
+    return finished(done, summary(out.with_suffix(".json")), markdown=table.read_text(), **costs)
 
 
 def summary(json_path: Path) -> str:

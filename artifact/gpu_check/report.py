@@ -96,6 +96,7 @@ def markdown(results: dict) -> str:
     lines += _engine_section(_step(results, "bench"))
     lines += _profile_section(_step(results, "profile"))
     lines += _served_section(_step(results, "serve"))
+    lines += _costs_section(_step(results, "replay"))
     lines += _replay_section(_step(results, "replay"))
     lines += _doctor_section(_step(results, "doctor-nomps"), _step(results, "doctor-mps"))
     lines += _tests_section(_step(results, "gpu-tests"))
@@ -126,6 +127,21 @@ def _replay_section(step: dict) -> list[str]:
             "measured above, each worker's steps at the speed its own timeline recorded "
             "(`python -m artifact.sim_validation`; goal: P50s within 15 %, P90s within 30 %).",
             *(("#" + line) if line.startswith("## ") else line for line in body), ""]
+
+
+def _costs_section(step: dict) -> list[str]:
+    """What each kind of served step cost (`artifact.step_costs`): lines through the timelines."""
+    from artifact.step_costs import markdown  # deferred: numpy, only to report
+
+    costs = step.get("step_costs")
+    if not costs:
+        return []
+    return ["## What the served steps cost", "",
+            "Straight lines through every worker's step timeline (`python -m artifact.step_costs logs/timeline`): "
+            "a decode step against its context on each share; a mixed step of a full chunk budget against the decode "
+            "rows beside it (what a decode row adds to a step that computes anyway); a prefill layer group's time "
+            "per layer by tokens (equal across sizes: launches, not math, set the pace). Outliers (over 3x the "
+            "median: set-ups, first steps) left out.", "", *markdown(costs), ""]
 
 
 def _not_measured(title: str, step: dict) -> list[str]:

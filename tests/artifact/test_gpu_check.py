@@ -202,6 +202,9 @@ def synthetic_results() -> dict:
                                        "checks": [{"name": "MPS daemon", "status": "FAIL", "summary": "not running"}]},
                       "doctor-mps": {"status": "pass", "summary": "ok", "mps": True, "seconds": 20, "cap_s": 70,
                                      "checks": [{"name": "MPS daemon", "status": "PASS", "summary": "running"}]},
+                      "replay": {"status": "skipped", "summary": "no profile", "step_costs": {"chunked-1024": {"unified": {
+                          "mixed, 922-1024 new tokens: ms = a + b x decode rows": {"a_ms": 35.2, "b_ms": 0.366, "r2": 0.97,
+                                                                                  "steps": 161}}}}},
                       "serve": {"status": "fail", "summary": "2 of 3", "mps": True, "seconds": 200, "cap_s": 330,
                                 "slo": "TTFT 3ms/token, TPOT 50ms",
                                 "workload": {"prompt_tokens": [128, 2048], "output_tokens": 128},
@@ -226,6 +229,7 @@ def test_the_report_judges_every_goal_and_labels_every_number(tmp_path):
     assert "| MPS daemon | FAIL: not running | PASS: running |" in md
     assert "| 512 + 128x512 | 30.00 | 48.00 | 1.60x |" in md  # mixed steps: the split beside one extend
     assert "| decode 1x1024 graphs on | 5.00 | 6.00 | 1.20x |" in md  # fused stages beside torch lines
+    assert "| chunked-1024 | unified | 161 | mixed, 922-1024 new tokens" in md  # the served steps' costs
 
 
 def test_the_report_of_a_run_that_measured_nothing_says_so(tmp_path):
@@ -328,3 +332,7 @@ def test_the_replay_step_replays_a_gpu_runs_served_points(tmp_path):
                     r"; set-up per new prompt length: bullet \d+ ms, static \d+ ms", out["summary"]), out["summary"]
     section = "\n".join(report._replay_section(out))
     assert section.startswith("## Simulator vs this run") and "| bullet | 24 |" in section and "\n# " not in section
+    # and what the served steps cost, from the timelines alone: chunked's mixed steps paid 0.37 ms per decode row
+    mixed = out["step_costs"]["chunked-1024"]["unified"]
+    (fit,) = [v for k, v in mixed.items() if k.startswith("mixed")]
+    assert 0.3 < fit["b_ms"] < 0.45 and fit["steps"] > 100
