@@ -11,7 +11,7 @@ costs on an H200 (2026-11-26):
 * **mixed steps** (prompt chunks beside decode rows, the chunked baselines'): those whose new tokens
   lie within `BAND` of the most any step ran (a full chunk budget), milliseconds = a + b x (decode
   rows): b is what a decode row adds to a step that computes anyway — a few hundredths of a
-  millisecond if its attention is read as decode reads it; there, 0.35 ms (its rows ran through the
+  millisecond if its attention is read as decode reads it; there, 0.37 ms (its rows ran through the
   prompt-attention kernel);
 * **prefill layer groups** (a two-worker system's prefill worker): the median time per layer in
   bins of tokens: where the smallest bin costs as much as the larger ones, kernel launches, not the

@@ -81,8 +81,8 @@ def split_mixed(page_tables: Sequence[Sequence[int]], ctx_lens: Sequence[int], q
     """A step that mixes one-token sequences (decode rows) with longer chunks, as two parts: the
     decode kernel for the former, extend for the rest. Extend over everything would give each
     decode row a whole query block (64-128 rows, one of them real) and read its K/V once per query
-    head, not once per KV head: served on an H200, a mixed step of ~1,000 new tokens took 36 ms plus
-    0.35 ms per decode row beside them (five times what a decode step paid for the same context).
+    head, not once per KV head: served on an H200, a mixed step of ~1,000 new tokens took 35 ms plus
+    0.37 ms per decode row beside them (five times what a decode step paid for the same context).
     None unless both kinds are present."""
     decode = [i for i, n in enumerate(q_lens) if n == 1]
     if not decode or len(decode) == len(q_lens):
