@@ -68,23 +68,29 @@ def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
 
 # -- the stages, as a layer calls them -----------------------------------------------------------------
 
+# Each takes its kernel only for the layouts the kernel reads (the layer's own); anything else, e.g. a
+# weight kept in another dtype than x (the lines promote the result), takes the lines.
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # (a weight kept in another dtype than x: the lines promote the result, as before)
-    if fused_on(x) and weight.dtype == x.dtype and _kernels() is not None:
+    if (fused_on(x) and weight.dtype == x.dtype and weight.shape == x.shape[-1:] and x.stride(-1) == 1
+            and _kernels() is not None):
         return rms_norm_triton(x, weight, eps)
     return rms_norm_reference(x, weight, eps)
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [T, heads, D] (any row stride, contiguous heads); cos/sin [T, 1, D] float32."""
-    if fused_on(x) and _kernels() is not None:
+    if (fused_on(x) and x.dim() == 3 and x.shape[2] % 2 == 0 and x.stride(2) == 1 and x.stride(1) == x.shape[2]
+            and cos.dtype == sin.dtype == torch.float32 and cos.shape == sin.shape == (x.shape[0], 1, x.shape[2])
+            and cos.is_contiguous() and sin.is_contiguous() and _kernels() is not None):
         return rope_triton(x, cos, sin)
     return rope_reference(x, cos, sin)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """[T, 2I] -> [T, I]: silu of the first half times the second."""
-    if fused_on(gate_up) and _kernels() is not None:
+    if (fused_on(gate_up) and gate_up.dim() == 2 and gate_up.shape[1] % 2 == 0 and gate_up.stride(1) == 1
+            and _kernels() is not None):
         return silu_mul_triton(gate_up)
     return silu_mul_reference(gate_up)
 

@@ -103,6 +103,41 @@ def test_bad_shapes_are_refused():
         fused.rms_norm_triton(torch.zeros(2, 8, device=DEVICE), torch.ones(7, device=DEVICE), 1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_model_step_takes_every_fused_kernel_where_it_runs_on_a_gpu(monkeypatch, dtype):
+    """The layer's own tensors (QKV views, RoPE tables, norm weights) meet the kernels' layouts: with
+    the fused path on for CPU tensors (the interpreter runs the kernels), a prefill step and a decode
+    step of a tiny Llama take all three kernels on every layer and give the torch lines' logits."""
+    from engines.kv_pool import KVPool
+    from engines.model.build import build_model
+    from engines.runner import ModelRunner, SeqChunk
+    from engines.weights.dummy import dummy_weights
+    from tests.partition.tiny_model import CONFIG
+
+    model = build_model(CONFIG, dummy_weights(CONFIG, dtype, seed=0))
+    steps = [[SeqChunk(list(range(3, 10)), 0, [0, 1])], [SeqChunk([11], 7, [0, 1])]]
+
+    def run(fused_path: bool) -> list[torch.Tensor]:
+        monkeypatch.setattr(fused, "fused_on", lambda x: fused_path)
+        runner = ModelRunner(model, KVPool(CONFIG, 8, 4, dtype), paged=False)
+        return [runner.forward(chunks).last_logits.float() for chunks in steps]
+
+    calls = []
+    for name in ("rms_norm_triton", "rope_triton", "silu_mul_triton"):
+        real = getattr(fused, name)
+        monkeypatch.setattr(fused, name, lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
+    got = run(True)
+    layers = CONFIG.num_hidden_layers
+    # per step: two norms a layer and the final one, RoPE and SwiGLU once a layer
+    assert sorted(set(calls)) == ["rms_norm_triton", "rope_triton", "silu_mul_triton"]
+    assert calls.count("rms_norm_triton") == 2 * (2 * layers + 1) and calls.count("rope_triton") == 2 * layers
+    calls.clear()
+    want = run(False)
+    assert not calls
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, **(TOL[dtype] if dtype == torch.float32 else dict(atol=0.1, rtol=0.05)))
+
+
 AOT_SCRIPT = textwrap.dedent("""
     import triton
     from triton.backends.compiler import GPUTarget
