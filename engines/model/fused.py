@@ -17,10 +17,13 @@ engine benchmark times both)."""
 from __future__ import annotations
 
 import functools
+import logging
 import os
 
 import torch
 import torch.nn.functional as F
+
+log = logging.getLogger("engines.fused")
 
 FUSED_ENV = "BULLET_FUSED_KERNELS"
 ENABLED = os.environ.get(FUSED_ENV, "1") != "0"  # read once; the benchmark flips it to time both
@@ -71,10 +74,23 @@ def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
 # Each takes its kernel only for the layouts the kernel reads (the layer's own); anything else, e.g. a
 # weight kept in another dtype than x (the lines promote the result), takes the lines.
 
+def _guarded(kernel, lines, *args) -> torch.Tensor:
+    """`kernel(*args)`, or, where Triton fails to compile or launch it on this GPU, the torch lines
+    from then on (for every stage, with one warning): a server keeps serving, slower."""
+    global ENABLED
+    try:
+        return kernel(*args)
+    except Exception as exc:  # e.g. a toolchain this Triton cannot drive; the lines need none
+        log.warning("fused %s failed (%s: %s): the layer's stages run as torch lines from now on "
+                    "(%s=0 does so from the start)", kernel.__name__, type(exc).__name__, exc, FUSED_ENV)
+        ENABLED = False
+        return lines(*args)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if (fused_on(x) and weight.dtype == x.dtype and weight.shape == x.shape[-1:] and x.stride(-1) == 1
             and _kernels() is not None):
-        return rms_norm_triton(x, weight, eps)
+        return _guarded(rms_norm_triton, rms_norm_reference, x, weight, eps)
     return rms_norm_reference(x, weight, eps)
 
 
@@ -83,7 +99,7 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     if (fused_on(x) and x.dim() == 3 and x.shape[2] % 2 == 0 and x.stride(2) == 1 and x.stride(1) == x.shape[2]
             and cos.dtype == sin.dtype == torch.float32 and cos.shape == sin.shape == (x.shape[0], 1, x.shape[2])
             and cos.is_contiguous() and sin.is_contiguous() and _kernels() is not None):
-        return rope_triton(x, cos, sin)
+        return _guarded(rope_triton, rope_reference, x, cos, sin)
     return rope_reference(x, cos, sin)
 
 
@@ -91,7 +107,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """[T, 2I] -> [T, I]: silu of the first half times the second."""
     if (fused_on(gate_up) and gate_up.dim() == 2 and gate_up.shape[1] % 2 == 0 and gate_up.stride(1) == 1
             and _kernels() is not None):
-        return silu_mul_triton(gate_up)
+        return _guarded(silu_mul_triton, silu_mul_reference, gate_up)
     return silu_mul_reference(gate_up)
 
 

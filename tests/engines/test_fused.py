@@ -138,6 +138,24 @@ def test_a_model_step_takes_every_fused_kernel_where_it_runs_on_a_gpu(monkeypatc
         torch.testing.assert_close(a, b, **(TOL[dtype] if dtype == torch.float32 else dict(atol=0.1, rtol=0.05)))
 
 
+def test_a_kernel_that_fails_on_this_gpu_leaves_the_torch_lines_serving(monkeypatch, caplog):
+    """A Triton failure (say, a toolchain it cannot drive) is logged once and every stage runs as
+    torch lines from then on: the step still computes, a server keeps serving."""
+    def broken(*args):
+        raise RuntimeError("PTX assembly aborted")
+
+    monkeypatch.setattr(fused, "ENABLED", True)
+    monkeypatch.setattr(fused, "rope_triton", broken)
+    monkeypatch.setattr(fused, "fused_on", lambda x: fused.ENABLED)  # as on a CUDA tensor
+    x = torch.randn(3, 4, 16)
+    cos, sin = (t.cpu() for t in rope_tables(torch.arange(3), 16))
+    with caplog.at_level("WARNING", logger="engines.fused"):
+        out = fused.rope(x, cos, sin)
+    assert torch.equal(out, fused.rope_reference(x, cos, sin))
+    assert not fused.ENABLED and "fused broken failed (RuntimeError: PTX assembly aborted)" in caplog.text
+    assert torch.equal(fused.silu_mul(x.reshape(3, -1)), fused.silu_mul_reference(x.reshape(3, -1)))  # lines now
+
+
 AOT_SCRIPT = textwrap.dedent("""
     import triton
     from triton.backends.compiler import GPUTarget
