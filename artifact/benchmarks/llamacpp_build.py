@@ -28,6 +28,24 @@ TOOLS = ("llama-server", "llama-perplexity")
 CACHE = Path(os.environ.get("BULLET_CACHE_DIR", Path.home() / ".cache" / "bullet")) / "llamacpp"
 
 
+def safe_extract(tar: tarfile.TarFile, into: Path) -> None:
+    """Extract `tar` under `into`, refusing what could reach outside it: tarfile's "data" filter where
+    this Python has it (3.11.4 / 3.10.12 on), the same checks by hand before."""
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(into, filter="data")
+        return
+    root = Path(into).resolve()
+    for member in tar.getmembers():
+        target = (root / member.name).resolve()
+        if member.issym():  # a symbolic link's target is relative to its own folder
+            linked = ((root / member.name).parent / member.linkname).resolve()
+        else:
+            linked = (root / member.linkname).resolve() if member.islnk() else target
+        if member.isdev() or not (target.is_relative_to(root) and linked.is_relative_to(root)):
+            raise RuntimeError(f"{member.name}: a device or a path outside {into} in {tar.name}: not extracted")
+    tar.extractall(into)
+
+
 def server_binary(version: str = DEFAULT_VERSION, isa: str = "native", tool: str = "llama-server") -> Path:
     return CACHE / version / (tool if isa == "native" else f"{tool}-{isa}")
 
@@ -69,7 +87,7 @@ def build_tools(version: str = DEFAULT_VERSION, jobs: int | None = None, isa: st
     root = work / sdist.name.removesuffix(".tar.gz")
     if not root.exists():
         with tarfile.open(sdist) as tar:
-            tar.extractall(work, filter="data")
+            safe_extract(tar, work)
     source = root / "vendor" / "llama.cpp"
     build_dir = work / ("build" if isa == "native" else f"build-{isa}")
     isa_flags = (["-DGGML_NATIVE=ON"] if isa == "native"
