@@ -36,7 +36,8 @@ class ForwardContext:
     # The GPU path (engines.model.paged_attention): kernels read K/V from the pool's pages through
     # these tables; when set, attention takes it and the gather tables above stay None.
     paged: PagedTables | None = None
-    # a step mixing decode rows with longer chunks: each kind on its own kernel (`split_mixed`)
+    # a step mixing decode rows with longer chunks: each kind on its own kernel (`split_mixed`), each
+    # part with its own tables; `paged` then stays None (the whole step's tables would go unread)
     paged_parts: list[PagedPart] | None = None
     kernels: PagedKernels | None = None
 

@@ -120,9 +120,10 @@ class ModelRunner:
         ctx.rope_cos, ctx.rope_sin = self.model.rope.tables(ctx.positions)
         if self.paged:
             page_tables = [c.page_table for c in chunks]
-            ctx.paged = build_tables(page_tables, ctx_lens, q_lens, ps, dev)
             if self.split_mixed and not ctx.all_decode:
                 ctx.paged_parts = split_mixed(page_tables, ctx_lens, q_lens, ps, dev)
+            if ctx.paged_parts is None:  # a split step's parts carry their own tables: no whole-step copy
+                ctx.paged = build_tables(page_tables, ctx_lens, q_lens, ps, dev)
             ctx.kernels = self.kernels
         elif ctx.all_decode or any(c.start > 0 for c in chunks):
             table, valid = self._context_slots(chunks, ctx_lens)

@@ -36,7 +36,7 @@ def paged_attention(
     ctx: ForwardContext, scale: float,
 ) -> torch.Tensor:
     """q: [T, H, D]; k/v: [T, KVH, D] (already written to the cache). Returns [T, H, D]."""
-    if ctx.paged is not None:
+    if ctx.paged is not None or ctx.paged_parts is not None:
         if ctx.all_decode:
             return ctx.kernels.decode(q, k_cache, v_cache, ctx.paged, scale)
         if all(n == c for n, c in zip(ctx.q_lens, ctx.ctx_lens)):

@@ -145,6 +145,15 @@ def test_the_int8_model_pages_through_the_kernel_and_float_models_keep_the_gathe
     reference = _steps(gather)
     for got, want in zip(_steps(kernel), reference):
         torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+    # the mixed step ran as two parts (decode rows, the chunk), each with its own tables and no
+    # whole-step tables beside them; one extend over every row gives the same logits
+    _, ctx = kernel._context([SeqChunk([43], 51, TABLES[0]), SeqChunk([44, 45], 18, TABLES[1])])
+    assert ctx.paged is None and [p.decode for p in ctx.paged_parts] == [True, False]
+    whole = ModelRunner(model, KVPool(config, 64, PS, torch.float32))
+    whole.split_mixed = False
+    for got, want in zip(_steps(whole), reference):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+    assert whole._context([SeqChunk([43], 51, TABLES[0]), SeqChunk([44, 45], 18, TABLES[1])])[1].paged_parts is None
     half = ModelRunner(model, KVPool(config, 64, PS, torch.float16))
     assert half.kernels.name == "cpu"
     for got, want in zip(_steps(half), reference):

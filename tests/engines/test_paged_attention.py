@@ -159,14 +159,15 @@ def test_a_mixed_step_runs_decode_rows_on_the_decode_kernel(q_lens, ctx_lens):
     q, k, v, k_cache, v_cache, slots, tables = mixed_step(q_lens, ctx_lens, ps=ps)
     write_kv(k_cache, v_cache, k, v, slots)
     parts = split_mixed(tables, ctx_lens, q_lens, ps, "cpu")
+    # as the runner builds it: the parts' own tables, no whole-step tables beside them
     ctx = ForwardContext(positions=torch.zeros(len(slots), dtype=torch.long), slot_mapping=slots, q_lens=q_lens,
-                         ctx_lens=ctx_lens, paged=build_tables(tables, ctx_lens, q_lens, ps, "cpu"),
-                         paged_parts=parts, kernels=Recording())
+                         ctx_lens=ctx_lens, paged_parts=parts, kernels=Recording())
     Recording.calls = []
     out = paged_attention(q, k, v, k_cache, v_cache, ctx, 0.25)
     assert Recording.calls == [("decode", [c for n, c in zip(q_lens, ctx_lens) if n == 1]),
                                ("extend", [c for n, c in zip(q_lens, ctx_lens) if n != 1])]
-    torch.testing.assert_close(out, TorchPagedKernels().extend(q, k_cache, v_cache, ctx.paged, 0.25),
+    whole = build_tables(tables, ctx_lens, q_lens, ps, "cpu")
+    torch.testing.assert_close(out, TorchPagedKernels().extend(q, k_cache, v_cache, whole, 0.25),
                                atol=1e-5, rtol=1e-5)
 
 
