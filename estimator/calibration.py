@@ -256,8 +256,9 @@ class OnlineCorrection(BaseModel):
     def observe(self, phase: str, size: int, units: int, total_units: int, ratio: float) -> None:
         """Fold one observed / predicted ratio (of the uncorrected prediction) into every level —
         unless it is a spike (see the class): then it waits for the phase's next observation."""
-        # a private attribute is a pydantic look-up per access: fetched once (this runs every step)
-        held_by_phase = self._held
+        # a private attribute is a pydantic __getattr__ per access (microseconds; this runs every
+        # step): read from the dict pydantic keeps them in
+        held_by_phase = self.__pydantic_private__["_held"]
         held = held_by_phase.pop(phase, None) if held_by_phase else None
         current = self.factor(phase, size, units, total_units)
         up = ratio > current * self.spike

@@ -81,25 +81,27 @@ class SimExecutor:
         tokens as `FinishChecker.quiet_until` says (before that they cannot end it — the same
         answers as checking every token, for a dictionary look-up per token instead of a call)."""
         now, stamps, quiet = self.clock.now(), self.token_times, self._quiet
+        stamped, until_of, finish = stamps is not None, quiet.get, self.finish
+        times_of = stamps.get if stamped else None
         for req in reqs:
-            output = req.output_ids
+            output, uid = req.output_ids, req.uid
             output.append(SIM_TOKEN_ID)
             if req.first_token_time is None:
                 req.first_token_time = now
-            if stamps is not None:
-                times = stamps.get(req.uid)
+            if stamped:
+                times = times_of(uid)
                 if times is None:
-                    stamps[req.uid] = [now]
+                    stamps[uid] = [now]
                 else:
                     times.append(now)
-            until = quiet.get(req.uid)
+            until = until_of(uid)
             if until is None:
-                until = quiet[req.uid] = self.finish.quiet_until(req, SIM_TOKEN_ID)
+                until = quiet[uid] = finish.quiet_until(req, SIM_TOKEN_ID)
             if len(output) >= until:
-                reason = self.finish.check(req)
+                reason = finish.check(req)
                 if reason is not None:
                     req.finish(reason, now)
-                    del quiet[req.uid]
+                    del quiet[uid]
 
     def run_prefill(self, batch: InflightPrefill, layers: int, finishing: Sequence[Request] | None,
                     on_done: Callable[[float], None]) -> None:
