@@ -1,7 +1,7 @@
 """How fast `bullet simulate` runs, against an earlier commit, side by side in one run on this machine.
 
     python artifact/benchmarks/bench_simulator.py [--baseline REV] [--rounds 3] [--cpu 0]
-        [--policies bullet chunked:1024 ...] [--out docs/sim/speed]
+        [--policies bullet chunked:1024 ...] [--instructions] [--out docs/sim/speed]
 
 Both commits (the baseline, by default where this branch left main, and HEAD) are unpacked into
 temporary directories (`git archive`); each round runs every policy's simulation once with each
@@ -13,6 +13,13 @@ seconds simulated per second). Both trees must produce the same summary, to the 
 baseline reports; keys added since are not compared): the table says whether they did. The CLI's
 start-up (`bullet simulate --help`) is timed apart.
 
+`--instructions` also counts, once per policy and tree, the instructions the simulation executes
+(valgrind's callgrind, `PYTHONHASHSEED=0`: the same count to about 1e-7 from run to run, where CPU
+time on a shared 2-core VM moved by 30 % between back-to-back runs of one tree): the whole process,
+less a run of the same process that builds everything but does not simulate. A change of a few
+per cent shows there when the time columns cannot see it. It adds about a minute per policy and
+tree under valgrind's slowdown.
+
 Writes <out>.json (every measurement) and <out>.md (the table)."""
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -52,8 +61,11 @@ import argparse, json, sys, time
 from bullet.commands.simulate import add_arguments, config_from_args
 from bullet.sim import Simulation
 from bullet.workloads.traces import build_workload
-p = argparse.ArgumentParser(); add_arguments(p); a = p.parse_args(sys.argv[1:])
+setup_only = "--setup-only" in sys.argv  # build everything, do not simulate (`instructions`)
+p = argparse.ArgumentParser(); add_arguments(p); a = p.parse_args([x for x in sys.argv[1:] if x != "--setup-only"])
 sim = Simulation(config_from_args(a), build_workload(a.workload, a.rate, a.duration, a.seed, a.arrivals, a.data_dir))
+if setup_only:
+    raise SystemExit(0)
 c0, t0 = time.process_time(), time.perf_counter()
 r = sim.run()
 cpu, wall = time.process_time() - c0, time.perf_counter() - t0
@@ -71,6 +83,32 @@ def run_once(tree: Path, policy: str, cpu: int | None) -> dict:
     data = json.loads(proc.stdout.strip().splitlines()[-1])
     data["requests"] = data["summary"]["requests"]
     return data
+
+
+COLLECTED = re.compile(r"^==\d+== Collected : (\d+)$", re.M)
+
+
+def instructions(tree: Path, policy: str) -> int:
+    """Instructions the simulation executes (`--instructions`): callgrind's count of the whole run,
+    less that of the same process stopped just before it simulates."""
+    counts = []
+    for extra in ([], ["--setup-only"]):
+        cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-c", RUNNER,
+               *WORKLOAD, "--policy", policy, "--quiet", *extra]
+        env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONHASHSEED": "0"}
+        proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{tree} {policy} under valgrind: exit {proc.returncode}\n{proc.stderr[-2000:]}")
+        counts.append(collected(proc.stderr))
+    return counts[0] - counts[1]
+
+
+def collected(valgrind_stderr: str) -> int:
+    """The instruction count callgrind prints on exit."""
+    found = COLLECTED.findall(valgrind_stderr)
+    if not found:
+        raise RuntimeError(f"no instruction count in valgrind's output:\n{valgrind_stderr[-1000:]}")
+    return int(found[-1])
 
 
 def startup_s(tree: Path, cpu: int | None) -> float:
@@ -109,6 +147,12 @@ def table(results: dict, baseline: str, current: str) -> list[str]:
             f"{r['realtime_cpu_baseline']:.0f}x -> {r['realtime_cpu_current']:.0f}x | "
             f"{median(b, 'sim_wall_s'):.2f} -> {median(n, 'sim_wall_s'):.2f} | {r['speedup_wall']:.2f}x | "
             f"{'yes' if r['identical'] else 'NO'} |")
+    counted = {policy: r["instructions"] for policy, r in results.items() if r.get("instructions")}
+    if counted:
+        lines += ["", f"| policy | simulation instructions (G) {baseline} -> {current} | ratio |", "|---|---|---|"]
+        for policy, c in counted.items():
+            lines.append(f"| {policy} | {c['baseline'] / 1e9:.3f} -> {c['current'] / 1e9:.3f} | "
+                         f"{c['baseline'] / c['current']:.3f}x |")
     return lines
 
 
@@ -119,8 +163,12 @@ def main() -> int:
     p.add_argument("--cpu", type=int, default=0, help="core to pin every run to (-1: no pinning)")
     p.add_argument("--policies", nargs="+", default=POLICIES)
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "sim" / "speed")
+    p.add_argument("--instructions", action="store_true",
+                   help="also count each simulation's instructions under valgrind (deterministic; needs valgrind)")
     p.add_argument("--render", action="store_true", help="only rewrite <out>.md from <out>.json")
     args = p.parse_args()
+    if args.instructions and shutil.which("valgrind") is None:
+        p.error("--instructions needs valgrind on PATH (e.g. `apt install valgrind`)")
     if args.render:
         data = json.loads(args.out.with_suffix(".json").read_text())
         lines = table(data["results"], data["baseline"], data["current"])
@@ -158,6 +206,9 @@ def main() -> int:
                 "realtime_wall_baseline": n[0]["virtual_s"] / median(b, "sim_wall_s"),
                 "realtime_wall_current": n[0]["virtual_s"] / median(n, "sim_wall_s"),
             }
+            if args.instructions:
+                results[policy]["instructions"] = {side: instructions(trees[side], policy) for side in trees}
+                print(f"{policy} instructions: {results[policy]['instructions']}", file=sys.stderr, flush=True)
         startup = {side: [startup_s(trees[side], cpu) for _ in range(args.rounds)] for side in trees}
     for res in results.values():
         for row in res["baseline"] + res["current"]:
