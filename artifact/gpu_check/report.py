@@ -80,7 +80,7 @@ def markdown(results: dict) -> str:
              f"- **GPU** {gpu} ({t.get('sms', '-')} SMs, {t.get('memory_gib', '-')} GiB, compute capability "
              f"{t.get('capability', '-')}), driver {m.get('driver', '-')}, compute mode {m.get('compute_mode', '-')}",
              f"- **software** Python {t.get('python', '-')}, torch {t.get('torch', '-')} (CUDA {t.get('torch_cuda', '-')}), "
-             f"{m.get('nvcc') or 'no nvcc'}; host {m.get('host', '-')} ({m.get('cpus', '-')} CPUs, {m.get('cpu_model', '-')})",
+             f"nvcc: {m.get('nvcc') or 'none'}; host {m.get('host', '-')} ({m.get('cpus', '-')} CPUs, {m.get('cpu_model', '-')})",
              f"- **commit** `{m.get('commit', 'unknown')}` ({m.get('commit_source', '-')})",
              f"- **run** `{run.get('command', 'scripts/gpu_check.sh')}`: {run.get('model', '-')} on {run.get('device', '-')}, "
              f"started {m.get('started_utc', '-')}, {_fmt(run.get('elapsed_s'))} s of its {_fmt(run.get('budget_s'))} s budget"
