@@ -15,6 +15,20 @@ LONG = {"text": "Write a very long story about a lighthouse keeper.",
         "sampling_params": {"max_new_tokens": 400, "ignore_eos": True, "temperature": 0}}
 
 
+def assert_generates(server, tokens: int = 4, text: str = "Hello", headers: dict | None = None) -> dict:
+    """The server still serves: a greedy request that ignores EOS must come back with exactly `tokens`
+    tokens and finish on its length. (A sampled request that may stop at EOS can come back short —
+    "Hello" at temperature 1 ends with "." and EOS about once in 300 — so a liveness check that counts
+    tokens must pin both.)"""
+    body = {"text": text, "sampling_params": {"max_new_tokens": tokens, "temperature": 0, "ignore_eos": True}}
+    status, out = server.post("/generate", body, headers)
+    assert status == 200, out
+    meta = out["meta_info"]
+    assert meta["finish_reason"] == {"type": "length", "length": tokens}, meta
+    assert meta["completion_tokens"] == len(out["output_ids"]) == tokens, out
+    return out
+
+
 def wait_for(predicate, timeout: float, what: str):
     """The first truthy value of `predicate()`, polled every 50 ms; fails after `timeout` seconds."""
     deadline = time.monotonic() + timeout

@@ -49,7 +49,7 @@ def cache_aware(replicas):
 
 
 def generate(router, text: str, max_new_tokens: int = 2) -> dict:
-    body = {"text": text, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}}
+    body = {"text": text, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True}}
     req = urllib.request.Request(router.url + "/generate", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=120) as resp:

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from tests.frontend.helpers import API_KEY, BODY_LIMIT, open_raw_request, read_events, wait_idle
+from tests.server_utils import assert_generates
 
 NESTED = b"[" * 5000 + b"]" * 5000
 
@@ -23,9 +24,7 @@ def healthy_and_same_workers(server, pids) -> None:
     assert server.get("/health")[0] == 200
     state = server.state()
     assert state["worker_pids"] == pids and state["worker_restarts"] == 0
-    status, out = server.post("/generate", {"text": "1, 2, 3,", "sampling_params": {"max_new_tokens": 2,
-                                                                                   "temperature": 0}})
-    assert status == 200 and out["meta_info"]["completion_tokens"] == 2, out
+    assert_generates(server, 2, text="1, 2, 3,")
 
 
 @pytest.mark.parametrize("path,body", [

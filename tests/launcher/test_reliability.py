@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from tests.server_utils import LONG, ServerProcess, bullet_segments, pages_accounted, pid_alive, wait_for, wait_pages_accounted
+from tests.server_utils import LONG, ServerProcess, assert_generates, bullet_segments, pages_accounted, pid_alive, wait_for, wait_pages_accounted
 
 
 
@@ -41,8 +41,7 @@ def test_a_stopped_worker_is_detected_by_its_heartbeat_and_restarted():
         assert failed_after < 10, f"a stopped worker was noticed after {failed_after:.1f}s (timeout 2s)"
         wait_for(lambda: server.get("/health")[0] == 200, 120, "the restarted workers")
         assert not pid_alive(victim)
-        status, body = server.post("/generate", {"text": "Hello", "sampling_params": {"max_new_tokens": 4}})
-        assert status == 200 and body["meta_info"]["completion_tokens"] == 4
+        assert_generates(server, 4)
         wait_for(lambda: pages_accounted(server.state()), 10, "all pages free or evictable")
 
 
@@ -155,8 +154,7 @@ def test_garbage_and_pickles_on_every_socket_are_dropped(server, tmp_path):
     time.sleep(1.0)
     assert not marker.exists()
     assert server.get("/health")[0] == 200 and server.worker_pids() == pids  # no worker died or restarted
-    status, body = server.post("/generate", {"text": "Hello", "sampling_params": {"max_new_tokens": 4}})
-    assert status == 200 and body["meta_info"]["completion_tokens"] == 4
+    assert_generates(server, 4)
     assert "dropped a malformed" in server.tail(200)
 
 
@@ -194,8 +192,7 @@ def test_forged_well_formed_messages_are_dropped_before_they_reach_the_model(ser
     ctx.term()
     time.sleep(1.0)
     assert server.get("/health")[0] == 200 and server.worker_pids() == pids
-    status, body = server.post("/generate", {"text": "Hello", "sampling_params": {"max_new_tokens": 4}})
-    assert status == 200 and body["meta_info"]["completion_tokens"] == 4
+    assert_generates(server, 4)
     tail = server.tail(300)
     assert "dropped a Handoff message: its page table names pages" in tail
     assert "dropped a GenerateRequest message: token ids outside" in tail
