@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from bullet.frontend.http.errors import APIError
+from bullet.frontend.http.generation import require_tokenizer
 from engines.grammar import GrammarError, check, checked
 from engines.sampling_params import CONSTRAINTS, SamplingParams, validation_message
 
@@ -84,9 +85,7 @@ async def check_constraint(rt, params: SamplingParams, where: str = "sampling_pa
         return
     kind, text = params.constraint
     name = field or f"{where}.{kind}"
-    if rt.tokenizer is None:
-        raise APIError(f"{name}: constrained decoding needs the model's tokenizer; this server has none (dummy "
-                       "weights without --tokenizer-path)", param=field or kind)
+    require_tokenizer(rt, f"a grammar is compiled against the model's vocabulary; leave {name} unset", field or kind)
     try:
         if checked(kind, text):
             check(kind, text)
