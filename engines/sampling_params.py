@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 MAX_STOP_STRINGS = 32
 MAX_STOP_TOKEN_IDS = 256
@@ -45,7 +45,6 @@ class SamplingParams(BaseModel):
     structural_tag: str | None = None
     # token id -> a bias added to its logit before sampling (OpenAI's logit_bias; -100 bans a token)
     logit_bias: dict[int, float] | None = Field(None, max_length=MAX_LOGIT_BIAS)
-    _constraint: tuple[str, str] | None = PrivateAttr(None)
 
     @field_validator(*CONSTRAINTS, mode="before")
     @classmethod
@@ -117,13 +116,21 @@ class SamplingParams(BaseModel):
         given = [(kind, getattr(self, kind)) for kind in CONSTRAINTS if getattr(self, kind) is not None]
         if len(given) > 1:
             raise ValueError(f"at most one of {', '.join(CONSTRAINTS)} may be given, got {' and '.join(k for k, _ in given)}")
-        self._constraint = given[0] if given else None
         return self
 
     @property
     def constraint(self) -> tuple[str, str] | None:
-        """(kind, text) of the grammar the output must follow, or None."""
-        return self._constraint
+        """(kind, text) of the grammar the output must follow, or None (asked for every request of
+        every step: plain attribute reads, ~0.2 us when there is none)."""
+        if self.regex is not None:
+            return "regex", self.regex
+        if self.json_schema is not None:
+            return "json_schema", self.json_schema
+        if self.ebnf is not None:
+            return "ebnf", self.ebnf
+        if self.structural_tag is not None:
+            return "structural_tag", self.structural_tag
+        return None
 
     @property
     def greedy(self) -> bool:

@@ -1,20 +1,19 @@
 """Constrained decoding on the real server (the shared `server`: the default `bullet` policy, prefill
 and decode in two processes, so every constrained request's first token comes from the prefill
 worker and the rest from the decode worker): regex output that fully matches for greedy and sampled
-requests, n > 1 and streaming; JSON-schema output that parses and has the schema's keys and types;
-OpenAI's response_format through the real `openai` client; `max_new_tokens` reached mid-grammar ends
-with `length`; a bad grammar is a 400 naming the field with xgrammar's message and the server stays
-healthy; logit_bias changes the output."""
+requests, with n > 1, streaming, stop strings, the prefix cache and abort; JSON-schema output that
+parses and has the schema's keys and types; OpenAI's response_format through the real `openai`
+client; `max_new_tokens` reached mid-grammar ends with `length`; a bad grammar is a 400 naming the
+field with xgrammar's message and the server stays healthy; logit_bias changes the output."""
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import json
 import re
 
 import pytest
 
-from tests.frontend.helpers import post_stream
+from tests.frontend.helpers import open_raw_request, post_stream, read_events, wait_idle
 from tests.server_utils import wait_pages_accounted
 
 ANSWER = r" (yes|no), [0-9]{1,3}\."
@@ -37,18 +36,14 @@ def check_person(text: str) -> None:
 
 
 def test_regex_output_matches_for_greedy_and_sampled_requests(server):
-    with cf.ThreadPoolExecutor(2) as pool:
-        greedy = pool.submit(generate, server, QUESTION, regex=ANSWER, max_new_tokens=24, temperature=0)
-        sampled = pool.submit(generate, server, QUESTION, regex=ANSWER, max_new_tokens=24, temperature=1.0, n=2,
-                              seed=11)
-        outs = [greedy.result(), *sampled.result()]
-    for out in outs:
+    greedy = generate(server, QUESTION, regex=ANSWER, max_new_tokens=24, temperature=0)
+    wait_pages_accounted(server)  # its pages have reached the prefix cache
+    # sampled, n = 2: the prefix cache serves their prompt; the grammar holds all the same
+    sampled = generate(server, QUESTION, regex=ANSWER, max_new_tokens=24, temperature=1.0, n=2, seed=11)
+    assert all(out["meta_info"]["cached_tokens"] > 0 for out in sampled)
+    for out in [greedy, *sampled]:
         assert re.fullmatch(ANSWER, out["text"]), out["text"]
         assert out["meta_info"]["finish_reason"]["type"] == "stop", out["meta_info"]  # ended where the grammar may
-    # the prefix cache serves the prompt of a later request; the grammar holds all the same
-    wait_pages_accounted(server)  # the finished requests' pages have reached the cache
-    again = generate(server, QUESTION, regex=ANSWER, max_new_tokens=24, temperature=0)
-    assert again["meta_info"]["cached_tokens"] > 0 and again["text"] == outs[0]["text"]
 
 
 def test_json_schema_output_parses_and_follows_the_schema(server):
@@ -78,6 +73,15 @@ def test_streaming_n_samples_with_a_regex_and_a_stop_string(server):
     out = generate(server, QUESTION, regex=ANSWER, stop=[","], max_new_tokens=24, temperature=0)
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": ","}
     assert re.fullmatch(r" (yes|no)", out["text"]), out["text"]
+    # and /abort_request ends a constrained stream as any other
+    sock = open_raw_request(server, "/generate", {"text": QUESTION, "stream": True, "rid": "shaped", "sampling_params": {
+        "regex": "[a-z ]{300}", "max_new_tokens": 300, "temperature": 0}})
+    try:
+        read_events(sock, 1)
+        assert server.post("/abort_request", {"rid": "shaped"}) == (200, {"aborted": ["shaped"]})
+    finally:
+        sock.close()
+    wait_idle(server)
 
 
 def test_openai_response_format_through_the_openai_client(server):
@@ -94,7 +98,7 @@ def test_openai_response_format_through_the_openai_client(server):
         done = client.completions.create(model="default", prompt=QUESTION, max_tokens=24, temperature=0,
                                          extra_body={"regex": ANSWER})
         assert re.fullmatch(ANSWER, done.choices[0].text), done.choices[0].text
-        obj = client.completions.create(model="default", prompt="A JSON object with one key:", max_tokens=10,
+        obj = client.completions.create(model="default", prompt="A JSON object with one key:", max_tokens=6,
                                         temperature=0, extra_body={"response_format": {"type": "json_object"}})
         choice = obj.choices[0]
         if choice.finish_reason == "stop":
