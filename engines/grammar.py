@@ -29,6 +29,7 @@ import re
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Callable, Sequence
 
 import torch
@@ -38,6 +39,9 @@ CAPACITY = 64  # compiled grammars kept per process
 CAPACITY_BYTES = 512 << 20  # and at most this much of them (xgrammar's own estimate)
 CHECKED = 512  # grammars the frontend remembers as valid or not (texts up to CHECK_CACHE_CHARS)
 CHECK_CACHE_CHARS = 64 << 10
+# the longest a sampling step waits for a grammar still compiling (typical ones take milliseconds: a
+# 40-property schema ~20 ms, a{20000} ~0.2 s); past it the request fails, the worker goes on
+COMPILE_WAIT_S = 60.0
 # xgrammar's C++ errors start with a timestamp and a source location: "[12:00:00] /x/y.cc:94: ..."
 _LOCATION = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
 _CHECK_FAILED = re.compile(r"Check failed: \(.*?\) is false: ")
@@ -188,9 +192,12 @@ class Grammars:
             self._trim()
             return future
 
-    def compiled(self, constraint: tuple[str, str]):
+    def compiled(self, constraint: tuple[str, str], timeout: float = COMPILE_WAIT_S):
         """The compiled grammar (waiting for its compilation); raises GrammarError."""
-        return self.prefetch(constraint).result()
+        try:
+            return self.prefetch(constraint).result(timeout)
+        except FutureTimeout:
+            raise GrammarError(f"compiling the grammar took more than {timeout:g} s") from None
 
     def matcher(self, constraint: tuple[str, str]) -> "Matcher":
         return Matcher(self.compiled(constraint))
