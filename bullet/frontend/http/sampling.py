@@ -22,19 +22,17 @@ from engines.sampling_params import CONSTRAINTS, SamplingParams, validation_mess
 UNSUPPORTED: dict[str, tuple[tuple, str]] = {
     "lora_path": ((None, ""), "LoRA adapters are not supported by this server"),
     "custom_params": ((None, {}), "custom logit processors (custom_params) are not supported by this server"),
-    "no_stop_trim": ((None, False), "no_stop_trim is not supported: the output always ends before a matched "
-                                    "stop string"),
-    "spaces_between_special_tokens": ((None, True), "spaces_between_special_tokens: only true (the default) is "
-                                                    "supported"),
-    "stream_interval": ((None, 1), "stream_interval: only 1 is supported (every token is streamed as it comes)"),
+    "no_stop_trim": ((None, False), "only false is supported: the output always ends before a matched stop string"),
+    "spaces_between_special_tokens": ((None, True), "only true (the default) is supported"),
+    "stream_interval": ((None, 1), "only 1 is supported (every token is streamed as it comes)"),
 }
 CONSTRAINED = CONSTRAINTS
 MAX_N = 8
 
 
-def refuse_unsupported(fields: dict[str, Any], where: str, names=None) -> None:
+def refuse_unsupported(fields: dict[str, Any], where: str) -> None:
     """400 naming the first unsupported field that asks for something (see `UNSUPPORTED`)."""
-    for name in names or UNSUPPORTED:
+    for name in UNSUPPORTED:
         if name in fields:
             defaults, why = UNSUPPORTED[name]
             value = fields[name]
