@@ -28,6 +28,7 @@ from bullet.types.validation import RequestError, validate_prompt
 from bullet.types.worker_state import WorkerState
 from bullet.workers.executor import ModelExecutor
 from engines.device import quantization_for, resolve_device, resolve_dtype, resolve_kv_dtype
+from engines.grammar import GrammarError, Grammars, check, tokenizer_info
 from engines.kv_pool import KVPool
 from engines.model.build import build_model
 from engines.runner import ModelRunner
@@ -79,15 +80,16 @@ class OfflineEngine:
     page allocator over the runner's KV pool. `LLM` is this plus weights and a tokenizer."""
 
     def __init__(self, runner: ModelRunner, finish: FinishChecker, chunked_prefill_size: int = 8192,
-                 max_running_requests: int = 64, prefix_cache: bool = False):
+                 max_running_requests: int = 64, prefix_cache: bool = False, grammars: Grammars | None = None):
         kv = runner.kv
+        self.grammars = grammars  # None: no tokenizer, so no constrained decoding
         self.runner, self.vocab_size = runner, runner.model.config.vocab_size
         self.allocator = LocalPageAllocator(kv.num_pages, kv.page_size)
         self.cache = PrefixCache(self.allocator) if prefix_cache else None
         self.scheduler = HybridScheduler(self.allocator, chunked_prefill_size, max_running_requests, cache=self.cache)
         env = LoopEnv(role=Role.UNIFIED, clock=MonotonicClock(), state=_NoPeer(), allocator=self.allocator,
                       partition=NoPartitionBackend("prefill", total_units=torch.get_num_threads()),
-                      timeline=Timeline(None, Role.UNIFIED.value), executor=ModelExecutor(runner, finish),
+                      timeline=Timeline(None, Role.UNIFIED.value), executor=ModelExecutor(runner, finish, grammars=grammars),
                       outbox=_Collect())
         self.core = UnifiedCore(env, self.scheduler)
         self._rids = itertools.count()
@@ -96,6 +98,15 @@ class OfflineEngine:
         """Queue one tokenized request (raises RequestError if it can never run)."""
         validate_prompt(prompt_ids, params, self.vocab_size, self.runner.max_context,
                         self.allocator.total_pages * self.allocator.page_size)
+        if params.constraint is not None:
+            kind, text = params.constraint
+            if self.grammars is None:
+                raise RequestError(f"{kind}: constrained decoding needs a tokenizer (dummy weights carry none)")
+            try:
+                check(kind, text)
+            except GrammarError as exc:
+                raise RequestError(f"{kind}: invalid {kind.replace('_', ' ')}: {exc}") from None
+            self.grammars.prefetch(params.constraint)
         req = Request(rid=rid if rid is not None else f"req-{next(self._rids)}", prompt_ids=list(prompt_ids),
                       params=params)
         self.core.add(req)
@@ -133,7 +144,12 @@ class LLM:
         self.runner = ModelRunner(model, kv, self.device)
         eos = set(weights.config.eos_token_ids) | (self.tokenizer.eos_token_ids if self.tokenizer else set())
         finish = FinishChecker(self.tokenizer, eos, weights.config.max_position_embeddings)
-        self.engine = OfflineEngine(self.runner, finish, chunked_prefill_size, max_running_requests, prefix_cache)
+        grammars = None
+        if self.tokenizer is not None:  # compiled against the model's vocabulary, on first use
+            hf, vocab = self.tokenizer.hf, weights.config.vocab_size
+            grammars = Grammars(lambda: tokenizer_info(hf, vocab, eos))
+        self.engine = OfflineEngine(self.runner, finish, chunked_prefill_size, max_running_requests, prefix_cache,
+                                    grammars)
         self.allocator = self.engine.allocator
 
     def encode(self, prompt: str | list[int]) -> list[int]:

@@ -1,6 +1,10 @@
-"""Batched token selection: penalties, greedy rows in one argmax, sampled rows through
-temperature → top-k → top-p → min-p, each row with its own generator when it has a seed.
-Log-probabilities are reported from the raw distribution (before temperature and truncation)."""
+"""Batched token selection: penalties, logit bias, banned tokens, then the grammar's allowed tokens
+(a packed bitmask per constrained row: `engines.grammar`), greedy rows in one argmax, sampled rows
+through temperature → top-k → top-p → min-p, each row with its own generator when it has a seed.
+Log-probabilities are reported from the raw distribution (before temperature and truncation).
+
+Where a row's banned tokens (end-of-sequence before min_new_tokens) would leave the grammar nothing
+to choose from, the grammar wins: the bans are lifted for that row."""
 
 from __future__ import annotations
 
@@ -17,6 +21,8 @@ class SampleRow:
     generator: torch.Generator | None = None
     output_ids: list[int] | None = None  # for penalties
     banned_ids: tuple[int, ...] = ()  # e.g. EOS/stop ids before min_new_tokens
+    # the tokens a grammar allows next: int32 words, bit t % 32 of word t // 32 set for token t (None: any)
+    allowed: torch.Tensor | None = None
 
 
 @dataclass
@@ -31,7 +37,7 @@ def sample(logits: torch.Tensor, rows: list[SampleRow]) -> SampleResult:
     b = len(rows)
     want_lp = [r.params.logprobs or r.params.top_logprobs_num > 0 for r in rows]
     raw_lp = torch.log_softmax(logits, dim=-1) if any(want_lp) else None
-    logits = _apply_penalties(logits, rows)
+    logits = _apply_allowed(_apply_penalties(logits, rows), logits, rows)
     chosen = torch.empty(b, dtype=torch.long, device=logits.device)
     greedy = [i for i, r in enumerate(rows) if r.params.greedy]
     sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
@@ -53,8 +59,9 @@ def sample(logits: torch.Tensor, rows: list[SampleRow]) -> SampleResult:
     return SampleResult(token_ids, logprobs, tops)
 
 
-def _apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
-    if not any(r.params.has_penalties and r.output_ids or r.banned_ids for r in rows):
+def _apply_penalties(logits: torch.Tensor, rows: list[SampleRow], bans: bool = True) -> torch.Tensor:
+    """Penalties, logit bias and (with `bans`) banned tokens, on a copy when there are any."""
+    if not any(r.params.has_penalties and r.output_ids or r.banned_ids or r.params.logit_bias for r in rows):
         return logits
     logits = logits.clone()
     for i, r in enumerate(rows):
@@ -66,9 +73,43 @@ def _apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tenso
                 vals = row[ids]
                 row[ids] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
             row[ids] -= p.frequency_penalty * counts.to(row.dtype) + p.presence_penalty
-        if r.banned_ids:
+        if p.logit_bias:
+            ids = [t for t in p.logit_bias if t < logits.shape[-1]]
+            if ids:
+                bias = torch.tensor([p.logit_bias[t] for t in ids], dtype=logits.dtype, device=logits.device)
+                logits[i, ids] += bias
+        if bans and r.banned_ids:
             logits[i, list(r.banned_ids)] = float("-inf")
     return _finite_top(logits)
+
+
+def unpack_bitmask(packed: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[rows, words] int32 → [rows, vocab] bool: token t is allowed when bit t % 32 of word t // 32 is set."""
+    shifts = torch.arange(32, dtype=torch.int32, device=packed.device)
+    bits = ((packed.to(torch.int32).unsqueeze(-1) >> shifts) & 1).bool().flatten(1)
+    if bits.shape[1] < vocab:  # a mask narrower than the logits allows none of the extra tokens
+        bits = torch.nn.functional.pad(bits, (0, vocab - bits.shape[1]), value=False)
+    return bits[:, :vocab]
+
+
+def _apply_allowed(logits: torch.Tensor, raw: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+    """Only the tokens each constrained row's grammar allows keep their logits."""
+    idx = [i for i, r in enumerate(rows) if r.allowed is not None]
+    if not idx:
+        return logits
+    if logits is raw:
+        logits = logits.clone()
+    allowed = unpack_bitmask(torch.stack([rows[i].allowed for i in idx]).to(logits.device), logits.shape[-1])
+    masked = logits[idx].masked_fill(~allowed, float("-inf"))
+    # (a banned token holds the lowest finite value, not -inf: `_finite_top`)
+    dead = (masked.max(dim=-1).values <= torch.finfo(masked.dtype).min).tolist()
+    if any(dead):  # bans left the grammar nothing: the grammar wins over them
+        for j in (j for j, d in enumerate(dead) if d):
+            i = idx[j]
+            row = _apply_penalties(raw[i:i + 1], [rows[i]], bans=False)[0]
+            masked[j] = row.masked_fill(~allowed[j], float("-inf"))
+    logits[idx] = masked
+    return logits
 
 
 def _finite_top(x: torch.Tensor) -> torch.Tensor:

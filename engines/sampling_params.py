@@ -3,10 +3,15 @@ that names the field (the HTTP layer turns these into 400s)."""
 
 from __future__ import annotations
 
+import json
+import math
+
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 MAX_STOP_STRINGS = 32
 MAX_STOP_TOKEN_IDS = 256
+MAX_LOGIT_BIAS = 1024  # entries; OpenAI's bound on each value is +-100
+CONSTRAINTS = ("regex", "json_schema", "ebnf", "structural_tag")
 MAX_COUNT = 1 << 30  # bound on every count a client sends: far above any context, far below int64
 GREEDY_BELOW = 1e-5
 
@@ -32,6 +37,40 @@ class SamplingParams(BaseModel):
     logprobs: bool = False  # of each generated token
     prompt_logprobs: bool = False  # of each prompt token given the previous ones
     top_logprobs_num: int = Field(0, ge=0, le=20)
+    # constrained decoding, at most one (engines.grammar): the output matches a regular expression, a
+    # JSON schema (text), an EBNF grammar (xgrammar's dialect) or a structural tag (JSON text)
+    regex: str | None = None
+    json_schema: str | None = None
+    ebnf: str | None = None
+    structural_tag: str | None = None
+    # token id -> a bias added to its logit before sampling (OpenAI's logit_bias; -100 bans a token)
+    logit_bias: dict[int, float] | None = Field(None, max_length=MAX_LOGIT_BIAS)
+
+    @field_validator(*CONSTRAINTS, mode="before")
+    @classmethod
+    def _constraint_text(cls, v):
+        if v is None or v == "":  # SGLang's clients send every field, unset ones as null
+            return None
+        if isinstance(v, dict):  # a schema or a structural tag given as an object, not as JSON text
+            return json.dumps(v)
+        return v
+
+    @field_validator("logit_bias", mode="before")
+    @classmethod
+    def _bias_keys(cls, v):
+        if isinstance(v, dict):  # JSON object keys are strings: "50256" is token 50256
+            return {int(k) if isinstance(k, str) and k.strip().lstrip("-").isdigit() else k: x for k, x in v.items()}
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_values(cls, v):
+        if v:
+            if any(not (isinstance(x, (int, float)) and math.isfinite(x) and -100 <= x <= 100) for x in v.values()):
+                raise ValueError("logit_bias values must lie in [-100, 100]")
+            if any(not 0 <= t < MAX_COUNT for t in v):
+                raise ValueError("logit_bias keys must be token ids (0 <= id < vocabulary size)")
+        return v or None
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -74,7 +113,24 @@ class SamplingParams(BaseModel):
     def _consistent(self):
         if self.min_new_tokens > self.max_new_tokens:
             raise ValueError(f"min_new_tokens ({self.min_new_tokens}) exceeds max_new_tokens ({self.max_new_tokens})")
+        given = [(kind, getattr(self, kind)) for kind in CONSTRAINTS if getattr(self, kind) is not None]
+        if len(given) > 1:
+            raise ValueError(f"at most one of {', '.join(CONSTRAINTS)} may be given, got {' and '.join(k for k, _ in given)}")
         return self
+
+    @property
+    def constraint(self) -> tuple[str, str] | None:
+        """(kind, text) of the grammar the output must follow, or None (asked for every request of
+        every step: plain attribute reads, ~0.2 us when there is none)."""
+        if self.regex is not None:
+            return "regex", self.regex
+        if self.json_schema is not None:
+            return "json_schema", self.json_schema
+        if self.ebnf is not None:
+            return "ebnf", self.ebnf
+        if self.structural_tag is not None:
+            return "structural_tag", self.structural_tag
+        return None
 
     @property
     def greedy(self) -> bool:
@@ -89,6 +145,9 @@ class SamplingParams(BaseModel):
         bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
         if bad:
             raise ValueError(f"stop_token_ids {bad[:3]} are outside the vocabulary (size {vocab_size})")
+        bad = [t for t in self.logit_bias or () if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"logit_bias keys {bad[:3]} are outside the vocabulary (size {vocab_size})")
 
 
 def validation_message(exc: ValidationError) -> str:

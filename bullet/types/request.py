@@ -50,6 +50,9 @@ class Request:
     first_token_time: float | None = None
     finish_time: float | None = None
     reported: int = 0  # output tokens already reported to the frontend (a worker's outbox keeps it)
+    # this process's grammar matcher for a constrained request (engines.grammar.Matcher), built when
+    # it first samples here; never sent: a worker taking the request over rebuilds it from output_ids
+    grammar: object | None = field(default=None, repr=False)
 
     @property
     def seq_len(self) -> int:

@@ -28,9 +28,13 @@ class Inbox(Protocol):
 
 class WorkerDriver:
     def __init__(self, core: LoopCore, io: Inbox, should_stop: Callable[[], bool],
-                 on_idle: Callable[[], None] = lambda: None, vet: Callable[[object], str | None] = lambda msg: None):
+                 on_idle: Callable[[], None] = lambda: None, vet: Callable[[object], str | None] = lambda msg: None,
+                 prefetch: Callable[[object], object] = lambda constraint: None):
         self.core, self.io, self.should_stop, self.on_idle = core, io, should_stop, on_idle
         self.vet = vet  # why a well-formed message must still be dropped (bullet.workers.vetting)
+        # starts compiling a request's grammar as it arrives (in a background thread), so the step
+        # that samples its first token here rarely waits for it (engines.grammar.Grammars.prefetch)
+        self.prefetch = prefetch
         self.failed_steps = 0
 
     def run(self) -> None:
@@ -73,6 +77,8 @@ class WorkerDriver:
         if reason is not None:
             log.warning("dropped a %s message: %s", type(msg).__name__, reason)
             return
+        if isinstance(msg, (GenerateRequest, Recompute, Handoff)) and msg.params.constraint is not None:
+            self.prefetch(msg.params.constraint)
         if isinstance(msg, AbortRequest):
             self.core.abort(msg.uid, msg.message)
         elif isinstance(msg, GenerateRequest) and role is not Role.DECODE:

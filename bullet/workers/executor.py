@@ -20,13 +20,16 @@ from bullet.policies.views import InflightPrefill
 from bullet.types.finish import FinishChecker
 from bullet.types.request import Request
 from bullet.workers.sampling import record_prompt_logprobs, sample_next
+from engines.grammar import Grammars
 from engines.runner import LayerwiseState, ModelRunner, SeqChunk, StepOutput
 
 
 class ModelExecutor:
     def __init__(self, runner: ModelRunner, finish: FinishChecker, stream: WorkerStream | None = None,
-                 decode_forward: Callable[[list[SeqChunk]], StepOutput] | None = None):
+                 decode_forward: Callable[[list[SeqChunk]], StepOutput] | None = None,
+                 grammars: Grammars | None = None):
         self.runner, self.finish = runner, finish
+        self.grammars = grammars  # this process's compiled grammars (None: no tokenizer, none can be applied)
         self.stream = stream  # None: a CPU worker, nothing to bind
         self.decode_forward = decode_forward or runner.forward
         # a decode step runs layer by layer on the runner (a CPU worker), calling the core's
@@ -66,7 +69,7 @@ class ModelExecutor:
                 if i in out.all_logits:
                     record_prompt_logprobs(req, 0, out.all_logits[i])
             if finishing:
-                sample_next(out.last_logits[[rows[id(r)] for r in finishing]], list(finishing), self.finish)
+                sample_next(out.last_logits[[rows[id(r)] for r in finishing]], list(finishing), self.finish, self.grammars)
             batch.state = None
         return seconds
 
@@ -79,7 +82,7 @@ class ModelExecutor:
                 out = self.runner.forward(chunks, between_layers)
             else:
                 out = self.decode_forward(chunks)
-            sample_next(out.last_logits, list(batch), self.finish)
+            sample_next(out.last_logits, list(batch), self.finish, self.grammars)
             self._wait()
             seconds = time.perf_counter() - t0
         on_done(seconds)
@@ -104,6 +107,6 @@ class ModelExecutor:
                     to_sample.append((item.req, rows))
                 rows += 1
         if to_sample:
-            sample_next(out.last_logits[[row for _, row in to_sample]], [r for r, _ in to_sample], self.finish)
+            sample_next(out.last_logits[[row for _, row in to_sample]], [r for r, _ in to_sample], self.finish, self.grammars)
         self._wait()
         return time.perf_counter() - t0

@@ -32,6 +32,7 @@ from bullet.workers.outbox import MessageOutbox
 from bullet.workers.spec import WorkerSpec
 from bullet.workers.vetting import MessageVetter
 from engines.device import require_device
+from engines.grammar import Grammars
 from engines.host import release_free_heap
 from engines.kv_pool import KVPool
 from engines.model.build import build_model
@@ -112,7 +113,10 @@ def build_worker(spec: WorkerSpec, stopped: Callable[[], bool], cuda: CudaAccess
         decode = build_graphed_decode(runner, stream, decide_for_worker(args.partition_backend, device, cuda),
                                       allocator, max_batch=args.max_running_requests, shares=shares,
                                       graph_api_factory=cuda_access(cuda).graphs)
-    executor = ModelExecutor(runner, finish, stream if stream.on_gpu else None, decode)
+    # compiled on first use, in a thread: a server that never sees a grammar never loads xgrammar
+    grammars = (Grammars.for_tokenizer_dir(shared.tokenizer_dir, shared.config.vocab_size, shared.eos_token_ids)
+                if shared.tokenizer_dir else None)
+    executor = ModelExecutor(runner, finish, stream if stream.on_gpu else None, decode, grammars)
     io = WorkerIO(role, spec.endpoints)
     timeline = Timeline(args.timeline_dir, role.value)
     env = LoopEnv(role=role, clock=MonotonicClock(), state=state, allocator=allocator, partition=partition,
@@ -124,7 +128,8 @@ def build_worker(spec: WorkerSpec, stopped: Callable[[], bool], cuda: CudaAccess
         return stopped() or os.getppid() != spec.launcher_pid or bool(state.control() & ControlFlags.SHUTDOWN)
 
     vet = MessageVetter(shared.config.vocab_size, shared.config.max_position_embeddings, allocator, shared.page_size)
-    driver = WorkerDriver(core, io, should_stop, on_idle=release_free_heap, vet=vet)
+    driver = WorkerDriver(core, io, should_stop, on_idle=release_free_heap, vet=vet,
+                          prefetch=grammars.prefetch if grammars is not None else lambda constraint: None)
     return Worker(spec, driver, allocator, state, partition, io, timeline, decode)
 
 

@@ -74,6 +74,9 @@ def test_requests_that_need_a_tokenizer_get_a_400_naming_why(bare, stream):
         ("/v1/completions", {"prompt": PROMPT, "stream": stream, "echo": True}, "echo"),
         ("/v1/completions", {"prompt": PROMPT, "stream": stream, "logprobs": 1}, "logprobs"),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "stream": stream}, "/generate"),
+        ("/generate", {**generate(4), "stream": stream, "sampling_params": {"regex": "[0-9]+"}}, "regex"),
+        ("/v1/completions", {"prompt": PROMPT, "stream": stream, "response_format": {"type": "json_object"}},
+         "response_format"),
     ]
     for path, body, hint in cases:
         status, answer = bare.post(path, body)

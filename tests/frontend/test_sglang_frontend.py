@@ -1,9 +1,11 @@
 """SGLang 0.5.2's own frontend against the server: @sgl.function programs with sgl.gen (max_tokens,
-stop), sgl.select (max_new_tokens 0, then input_token_logprobs from logprob_start_len with
+stop, regex), sgl.select (max_new_tokens 0, then input_token_logprobs from logprob_start_len with
 return_text_in_logprobs) and run_batch. The choice select makes must be the one our own /generate
 logprobs rank highest under the frontend's length-normalised score."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 
@@ -25,6 +27,15 @@ def backend(server):
 def answer(s, question):
     s += "Q: " + question + "\nA:"
     s += sgl.gen("answer", max_tokens=24, stop="\n", temperature=0)
+
+
+YES_NO = r" (yes|no)\."
+
+
+@sgl.function
+def yes_or_no(s, question):
+    s += "Q: " + question + " Answer yes or no.\nA:"
+    s += sgl.gen("answer", max_tokens=8, regex=YES_NO, temperature=0)
 
 
 @sgl.function
@@ -58,6 +69,12 @@ def test_gen_text_is_what_generate_returns(backend, server):
     status, out = server.post("/generate", {"text": prompt, "sampling_params": {
         "max_new_tokens": 24, "stop": ["\n"], "temperature": 0}})
     assert status == 200 and state["answer"] == out["text"]
+
+
+def test_gen_with_a_regex_follows_it(backend):
+    state = yes_or_no.run(question=QUESTIONS[0])
+    assert re.fullmatch(YES_NO, state["answer"]), state["answer"]
+    assert state.get_meta_info("answer")["finish_reason"]["type"] == "stop"
 
 
 def _normalized(server, prefix: str, choice: str) -> float:

@@ -1,10 +1,12 @@
-"""Every policy served for real: requests complete with the same greedy output, the workers run on
-the cores their share says (read from /proc), and decisions land in the timeline."""
+"""Every policy served for real: requests complete with the same greedy output (a regex-constrained
+one too), the workers run on the cores their share says (read from /proc), and decisions land in the
+timeline."""
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -52,12 +54,30 @@ def _generate_all(server) -> list[list[int]]:
         return list(pool.map(one, PROMPTS))
 
 
+# constrained decoding: the first token from the prefill worker, the rest from decode with the grammar's
+# state rebuilt there (chunked: all from the unified worker); greedy, so it must be the offline output
+CONSTRAINED = {"temperature": 0, "max_new_tokens": 16, "regex": r" (yes|no), [0-9]{1,3}\."}
+CONSTRAINED_PROMPT = "Answer yes or no, then a number. Is water wet?"
+
+
 @pytest.fixture(scope="module")
-def reference_outputs():
+def reference_llm():
     import bullet
 
-    llm = bullet.LLM(dtype="float32", max_total_tokens=4096)
-    return [o.output_ids for o in llm.generate(PROMPTS, {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True})]
+    return bullet.LLM(dtype="float32", max_total_tokens=4096)
+
+
+@pytest.fixture(scope="module")
+def reference_outputs(reference_llm):
+    params = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
+    return [o.output_ids for o in reference_llm.generate(PROMPTS, params)]
+
+
+@pytest.fixture(scope="module")
+def reference_constrained(reference_llm):
+    out = reference_llm.generate(CONSTRAINED_PROMPT, CONSTRAINED)[0]
+    assert re.fullmatch(CONSTRAINED["regex"], out.text), out.text
+    return out.output_ids
 
 
 def _allowed_cores(pid: int) -> set[str]:
@@ -77,12 +97,16 @@ def _timeline(directory) -> list[dict]:
 
 
 @pytest.mark.parametrize("policy", ["static", "naive", "chunked:64", "bullet"])
-def test_policy_serves_the_same_greedy_outputs(policy, reference_outputs, cpu_profile, tmp_path):
+def test_policy_serves_the_same_greedy_outputs(policy, reference_outputs, reference_constrained, cpu_profile,
+                                               tmp_path):
     timeline = tmp_path / "timeline"
     with ServerProcess("--policy", policy, "--dtype", "float32", "--max-total-tokens", "4096",
                        "--estimator-profile", cpu_profile, "--timeline-dir", str(timeline),
                        "--ttft-slo", "20ms/token", "--tpot-slo", "500ms") as server:
         assert _generate_all(server) == reference_outputs
+        if policy in ("chunked:64", "bullet"):  # one process, and two (static and naive sample as bullet does)
+            status, out = server.post("/generate", {"text": CONSTRAINED_PROMPT, "sampling_params": CONSTRAINED})
+            assert status == 200 and out["output_ids"] == reference_constrained, out
         wait_pages_accounted(server)
         pids = server.worker_pids()
         if policy == "static":  # 2 cores: prefill pinned to the first, decode to the second

@@ -13,7 +13,7 @@ from bullet.frontend.http.errors import APIError
 from bullet.frontend.http.generation import check_batch_size, check_fits, check_text_options, require_tokenizer
 from bullet.frontend.http.offload import sized
 from bullet.frontend.http.protocol import GenerateBody
-from bullet.frontend.http.sampling import build_sampling_params, per_sample, sample_count
+from bullet.frontend.http.sampling import build_sampling_params, check_constraint, per_sample, sample_count
 from engines.sampling_params import SamplingParams
 
 MAX_TOP_LOGPROBS = 20
@@ -96,6 +96,7 @@ async def prepare(rt, body: GenerateBody) -> tuple[list[Item], bool]:
             field_for(body, "sampling_params", i, {}), logprobs=want_lp, top_logprobs_num=top if want_lp else 0,
             prompt_logprobs=want_lp and start >= 0)
         check_text_options(rt, params)
+        await check_constraint(rt, params)
         await sized(len(ids), check_fits, rt, ids, params, prompt_field=field)
         rid = field_for(body, "rid", i)
         for j, sample in enumerate(per_sample(params, n)):

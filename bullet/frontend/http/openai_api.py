@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from contextlib import aclosing
@@ -22,7 +23,7 @@ from bullet.frontend.http.generation import (
 )
 from bullet.frontend.http.offload import sized
 from bullet.frontend.http.protocol import ChatBody, CompletionBody, OpenAISampling, read_body
-from bullet.frontend.http.sampling import MAX_N, build_sampling_params, per_sample
+from bullet.frontend.http.sampling import MAX_N, build_sampling_params, check_constraint, per_sample
 from bullet.frontend.http.streaming import EventStream, merged_updates, sse
 
 router = APIRouter(prefix="/v1")
@@ -45,9 +46,58 @@ def _check_model(rt, body: OpenAISampling) -> str:
     return name
 
 
+ANY_OBJECT = '{"type": "object"}'  # json_object: any JSON object (what SGLang compiles for it)
+
+
+def response_format_constraint(rf: dict | None) -> dict:
+    """OpenAI's response_format as a sampling constraint: text (none), json_object (any JSON object),
+    json_schema (its schema; `strict` may be true or false: the output follows the schema exactly
+    either way, which is what strict asks and more than non-strict promises), or a structural tag."""
+    if not rf:
+        return {}
+    kind = rf.get("type")
+    if kind in (None, "text"):
+        return {}
+    if kind == "json_object":
+        return {"json_schema": ANY_OBJECT}
+    if kind == "json_schema":
+        spec = rf.get("json_schema")
+        if spec is None and "schema" in rf:  # SGLang also takes the schema beside the type
+            spec = {"schema": rf["schema"]}
+        if not isinstance(spec, dict):
+            raise APIError("response_format.json_schema must be an object with the schema under 'schema'",
+                           param="response_format")
+        schema = spec.get("schema", spec.get("schema_"))
+        if not isinstance(schema, (dict, bool)):
+            raise APIError("response_format.json_schema.schema is required (a JSON schema object)",
+                           param="response_format")
+        if spec.get("strict") is not None and not isinstance(spec.get("strict"), bool):
+            raise APIError("response_format.json_schema.strict must be a boolean", param="response_format")
+        if "name" in spec and not isinstance(spec["name"], str):
+            raise APIError("response_format.json_schema.name must be a string", param="response_format")
+        return {"json_schema": json.dumps(schema)}
+    if kind == "structural_tag":
+        return {"structural_tag": json.dumps(rf)}
+    raise APIError(f"response_format.type must be one of text, json_object, json_schema, structural_tag; got "
+                   f"{str(kind)[:50]!r}", param="response_format")
+
+
+def _constraint_fields(body: OpenAISampling) -> tuple[dict, str | None]:
+    """The request's constraint as sampling fields, and the field it came from (for its errors)."""
+    given = {k: v for k, v in (("regex", body.regex), ("ebnf", body.ebnf), ("json_schema", body.json_schema))
+             if v not in (None, "")}
+    from_format = response_format_constraint(body.response_format)
+    if from_format:
+        given = {**given, "response_format": None}
+    if len(given) > 1:
+        raise APIError(f"give at most one constraint; got {', '.join(sorted(given))}", param=sorted(given)[-1])
+    if from_format:
+        return from_format, "response_format"
+    return given, next(iter(given), None)
+
+
 def _params(body: OpenAISampling, max_tokens: int | None, default_max: int, **extra):
-    if body.response_format and body.response_format.get("type") not in (None, "text"):
-        raise APIError("response_format: constrained decoding is not supported by this server", param="response_format")
+    constraint, _ = _constraint_fields(body)
     if not 1 <= body.n <= MAX_N:
         raise APIError(f"n must lie in 1..{MAX_N}", param="n")
     fields = {"max_new_tokens": default_max if max_tokens is None else max_tokens, "temperature": body.temperature,
@@ -55,8 +105,12 @@ def _params(body: OpenAISampling, max_tokens: int | None, default_max: int, **ex
               "stop_token_ids": body.stop_token_ids, "seed": body.seed, "presence_penalty": body.presence_penalty,
               "frequency_penalty": body.frequency_penalty, "repetition_penalty": body.repetition_penalty,
               "ignore_eos": body.ignore_eos, "min_new_tokens": body.min_tokens,
-              "skip_special_tokens": body.skip_special_tokens, **extra}
+              "skip_special_tokens": body.skip_special_tokens, "logit_bias": body.logit_bias, **constraint, **extra}
     return build_sampling_params({k: v for k, v in fields.items() if v is not None}, where="request")
+
+
+async def _check_constraint(rt, body: OpenAISampling, params) -> None:
+    await check_constraint(rt, params, where="request", field=_constraint_fields(body)[1])
 
 
 def _finish_reason(reason: dict | None) -> str | None:
@@ -121,6 +175,7 @@ async def completions(request: Request):
         raise APIError("max_tokens must be at least 1 (0 is allowed only with echo)", param="max_tokens")
     want_lp = body.logprobs is not None
     params = _params(body, body.max_tokens, 16, logprobs=want_lp, top_logprobs_num=body.logprobs or 0)
+    await _check_constraint(rt, body, params)
     if rt.tokenizer is None:  # dummy weights: token ids in, token counts out, no text
         if any(isinstance(x, str) for x in prompts):
             require_tokenizer(rt, "send the prompt as token ids (a list of integers)", "prompt")
@@ -230,6 +285,7 @@ async def chat_completions(request: Request):
     # for the context is then reported as such by check_fits)
     room = max(rt.model.config.max_position_embeddings - len(ids), 1)
     params = _params(body, max_tokens, room, logprobs=body.logprobs, top_logprobs_num=n_top if body.logprobs else 0)
+    await _check_constraint(rt, body, params)
     await sized(len(ids), check_fits, rt, ids, params, prompt_field="messages", max_field=max_field)
     states = await _submit_all(rt, [(ids, sample) for sample in per_sample(params, body.n)], body.rid)
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())

@@ -1,6 +1,9 @@
 """Request bodies. Unknown top-level fields are accepted and ignored (clients send many unused
-ones: lora_path, return_hidden_states, session_id, …); the fields we use are type-checked strictly
-(no "5" for 5, no "yes" for true: a client that sends those has a bug worth reporting)."""
+ones: return_hidden_states, session_id, …); the fields we use are type-checked strictly (no "5" for
+5, no "yes" for true: a client that sends those has a bug worth reporting). Fields that would change
+the output but are not implemented (lora_path, custom_logit_processor, priority, best_of > n) are
+read so that a request asking for them is refused by name (`refuse_unimplemented`); at their
+defaults (null, as SGLang's clients send them) they are accepted."""
 
 from __future__ import annotations
 
@@ -33,7 +36,9 @@ class GenerateBody(Body):
     top_logprobs_num: Union[Int, list[Int]] = 0
     return_text_in_logprobs: bool = False
     rid: Union[str, list[str], None] = None
-    priority: Int | None = None  # accepted as SGLang does; not used for ordering yet
+    priority: Int | None = None  # null or 0 only: there is no priority scheduling
+    lora_path: Any = None  # null only: no LoRA adapters
+    custom_logit_processor: Any = None  # null only
 
 
 class AbortBody(Body):
@@ -67,12 +72,19 @@ class OpenAISampling(Body):
     min_tokens: Int | None = None
     skip_special_tokens: bool | None = None
     response_format: dict | None = None
+    # SGLang's extensions: constrained decoding without response_format (at most one constraint)
+    regex: str | None = None
+    ebnf: str | None = None
+    json_schema: Union[str, dict[str, Any], None] = None
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
     rid: str | None = None  # SGLang's extension: the id /abort_request takes (choices share it)
-    priority: Int | None = None  # accepted as SGLang does; not used for ordering yet
+    priority: Int | None = None  # null or 0 only: there is no priority scheduling
+    lora_path: Any = None  # null only: no LoRA adapters
 
 
 class CompletionBody(OpenAISampling):
     prompt: Union[str, list[str], list[int], list[list[int]]]
+    best_of: Int | None = None  # null or n only: every sample is returned
     logprobs: Int | None = Field(None, ge=0, le=20)
     echo: bool = False
 
@@ -87,6 +99,23 @@ class ChatBody(OpenAISampling):
     max_completion_tokens: Int | None = None
     logprobs: bool = False
     top_logprobs: Int | None = Field(None, ge=0, le=20)
+
+
+def refuse_unimplemented(body: Body) -> None:
+    """400 naming a top-level field that asks for something this server does not do."""
+    if getattr(body, "priority", None) not in (None, 0):
+        raise APIError("priority: priority scheduling is not supported by this server (send null or 0)",
+                       param="priority")
+    lora = getattr(body, "lora_path", None)
+    if lora not in (None, "") and not (isinstance(lora, list) and all(x in (None, "") for x in lora)):
+        raise APIError("lora_path: LoRA adapters are not supported by this server", param="lora_path")
+    if getattr(body, "custom_logit_processor", None) not in (None, ""):
+        raise APIError("custom_logit_processor: custom logit processors are not supported by this server",
+                       param="custom_logit_processor")
+    best_of, n = getattr(body, "best_of", None), getattr(body, "n", 1)
+    if best_of is not None and best_of != n:
+        raise APIError(f"best_of ({best_of}) must equal n ({n}): choosing the best of several samples is not "
+                       "supported by this server", param="best_of")
 
 
 def parse_json(raw: bytes):
@@ -117,7 +146,7 @@ def parse_body(raw: bytes, model: type[Body]) -> Body:
     if not isinstance(data, dict):
         raise APIError("the request body must be a JSON object")
     try:
-        return model.model_validate(data)
+        body = model.model_validate(data)
     except ValidationError as exc:
         parts = []
         for err in exc.errors()[:5]:
@@ -125,3 +154,5 @@ def parse_body(raw: bytes, model: type[Body]) -> Body:
             parts.append(f"{loc or 'body'}: {err['msg']}")
         first = exc.errors()[0]["loc"] if exc.errors() else ()
         raise APIError("invalid request: " + "; ".join(parts), param=str(first[0]) if first else None) from exc
+    refuse_unimplemented(body)
+    return body

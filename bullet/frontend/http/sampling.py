@@ -1,21 +1,43 @@
 """Client sampling fields → SamplingParams, with a 400 that names the bad field.
 
-SGLang's own frontend sends a few fields we have nothing to do with (spaces_between_special_tokens,
-no_stop_trim, …): accepted and ignored. Constrained decoding (regex, json_schema, ebnf) would change
-the output, so asking for it is an error rather than being silently ignored."""
+SGLang's clients send every field they know, unset ones as null or at their default. A few fields
+we do not implement (`UNSUPPORTED`: LoRA, custom logit processors, no_stop_trim, ...) are accepted
+at those values and refused by name otherwise — never silently ignored, since they would change the
+output. Constrained decoding (regex, json_schema, ebnf, structural_tag: at most one) is checked here
+too: a grammar xgrammar cannot parse is a 400 that names the field and gives xgrammar's message."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from pydantic import ValidationError
 
 from bullet.frontend.http.errors import APIError
-from engines.sampling_params import SamplingParams, validation_message
+from bullet.frontend.http.generation import require_tokenizer
+from engines.grammar import GrammarError, check, checked
+from engines.sampling_params import CONSTRAINTS, SamplingParams, validation_message
 
-IGNORED = {"spaces_between_special_tokens", "no_stop_trim", "stream_interval", "custom_params", "lora_path"}
-CONSTRAINED = ("regex", "json_schema", "ebnf", "structural_tag")
+# field -> (the values that mean "not asked for", why anything else is refused)
+UNSUPPORTED: dict[str, tuple[tuple, str]] = {
+    "lora_path": ((None, ""), "LoRA adapters are not supported by this server"),
+    "custom_params": ((None, {}), "custom logit processors (custom_params) are not supported by this server"),
+    "no_stop_trim": ((None, False), "only false is supported: the output always ends before a matched stop string"),
+    "spaces_between_special_tokens": ((None, True), "only true (the default) is supported"),
+    "stream_interval": ((None, 1), "only 1 is supported (every token is streamed as it comes)"),
+}
+CONSTRAINED = CONSTRAINTS
 MAX_N = 8
+
+
+def refuse_unsupported(fields: dict[str, Any], where: str) -> None:
+    """400 naming the first unsupported field that asks for something (see `UNSUPPORTED`)."""
+    for name in UNSUPPORTED:
+        if name in fields:
+            defaults, why = UNSUPPORTED[name]
+            value = fields[name]
+            if not any(value == d and type(value) is type(d) for d in defaults):
+                raise APIError(f"{where}.{name}: {why}", param=name)
 
 
 def build_sampling_params(fields: dict[str, Any] | None, *, where: str = "sampling_params",
@@ -24,10 +46,19 @@ def build_sampling_params(fields: dict[str, Any] | None, *, where: str = "sampli
         fields = {}
     if not isinstance(fields, dict):
         raise APIError(f"{where} must be a JSON object")
-    fields = {k: v for k, v in {**fields, **overrides}.items() if k not in IGNORED}
+    fields = {**fields, **overrides}
+    refuse_unsupported(fields, where)
+    fields = {k: v for k, v in fields.items() if k not in UNSUPPORTED}
     for key in CONSTRAINED:
-        if fields.pop(key, None) not in (None, "", {}):
-            raise APIError(f"{where}.{key}: constrained decoding is not supported by this server", param=key)
+        value = fields.get(key)
+        if value is not None and not isinstance(value, str) and not (isinstance(value, dict) and key in (
+                "json_schema", "structural_tag")):
+            raise APIError(f"{where}.{key} must be a string" + (" or a JSON object" if key in (
+                "json_schema", "structural_tag") else ""), param=key)
+    given = [key for key in CONSTRAINED if fields.get(key) not in (None, "")]
+    if len(given) > 1:
+        raise APIError(f"{where}: give at most one of {', '.join(CONSTRAINED)}; got {' and '.join(given)}",
+                       param=given[-1])
     fields.pop("n", None)  # the number of samples is the caller's (sample_count), not the sampler's
     if fields.get("stop_token_ids") is None:
         fields.pop("stop_token_ids", None)
@@ -40,6 +71,28 @@ def build_sampling_params(fields: dict[str, Any] | None, *, where: str = "sampli
         raise APIError(f"invalid {where}: {validation_message(exc)}") from exc
     except TypeError as exc:
         raise APIError(f"invalid {where}: {exc}") from exc
+
+
+async def check_constraint(rt, params: SamplingParams, where: str = "sampling_params",
+                           field: str | None = None) -> None:
+    """400 for a grammar that cannot be used: on a server without a tokenizer (the vocabulary is what
+    a grammar is compiled against), or one xgrammar cannot parse (its message, naming the field).
+    A grammar seen before is answered from a cache; a new one is parsed in a thread (xgrammar's
+    first import takes a second, and a large schema takes a while to convert)."""
+    if params.constraint is None:
+        return
+    kind, text = params.constraint
+    name = field or f"{where}.{kind}"
+    require_tokenizer(rt, f"a grammar is compiled against the model's vocabulary; leave {name} unset", field or kind)
+    try:
+        if checked(kind, text):
+            check(kind, text)
+        else:
+            await asyncio.to_thread(check, kind, text)
+    except GrammarError as exc:
+        what = {"regex": "regular expression", "json_schema": "JSON schema", "ebnf": "EBNF grammar",
+                "structural_tag": "structural tag"}[kind]
+        raise APIError(f"{name}: invalid {what}: {exc}", param=field or kind) from None
 
 
 def sample_count(n: Any, where: str = "sampling_params.n") -> int:
