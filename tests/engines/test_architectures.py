@@ -10,8 +10,11 @@ import json
 import pytest
 import torch
 
+from engines.kv_pool import KVPool
+from engines.model.build import build_model
 from engines.model_config import ModelConfig
-from engines.weights import ModelLoadError
+from engines.runner import ModelRunner, SeqChunk
+from engines.weights import ModelLoadError, load_weights
 from tests.engines import tiny_checkpoints as tiny
 
 transformers = pytest.importorskip("transformers")
@@ -74,8 +77,6 @@ def test_served_greedy_equals_transformers(checkpoints, expected):
 def _logits(runner, ids: list[int]) -> list[torch.Tensor]:
     """The last logits of three steps over `ids`: a fresh prompt (its first half), a chunk after that
     cached prefix (all but the last token), a decode step (the last token)."""
-    from engines.runner import SeqChunk
-
     pages, half = list(range(-(-len(ids) // runner.page_size))), len(ids) // 2
     steps = [SeqChunk(ids[:half], 0, pages), SeqChunk(ids[half:-1], half, pages), SeqChunk(ids[-1:], len(ids) - 1, pages)]
     return [runner.forward([chunk]).last_logits[0] for chunk in steps]
@@ -88,15 +89,11 @@ def test_fused_stages_and_paged_kernels_compute_the_reference(arch, dtype, check
     """The GPU's path on CPU tensors: the fused RMSNorm/RoPE/SwiGLU Triton kernels (interpreted) and
     the Triton paged-attention kernels get q/k with Qwen2's bias added and Qwen3's norms applied,
     and give the torch lines' logits; and bf16 stays near fp32."""
-    pytest.importorskip("triton")
-    from engines.kv_pool import KVPool
+    triton = pytest.importorskip("triton")
     from engines.model import fused
-    from engines.model.build import build_model
     from engines.model.triton_attention import TritonPagedKernels
-    from engines.runner import ModelRunner
-    from engines.weights import load_weights
 
-    if not torch.cuda.is_available() and isinstance(fused._kernels().rope_kernel, __import__("triton").runtime.JITFunction):
+    if not torch.cuda.is_available() and isinstance(fused._kernels().rope_kernel, triton.runtime.JITFunction):
         pytest.skip("triton was imported without TRITON_INTERPRET=1: its kernels cannot run on CPU tensors")
     w = load_weights(str(checkpoints[arch][0]), dtype=dtype)
     model = build_model(w.config, w.state)
@@ -135,19 +132,16 @@ def test_fused_stages_and_paged_kernels_compute_the_reference(arch, dtype, check
 @pytest.mark.parametrize("arch", [QWEN2, QWEN3])
 def test_int8_model_keeps_bias_and_qk_norms(arch, checkpoints, expected):
     """The rotation behind int8 is exact in real arithmetic with Qwen2's v bias (rotated with its head)
-    and Qwen3's q/k norms (passed through); the int8 model (serving path: its paged C attention) then stays near fp32."""
-    from engines.kv_pool import KVPool
-    from engines.model.build import build_model
+    and Qwen3's q/k norms (passed through); the int8 model then stays near fp32 (on its serving path:
+    attention over the pages in place, the C kernel)."""
     from engines.quant import quantize_state
     from engines.quant.int8 import fbgemm_available
     from engines.quant.rotation import rotate_state
-    from engines.runner import ModelRunner
-    from engines.weights import load_weights
 
     w = load_weights(str(checkpoints[arch][0]), dtype=torch.float32)
     ids = expected[arch][0][2] + expected[arch][1][2]
 
-    def logits(state):  # each model on its serving path: int8 attends over the pages in place (C kernel)
+    def logits(state):  # each model on its CPU serving path (float: gather; int8: paged)
         return _logits(ModelRunner(build_model(w.config, state), KVPool(w.config, 8, 16, torch.float32)), ids)
 
     reference = logits(w.state)
@@ -181,7 +175,6 @@ def _copy(src, dst, config_update: dict | None = None):
 def test_a_tensor_the_model_does_not_use_is_an_error_naming_it(checkpoints, tmp_path):
     from safetensors.torch import load_file, save_file
 
-    from engines.weights import load_weights
 
     # a Qwen2 checkpoint that says it is Llama: its q/k/v biases have no place (they used to be dropped)
     as_llama = _copy(checkpoints[QWEN2][0], tmp_path / "as-llama", {"architectures": ["LlamaForCausalLM"],
@@ -220,7 +213,6 @@ def test_sharded_checkpoint_reads_exactly_its_index(checkpoints, tmp_path):
     an error."""
     from safetensors.torch import save_file
 
-    from engines.weights import load_weights
 
     path, ref = checkpoints[QWEN3]
     sharded = tmp_path / "sharded"
