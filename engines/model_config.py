@@ -1,8 +1,9 @@
-"""Shape and hyper-parameters of a Llama-family model, independent of where the weights come from.
+"""Shape and hyper-parameters of a decoder model, independent of where the weights come from.
 
 Built from a Hugging Face `config.json` (a directory, or one of the shipped configs under
-`engines/configs/` for dummy weights) or from GGUF metadata. The estimator reads the same object
-to build its op inventory, so it must stay free of torch."""
+`engines/configs/` for dummy weights) or from GGUF metadata; `engines.architectures` says which
+architectures are served and which switches each sets. The estimator reads the same object to
+build its op inventory, so it must stay free of torch."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from engines import architectures
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 
@@ -30,6 +33,7 @@ class ModelConfig(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     name: str = "llama"
+    architecture: str = architectures.LLAMA  # the Hugging Face class this computes (engines.architectures)
     hidden_size: int
     intermediate_size: int
     num_hidden_layers: int
@@ -44,6 +48,9 @@ class ModelConfig(BaseModel):
     tie_word_embeddings: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = Field(default_factory=tuple)
+    # the decoder's switches, set from the architecture (engines.architectures)
+    qkv_bias: bool = False  # the q/k/v projections add a bias (Qwen2)
+    qk_norm: bool = False  # q and k heads are RMS-normalized before RoPE (Qwen3)
 
     @property
     def q_size(self) -> int:
@@ -53,28 +60,37 @@ class ModelConfig(BaseModel):
     def kv_size(self) -> int:
         return self.num_key_value_heads * self.head_dim
 
+    def kernel_shape(self) -> tuple:
+        """What sizes the model's kernels: two configs alike here run the same kernels (Llama-3-8B and
+        Llama-3.1-8B), so a latency calibration measured on one describes the other."""
+        return (self.hidden_size, self.intermediate_size, self.num_hidden_layers, self.num_attention_heads,
+                self.num_key_value_heads, self.head_dim, self.vocab_size, self.qkv_bias, self.qk_norm)
+
     def num_parameters(self) -> int:
         h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
         per_layer = h * (self.q_size + 2 * self.kv_size) + self.q_size * h + 3 * h * i + 2 * h
+        per_layer += (self.q_size + 2 * self.kv_size) * self.qkv_bias + 2 * self.head_dim * self.qk_norm
         head = 0 if self.tie_word_embeddings else v * h
         return v * h + self.num_hidden_layers * per_layer + h + head
 
     @classmethod
     def from_hf_dict(cls, cfg: dict[str, Any], name: str = "llama") -> "ModelConfig":
-        arch = cfg.get("model_type", "llama")
-        if arch not in ("llama", "mistral", "qwen2") and "Llama" not in str(cfg.get("architectures")):
-            raise ValueError(f"unsupported model_type {arch!r}: Bullet serves Llama-family models")
+        arch = architectures.architecture_of(cfg)
+        switches = architectures.switches(arch, cfg)
         heads = cfg["num_attention_heads"]
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         rope = cfg.get("rope_scaling") or None
         params = cfg.get("rope_parameters") or {}
-        if rope is None and params.get("rope_type") == "llama3":  # transformers>=5 spelling
+        if rope is None:  # transformers>=5 spelling; any scaling there (llama3, yarn, …) is to be honoured or refused
             rope = params
+        if rope.get("rope_type", rope.get("type", "default")) == "default":
+            rope = None
         if rope is not None and rope.get("rope_type", rope.get("type")) != "llama3":
             raise ValueError(f"unsupported rope_scaling {rope!r}: only 'llama3' scaling is implemented")
         return cls(
             name=name,
+            architecture=arch,
             hidden_size=cfg["hidden_size"],
             intermediate_size=cfg["intermediate_size"],
             num_hidden_layers=cfg["num_hidden_layers"],
@@ -89,6 +105,7 @@ class ModelConfig(BaseModel):
             tie_word_embeddings=cfg.get("tie_word_embeddings", False),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=eos_ids,
+            **switches,
         )
 
     @classmethod
@@ -98,7 +115,7 @@ class ModelConfig(BaseModel):
 
     @classmethod
     def builtin(cls, name: str) -> "ModelConfig":
-        """One of the shipped configs: smollm2-135m, llama-3.1-8b, llama-3.1-70b."""
+        """One of the shipped configs (engines/configs): smollm2-135m, llama-3.1-8b, llama-3.1-70b, qwen3-32b."""
         path = CONFIG_DIR / f"{name}.json"
         if not path.exists():
             known = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.json")))

@@ -73,11 +73,13 @@ def layer_token_ops(cfg: ModelConfig, dtype_bytes: int = 2) -> tuple[TokenOp, ..
     """The per-token kernels of one decoder layer, in execution order (attention excluded)."""
     h, i, q, kv, dt = cfg.hidden_size, cfg.intermediate_size, cfg.q_size, cfg.kv_size, dtype_bytes
     norm = dict(flops_per_row=4.0 * h, bytes_fixed=float(h * dt), bytes_per_row=2.0 * h * dt)
+    # rotates q and k: read and write both, ~3 FLOPs per element; a family that RMS-normalizes q and k
+    # heads first (qk_norm: the layer's same `rotate` stage) passes over them once more, ~4 FLOPs each
+    passes = 1 + cfg.qk_norm
     return (
         TokenOp("input_norm", **norm),
         _gemm("qkv_proj", h, q + 2 * kv, dt),
-        # rotates q and k in place: read and write both, ~3 FLOPs per element
-        TokenOp("rope", 3.0 * (q + kv), 0.0, 2.0 * (q + kv) * dt),
+        TokenOp("rope", (3.0 + 4.0 * cfg.qk_norm) * (q + kv), 0.0, 2.0 * passes * (q + kv) * dt),
         _gemm("o_proj", q, h, dt),
         TokenOp("post_attn_norm", **norm),
         _gemm("gate_up_proj", h, 2 * i, dt),  # gate and up fused in one GEMM

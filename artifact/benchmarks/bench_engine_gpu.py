@@ -32,8 +32,9 @@ On a CPU the default sizes are tiny (prefill 32; decode 1x32, 2x32, 4x16) so a t
 end in seconds, and graphs on runs `DecodeGraphs` over a stand-in that re-runs the captured body (no
 CUDA graph: it exercises the padding and static tables; its time means nothing).
 
-Dummy weights are drawn here, on the device, in the shapes of the engine's model (`LlamaModel` on
-the meta device): the same model the server builds, without drawing 8 G random numbers on a CPU."""
+Dummy weights are drawn here, on the device, in the shapes of the engine's model (the config's
+architecture built on the meta device: `float_shapes`): the same model the server builds, without
+drawing 8 G random numbers on a CPU."""
 
 from __future__ import annotations
 
@@ -49,8 +50,7 @@ from artifact.benchmarks.device_rates import copy_bandwidth, gemm_rate, median, 
 from engines.cuda_graphs import DecodeGraphs, TorchCudaGraphs
 from engines.kv_pool import KVPool
 from engines.model import fused
-from engines.model.build import build_model
-from engines.model.llama import LlamaModel
+from engines.model.build import build_model, float_shapes
 from engines.runner import ModelRunner, SeqChunk
 from engines.weights.resolve import dummy_config
 
@@ -84,8 +84,7 @@ class RerunGraphs:
 
 def device_state(config, dtype: torch.dtype, device: torch.device, seed: int = 0) -> dict[str, torch.Tensor]:
     """Random weights in the model's own shapes, drawn on `device` (norms 1, the rest N(0, 0.02))."""
-    with torch.device("meta"):
-        shapes = {name: t.shape for name, t in LlamaModel(config).state_dict().items()}
+    shapes = float_shapes(config)
     gen = torch.Generator(device=device).manual_seed(seed)
     state = {}
     for name, shape in shapes.items():

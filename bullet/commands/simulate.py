@@ -19,7 +19,8 @@ DESCRIPTION = (
     "Discrete-event simulation, NOT a measurement: the real Bullet / static / naive policies and the real "
     "chunked-prefill scheduler run unchanged on virtual time, and every step is charged the latency the "
     "estimator predicts for it (calibrated A100 profile, or the device a measured --estimator-profile describes; "
-    "other built-in devices are roofline-only), with an assumed "
+    "other built-in devices, and models of another shape than the A100 profile's Llama-8B, are roofline-only), "
+    "with an assumed "
     "contention model and seeded noise. Use it to study policies at GPU scale on a machine without a GPU.")
 
 # Bullet Table 4: (normalized TTFT, TPOT) per workload; Azure-Conv takes ShareGPT's (both are chat)

@@ -13,7 +13,7 @@ from engines.model_config import ModelConfig
 from estimator import Estimator
 from estimator.analytic_contention import DEFAULT_FLOOR, DEFAULT_PREFILL_SLOWDOWN, AnalyticContention
 from estimator.hardware import DTYPE_BYTES, HardwareSpec
-from estimator.profile import load_estimator
+from estimator.profile import EstimatorProfile
 from estimator.reference.profiles import SHIPPED_PROFILE
 
 # calibrated profiles shipped with the estimator, per built-in hardware name
@@ -94,10 +94,17 @@ SPEC_STEP_OVERHEAD_S = 0.5e-3  # assumed per step where no measured step says ot
 
 def device_estimator(config: SimConfig) -> Estimator:
     """The estimator the device charges latencies from: a profile's device (its measured rates and
-    calibration) when `estimator_profile` is given, else a built-in GPU and its shipped profile."""
+    calibration) when `estimator_profile` is given, else a built-in GPU and its shipped profile.
+    A calibration holds whole steps timed on its profile's model, so it describes only models of
+    that shape: another --model is refused with a given profile, and gets the roofline alone on a
+    built-in device (the shipped A100 profile would otherwise charge Llama-8B's times to any model)."""
     model = ModelConfig.builtin(config.model) if config.model else None
     if config.estimator_profile:
-        est = load_estimator(config.estimator_profile, model=model)
+        profile = EstimatorProfile.read(config.estimator_profile)
+        if model is not None and model.kernel_shape() != profile.model.kernel_shape():
+            raise ValueError(f"{config.estimator_profile} was calibrated on {profile.model.name}, whose kernels "
+                             f"differ from {model.name}'s: leave --model out, or profile {model.name}")
+        est = profile.estimator(model)
         if config.hardware and est.hardware.name != HardwareSpec.builtin(config.hardware).name:
             raise ValueError(f"{config.estimator_profile} describes {est.hardware.name}, not --hardware "
                              f"{config.hardware}: leave --hardware out to simulate the profile's device")
@@ -108,7 +115,10 @@ def device_estimator(config: SimConfig) -> Estimator:
     path = SHIPPED_PROFILES.get(name.lower())
     if path is None:
         return Estimator(model, hardware)  # SRM only: no calibration exists for this device
-    est = load_estimator(path, model=model)
+    profile = EstimatorProfile.read(path)
+    if profile.model.kernel_shape() != model.kernel_shape():
+        return Estimator(model, hardware)  # SRM only: no calibration exists for this model on this device
+    est = profile.estimator(model)
     if est.hardware.name != hardware.name:
         raise ValueError(f"{path} describes {est.hardware.name}, not {hardware.name} (--hardware {name})")
     return est

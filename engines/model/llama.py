@@ -1,9 +1,14 @@
-"""A Llama-family decoder (RMSNorm, RoPE incl. Llama-3.1 scaling, GQA, SwiGLU, tied or untied head)
-that runs any layer range [start, end) of a packed batch against a paged KV pool.
+"""The Llama family's decoder (RMSNorm, RoPE incl. Llama-3.1 scaling, GQA, SwiGLU, tied or untied
+head) that runs any layer range [start, end) of a packed batch against a paged KV pool. It serves
+LlamaForCausalLM, MistralForCausalLM (without a sliding window: `engines.architectures`) and
+Qwen2ForCausalLM, whose only difference is a bias on the q/k/v projections (`config.qkv_bias`):
+`nn.Linear` adds it inside the QKV GEMM, so RoPE (fused or not) rotates q and k with it, as
+Qwen2 does. Other families subclass the layer (`engines.model.qwen3`).
 
 Q/K/V and gate/up projections are fused into one matrix each (fewer, larger GEMMs); the loaders
 produce weights in that layout. Parameter names: embed_tokens, layers.{i}.{input_norm, qkv_proj,
-o_proj, post_attn_norm, gate_up_proj, down_proj}, norm, lm_head (absent when tied).
+o_proj, post_attn_norm, gate_up_proj, down_proj}, norm, lm_head (absent when tied); qkv_proj has a
+`bias` too where `config.qkv_bias`.
 
 `int8_block` >= 0 builds the int8 (W8A8) model of `engines.quant` instead: the projections, the head
 and the embedding hold int8 buffers (`qweight`, `scale`), the head is untied, and down_proj rotates
@@ -19,32 +24,12 @@ from torch import nn
 from engines.forward_context import ForwardContext
 from engines.model import fused
 from engines.model.attention import paged_attention, write_kv
+from engines.model.layers import RMSNorm, linear, pre_norm
 from engines.model.rope import RotaryEmbedding, rotate_heads
 from engines.model_config import ModelConfig
-from engines.quant.int8 import Int8Embedding, Int8Linear
+from engines.quant.int8 import Int8Embedding
 
-
-def _linear(in_features: int, out_features: int, int8_block: int | None, block: int = 0,
-            norm_eps: float | None = None) -> nn.Module:
-    """A float projection, or an int8 one (which takes over the RMSNorm before it, if `norm_eps`)."""
-    if int8_block is None:
-        return nn.Linear(in_features, out_features, bias=False)
-    return Int8Linear(in_features, out_features, block, norm_eps)
-
-
-def _norm(dim: int, eps: float, int8_block: int | None) -> nn.Module:
-    # int8 models: the projection after the norm applies it (Int8Linear.norm_eps), the weight is folded
-    return RMSNorm(dim, eps) if int8_block is None else nn.Identity()
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return fused.rms_norm(x, self.weight, self.eps)  # float32 statistics; one kernel on a GPU
+__all__ = ["DecoderLayer", "LlamaModel", "RMSNorm"]
 
 
 class DecoderLayer(nn.Module):
@@ -57,12 +42,12 @@ class DecoderLayer(nn.Module):
         self.scale = self.head_dim ** -0.5
         h, i = config.hidden_size, config.intermediate_size
         eps = config.rms_norm_eps
-        self.input_norm = _norm(h, eps, int8_block)
-        self.qkv_proj = _linear(h, self.q_size + 2 * self.kv_size, int8_block, norm_eps=eps)
-        self.o_proj = _linear(self.q_size, h, int8_block)
-        self.post_attn_norm = _norm(h, eps, int8_block)
-        self.gate_up_proj = _linear(h, 2 * i, int8_block, norm_eps=eps)
-        self.down_proj = _linear(i, h, int8_block, int8_block or 0)
+        self.input_norm = pre_norm(h, eps, int8_block)
+        self.qkv_proj = linear(h, self.q_size + 2 * self.kv_size, int8_block, norm_eps=eps, bias=config.qkv_bias)
+        self.o_proj = linear(self.q_size, h, int8_block)
+        self.post_attn_norm = pre_norm(h, eps, int8_block)
+        self.gate_up_proj = linear(h, 2 * i, int8_block, norm_eps=eps)
+        self.down_proj = linear(i, h, int8_block, int8_block or 0)
 
     # The layer's stages, as methods: `forward` chains them, and the estimator's kernel sweep
     # (estimator/profiler/kernel_timing.py) times the same calls one by one.
@@ -97,17 +82,19 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
+    layer_class: type[DecoderLayer] = DecoderLayer  # a family's own layer (its subclass of this model says)
+
     def __init__(self, config: ModelConfig, int8_block: int | None = None, tied_head: bool | None = None):
         super().__init__()
         self.config = config
         h, v = config.hidden_size, config.vocab_size
         self.embed_tokens = nn.Embedding(v, h) if int8_block is None else Int8Embedding(v, h)
-        self.layers = nn.ModuleList(DecoderLayer(config, i, int8_block) for i in range(config.num_hidden_layers))
-        self.norm = _norm(h, config.rms_norm_eps, int8_block)
+        self.layers = nn.ModuleList(self.layer_class(config, i, int8_block) for i in range(config.num_hidden_layers))
+        self.norm = pre_norm(h, config.rms_norm_eps, int8_block)
         # a rotated model unties the head from the embedding (the head carries the final norm)
         self.tied_head = config.tie_word_embeddings and int8_block is None if tied_head is None else tied_head
         if not self.tied_head:
-            self.lm_head = _linear(h, v, int8_block, norm_eps=config.rms_norm_eps)
+            self.lm_head = linear(h, v, int8_block, norm_eps=config.rms_norm_eps)
         self.rope = RotaryEmbedding(config)
 
     @property

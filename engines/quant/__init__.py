@@ -18,6 +18,7 @@ from engines.quant.rotation import rotate_state
 
 QUANTIZATIONS = ("auto", "none", "w8a8_int8")
 PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+FOLDED_NORMS = (".input_norm.weight", ".post_attn_norm.weight")  # and the final "norm.weight"
 
 
 def resolve_quantization(name: str | None, device: torch.device, source_quantized: bool) -> str:
@@ -47,11 +48,11 @@ def quantize_state(config: ModelConfig, state: dict[str, torch.Tensor]) -> dict[
         if leaf == "weight" and prefix.rpartition(".")[2] in PROJECTIONS:
             q, s = quantize_weight(rotated.pop(name))
             out[prefix + ".qweight"], out[prefix + ".scale"] = q, s
-    for name in [n for n in rotated if n.endswith("norm.weight")]:
+    for name in [n for n in rotated if n == "norm.weight" or n.endswith(FOLDED_NORMS)]:
         # folded into the next projection by the rotation; the int8 projections apply the norm itself
         if not torch.all(rotated.pop(name) == 1):
             raise AssertionError(f"{name} was not folded")
-    out.update(rotated)  # down_proj input rotations
+    out.update(rotated)  # down_proj input rotations, float biases, per-head q/k norms (kept in float)
     return out
 
 

@@ -73,15 +73,18 @@ def _quantize_rows_paired(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class Int8Linear(nn.Module):
-    """y = x @ (qweight * scale[:, None])^T, x float32 [M, K] -> y float32 [M, N]. `block` > 0: x is
-    first rotated in blocks of `block` columns by `input_rotation` [block, block]. `norm_eps`: x is
-    first RMS-normalized (unit weight) with this epsilon."""
+    """y = x @ (qweight * scale[:, None])^T (+ bias), x float32 [M, K] -> y float32 [M, N]. `block` > 0:
+    x is first rotated in blocks of `block` columns by `input_rotation` [block, block]. `norm_eps`: x
+    is first RMS-normalized (unit weight) with this epsilon. `bias`: a float32 `bias` [N] is added
+    after the GEMM and its scaling, unquantized (Qwen2's q/k/v biases are large next to the products)."""
 
-    def __init__(self, in_features: int, out_features: int, block: int = 0, norm_eps: float | None = None):
+    def __init__(self, in_features: int, out_features: int, block: int = 0, norm_eps: float | None = None,
+                 bias: bool = False):
         super().__init__()
         self.in_features, self.out_features, self.block, self.norm_eps = in_features, out_features, block, norm_eps
         self.register_buffer("qweight", torch.empty(out_features, in_features, dtype=torch.int8))
         self.register_buffer("scale", torch.empty(out_features, dtype=torch.float32))
+        self.register_buffer("bias", torch.empty(out_features, dtype=torch.float32) if bias else None)
         if block:
             self.register_buffer("input_rotation", torch.empty(block, block, dtype=torch.float32))
         self._packed = None
@@ -112,11 +115,14 @@ class Int8Linear(nn.Module):
             norm = torch.linalg.vector_norm(x, 2, dim=-1, keepdim=True)
             amax = amax.mul_(torch.addcmul(self._eps, norm, norm, value=1 / self.in_features).rsqrt_())
         y = torch.ops.quantized.linear_dynamic(xn, self._packed, False).mul_(amax)
+        if self.bias is not None:
+            y = y.add_(self.bias)
         return y.view(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         norm = f", rms_norm(eps={self.norm_eps})" if self.norm_eps is not None else ""
-        return f"in={self.in_features}, out={self.out_features}, block={self.block}{norm}, int8 (fbgemm)"
+        bias = ", bias" if self.bias is not None else ""
+        return f"in={self.in_features}, out={self.out_features}, block={self.block}{norm}{bias}, int8 (fbgemm)"
 
 
 class Int8Embedding(nn.Module):

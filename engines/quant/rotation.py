@@ -18,6 +18,10 @@ In real arithmetic the rotated model computes the same logits (checked in the te
   by a randomized Hadamard H; down_proj's columns carry H so the product is unchanged. The block
   is small (64: a 64-wide matmul per token, ~7% of down_proj's work).
 
+Q and K are unchanged by all of this, so what reads them stays as it is: q/k biases and Qwen3's
+per-head q/k norms pass through; a v bias is rotated with its head (v_head R). A tensor this rewrite
+does not know is an error, not dropped.
+
 The embedding and the LM head, tied in the source, are separate afterwards (the head carries the
 final norm's weight). The rotations are built in float64 and applied in float32 (their rounding,
 ~1e-7 relative, is far below int8's)."""
@@ -94,7 +98,10 @@ def rotate_state(config: ModelConfig, state: dict[str, torch.Tensor], seed: int 
     rv = random_hadamard(d, gen).float()
     rd = random_hadamard(block, gen).float() if block else None
 
+    read: set[str] = set()
+
     def f32(name: str) -> torch.Tensor:
+        read.add(name)
         return state[name].float()
 
     embed = f32("embed_tokens.weight")
@@ -115,6 +122,12 @@ def rotate_state(config: ModelConfig, state: dict[str, torch.Tensor], seed: int 
         if rd is not None:
             down = (down.reshape(h, -1, block) @ rd).reshape(h, -1)
             out[p + "down_proj.input_rotation"] = rd
+        if p + "qkv_proj.bias" in state:
+            b = f32(p + "qkv_proj.bias")
+            out[p + "qkv_proj.bias"] = torch.cat([b[: qs + kvs], (b[qs + kvs:].view(-1, d) @ rv).reshape(-1)])
+        for norm in ("q_norm.weight", "k_norm.weight"):  # on q and k heads, which no rotation changed
+            if p + norm in state:
+                out[p + norm] = f32(p + norm)
         out.update({
             p + "input_norm.weight": ones,
             p + "post_attn_norm.weight": ones,
@@ -123,4 +136,7 @@ def rotate_state(config: ModelConfig, state: dict[str, torch.Tensor], seed: int 
             p + "gate_up_proj.weight": rq.columns(f32(p + "gate_up_proj.weight") * f32(p + "post_attn_norm.weight")),
             p + "down_proj.weight": rq.rows(down),
         })
+    unknown = sorted(set(state) - read)
+    if unknown:
+        raise ValueError(f"the int8 rotation does not handle {unknown[:5]}: this model has no int8 form yet")
     return {k: v.contiguous() for k, v in out.items()}, block

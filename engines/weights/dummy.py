@@ -48,4 +48,10 @@ def dummy_weights(config: ModelConfig, dtype: torch.dtype, seed: int = 0,
         state[f"{p}.o_proj.weight"] = normal(h, config.q_size)
         state[f"{p}.gate_up_proj.weight"] = normal(2 * i, h)
         state[f"{p}.down_proj.weight"] = normal(h, i)
+        # drawn after the layer's matrices: a Llama config draws the values it always has
+        if config.qkv_bias:
+            state[f"{p}.qkv_proj.bias"] = normal(config.q_size + 2 * config.kv_size)
+        if config.qk_norm:
+            state[f"{p}.q_norm.weight"] = torch.ones(config.head_dim, dtype=dtype, device=device)
+            state[f"{p}.k_norm.weight"] = torch.ones(config.head_dim, dtype=dtype, device=device)
     return state

@@ -1,7 +1,11 @@
 """GGUF files (llama.cpp format), dequantized to a float dtype on load.
 
 llama.cpp's converter permutes the rows of Q and K so that its interleaved RoPE applies; our model
-uses the Hugging Face half-rotation layout, so those rows are put back on load."""
+uses the Hugging Face half-rotation layout, so those rows are put back on load.
+
+Every tensor of the file is used or the load fails naming it. `rope_freqs.weight` (Llama 3.1-3.3's
+rope scaling, which llama.cpp stores as one divisor per frequency instead of its parameters) becomes
+the config's llama3 `rope_scaling` where Meta's parameters reproduce it; other scalings are refused."""
 
 from __future__ import annotations
 
@@ -10,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from engines import architectures
+from engines.model.rope import inverse_frequencies
 from engines.model_config import ModelConfig
 from engines.weights.errors import ModelLoadError
 from engines.weights.layout import check_shapes, fuse_layer
@@ -43,6 +49,7 @@ def config_from_gguf(reader, name: str) -> ModelConfig:
     names = {t.name for t in reader.tensors}
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
     cfg = {
+        "architectures": [architectures.LLAMA],
         "hidden_size": hidden,
         "intermediate_size": _field(reader, f"{a}.feed_forward_length"),
         "num_hidden_layers": _field(reader, f"{a}.block_count"),
@@ -59,7 +66,30 @@ def config_from_gguf(reader, name: str) -> ModelConfig:
     }
     if None in (cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"], heads, vocab):
         raise ModelLoadError("GGUF metadata lacks the llama shape fields (block_count, embedding_length, …)")
+    scaling = _field(reader, f"{a}.rope.scaling.type")
+    if scaling not in (None, "none"):
+        raise ModelLoadError(f"GGUF rope scaling {scaling!r} is not implemented (only Llama-3's rope_freqs)")
+    if "rope_freqs.weight" in names:
+        cfg["rope_scaling"] = _llama3_scaling(cfg, next(t for t in reader.tensors if t.name == "rope_freqs.weight"))
     return ModelConfig.from_hf_dict(cfg, name=name)
+
+
+# The llama3 parameters of Llama 3.1-3.3 (3.2 with factor 32): their divisors are 1 for short
+# wavelengths, `factor` for long ones, a blend between; the factor is the largest divisor.
+_LLAMA3 = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def _llama3_scaling(cfg: dict, tensor) -> dict:
+    """The llama3 `rope_scaling` whose divisors are `tensor`'s, or an error naming it."""
+    import gguf
+
+    divisors = torch.from_numpy(np.array(gguf.quants.dequantize(tensor.data, tensor.tensor_type), np.float32).reshape(-1))
+    scaling = {**_LLAMA3, "factor": float(divisors.max())}
+    plain, scaled = (inverse_frequencies(ModelConfig.from_hf_dict(c)) for c in (cfg, {**cfg, "rope_scaling": scaling}))
+    if divisors.shape != plain.shape or not torch.allclose(plain / scaled, divisors, rtol=1e-4):
+        raise ModelLoadError(f"rope_freqs.weight holds RoPE divisors that llama3 scaling {scaling} does not give: "
+                             "another rope scaling, not implemented")
+    return scaling
 
 
 def gguf_projections_quantized(path: Path, reader=None) -> bool:
@@ -88,7 +118,7 @@ def load_gguf(path: Path, dtype: torch.dtype, reader=None) -> tuple[ModelConfig,
     config = config_from_gguf(reader, name=path.stem)
 
     def tensor(name: str, heads: int | None = None) -> torch.Tensor:
-        t = by_name.get(name)
+        t = by_name.pop(name, None)
         if t is None:
             raise ModelLoadError(f"{path.name}: tensor {name!r} missing")
         try:
@@ -103,6 +133,7 @@ def load_gguf(path: Path, dtype: torch.dtype, reader=None) -> tuple[ModelConfig,
         return torch.from_numpy(arr).to(dtype)
 
     by_name = {t.name: t for t in reader.tensors}
+    by_name.pop("rope_freqs.weight", None)  # used: it is config.rope_scaling (config_from_gguf)
     state = {"embed_tokens.weight": tensor("token_embd.weight"), "norm.weight": tensor("output_norm.weight")}
     if not config.tie_word_embeddings:
         state["lm_head.weight"] = tensor("output.weight")
@@ -117,6 +148,10 @@ def load_gguf(path: Path, dtype: torch.dtype, reader=None) -> tuple[ModelConfig,
             down=tensor(f"{b}.ffn_down.weight"),
             input_norm=tensor(f"{b}.attn_norm.weight"), post_norm=tensor(f"{b}.ffn_norm.weight"),
         ))
+    if by_name:  # every tensor of the file has its place in the model, or the file is another model
+        unused = sorted(by_name)
+        raise ModelLoadError(f"{path.name}: tensors the llama model does not use: {unused[:5]}"
+                             f"{f' and {len(unused) - 5} more' if len(unused) > 5 else ''}")
     try:
         check_shapes(config, state)
     except ValueError as exc:

@@ -1,9 +1,11 @@
-"""Mapping per-projection weights onto the model's fused layout."""
+"""Mapping per-projection weights onto the model's fused layout, and checking a state against the
+model it is for."""
 
 from __future__ import annotations
 
 import torch
 
+from engines.model.build import float_shapes
 from engines.model_config import ModelConfig
 
 
@@ -19,22 +21,17 @@ def fuse_layer(prefix: str, q, k, v, o, gate, up, down, input_norm, post_norm) -
 
 
 def check_shapes(config: ModelConfig, state: dict[str, torch.Tensor]) -> None:
-    """Fail with the offending tensor's name rather than deep inside load_state_dict."""
-    h, i, v = config.hidden_size, config.intermediate_size, config.vocab_size
-    expected = {"embed_tokens.weight": (v, h), "norm.weight": (h,)}
-    if not config.tie_word_embeddings:
-        expected["lm_head.weight"] = (v, h)
-    for n in range(config.num_hidden_layers):
-        p = f"layers.{n}"
-        expected.update({
-            f"{p}.input_norm.weight": (h,), f"{p}.post_attn_norm.weight": (h,),
-            f"{p}.qkv_proj.weight": (config.q_size + 2 * config.kv_size, h),
-            f"{p}.o_proj.weight": (h, config.q_size),
-            f"{p}.gate_up_proj.weight": (2 * i, h), f"{p}.down_proj.weight": (h, i),
-        })
+    """Fail with the offending tensor's name rather than deep inside load_state_dict: one the float
+    model of `config` has and `state` lacks, one it has no place for, one of another shape. The
+    model itself (built on the meta device) says what it has, so every family is checked alike."""
+    expected = float_shapes(config)
     missing = sorted(set(expected) - set(state))
     if missing:
         raise ValueError(f"missing weights: {missing[:5]}{' …' if len(missing) > 5 else ''}")
+    unused = sorted(set(state) - set(expected))
+    if unused:
+        raise ValueError(f"weights the {config.architecture} model does not use: {unused[:5]}"
+                         f"{' …' if len(unused) > 5 else ''}")
     for name, shape in expected.items():
         if tuple(state[name].shape) != shape:
             raise ValueError(f"weight {name} has shape {tuple(state[name].shape)}, expected {shape}")

@@ -10,8 +10,9 @@ context tables and the tensors the layer before produced.
 The steps below are `DecoderLayer.forward` cut at kernel-class boundaries (`layer_steps`); chained,
 they must compute exactly what the layer does, which `check_steps_compose_layer` verifies — if the
 layer code changes, the check fails instead of the sweep silently timing something else. RoPE runs
-through `RotaryEmbedding.rotate` on tables reserved beforehand, so each class can also be captured
-as a CUDA graph (the timer may replay it: kernel time without launch gaps)."""
+through the layer's `rotate` on the step's tables (or `RotaryEmbedding.rotate` on tables reserved
+beforehand), so each class can also be captured as a CUDA graph (the timer may replay it: kernel
+time without launch gaps)."""
 
 from __future__ import annotations
 
@@ -52,13 +53,9 @@ def layer_steps(bench: ModelBench, ctx, attn_class: str) -> list[tuple[str, Step
     def qkv_proj(layer, s):
         return {**s, "qkv": layer.qkv_proj(s["h"])}
 
-    def rope(layer, s):
-        t = s["x"].shape[0]
-        q, k, v = s["qkv"].split([layer.q_size, layer.kv_size, layer.kv_size], dim=-1)
-        q = q.view(t, layer.num_heads, layer.head_dim)
-        k = k.view(t, layer.num_kv_heads, layer.head_dim)
-        q, k = model.rope.rotate(ctx.positions, q, k)
-        return {**s, "q": q, "k": k, "v": v.view(t, layer.num_kv_heads, layer.head_dim)}
+    def rope(layer, s):  # the layer's own split and rotation (with a family's q/k norms: Qwen3)
+        q, k, v = layer.rotate(s["qkv"], ctx, model.rope.rotate)
+        return {**s, "q": q, "k": k, "v": v}
 
     def attention(layer, s):
         k_cache, v_cache = kv[layer.layer_id, 0], kv[layer.layer_id, 1]

@@ -1,0 +1,68 @@
+"""Tiny random checkpoints of each served architecture, saved by `transformers` itself (config.json,
+model.safetensors and a byte-level tokenizer): what Bullet must reproduce token for token.
+
+The weights are drawn wider than transformers' default (std 0.02 would leave logits within ~1e-3 of
+each other, where float rounding picks the argmax), and the norms away from 1, so that a mix-up of
+norms or a dropped bias shows in the tokens."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+VOCAB = 256  # one token per byte: a tokenizer with nothing to train
+SHAPE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6, rope_theta=10000.0,
+             bos_token_id=None, eos_token_id=None, pad_token_id=None)
+
+
+def byte_tokenizer():
+    """A byte-level BPE with no merges: every byte one token, any text encodes."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok)
+
+
+def config(architecture: str, **overrides):
+    import transformers
+
+    if architecture == "Qwen2ForCausalLM":  # tied, as the small Qwen2.5 models are
+        return transformers.Qwen2Config(**{**SHAPE, "tie_word_embeddings": True, **overrides})
+    if architecture == "Qwen3ForCausalLM":  # head_dim 32: q is 128 wide over a hidden size of 64
+        return transformers.Qwen3Config(**{**SHAPE, "head_dim": 32, **overrides})
+    if architecture == "LlamaForCausalLM":
+        return transformers.LlamaConfig(**{**SHAPE, **overrides})
+    raise ValueError(architecture)
+
+
+def save(architecture: str, path: Path, seed: int = 0, **overrides):
+    """The model (fp32, eval) after saving it and its tokenizer to `path`."""
+    import transformers
+
+    torch.manual_seed(seed)
+    model = getattr(transformers, architecture)(config(architecture, **overrides)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+            elif name.endswith("bias"):
+                p.normal_(0, 0.2)  # large enough that a dropped bias changes the tokens
+            else:
+                p.normal_(0, 0.2)
+    model.save_pretrained(str(path))
+    byte_tokenizer().save_pretrained(str(path))
+    return model
+
+
+def greedy(model, prompt_ids: list[int], n: int) -> list[int]:
+    """transformers' own greedy continuation of n tokens."""
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+                             max_new_tokens=n, min_new_tokens=n, do_sample=False)
+    return out[0, len(prompt_ids):].tolist()
