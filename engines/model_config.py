@@ -91,6 +91,14 @@ class ModelConfig(BaseModel):
         head = 0 if self.tie_word_embeddings else v * h
         return v * h + layers + h + head
 
+    def projection_parameters(self) -> int:
+        """The parameters of the layers' projection matrices (attention, dense MLPs, experts): what an
+        FP8 checkpoint stores in FP8 (embedding, head, norms, biases and routers stay in float)."""
+        h, w, sparse = self.hidden_size, self.moe_intermediate_size, len(self.moe_layers)
+        attention = h * (self.q_size + 2 * self.kv_size) + self.q_size * h
+        return (self.num_hidden_layers * attention + (self.num_hidden_layers - sparse) * 3 * h * self.intermediate_size
+                + sparse * self.num_experts * 3 * h * w)
+
     @classmethod
     def from_hf_dict(cls, cfg: dict[str, Any], name: str = "llama") -> "ModelConfig":
         arch = architectures.architecture_of(cfg)
