@@ -10,15 +10,23 @@ output is the sum of its experts' outputs times their probabilities.
 pick) rows are sorted by expert, so each expert that any token picked runs once, as two GEMMs over
 its own rows (SwiGLU's product between them is `fused.silu_mul`, one kernel on a GPU); the results
 go back to their rows, are weighted and summed over the picks. It reads the per-expert row counts on
-the host, so a CUDA decode graph cannot capture it (`engines.cuda_graphs.graph_blocker` says so)."""
+the host, so a CUDA decode graph cannot capture it. On CUDA tensors the Triton kernels of
+`engines.model.triton_moe` run instead (the same computation, no host read: graphs capture them),
+where triton imports and the fused kernels are on (`BULLET_FUSED_KERNELS`); else the grouped path,
+and `engines.cuda_graphs.graph_blocker` keeps decode eager."""
 
 from __future__ import annotations
+
+import functools
+import logging
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from engines.model import fused
+
+log = logging.getLogger("engines.moe")
 
 
 def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,21 +60,41 @@ def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, g
     return (per_pick.view(t, k, -1) * weights.unsqueeze(-1)).sum(dim=1)
 
 
+@functools.lru_cache(maxsize=1)
 def _triton_moe():
-    """The GPU kernels, where there are some (None: every device takes the grouped path)."""
-    return None
+    """The GPU kernels, or None where triton does not import (then every device takes the grouped path)."""
+    try:
+        from engines.model import triton_moe  # deferred: triton is optional
+    except ImportError:
+        return None
+    return triton_moe
+
+
+_TRITON_FAILED: list[str] = []  # set once the kernels failed to compile or launch here
 
 
 def experts_forward(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
                     down: torch.Tensor) -> torch.Tensor:
-    if x.is_cuda and fused.ENABLED and _triton_moe() is not None:
-        return _triton_moe().fused_experts(x, weights, ids, gate_up, down)
+    """The Triton kernels on CUDA tensors, else (or once they failed on this GPU) the grouped path."""
+    if triton_on(x):
+        try:
+            return _triton_moe().fused_experts(x, weights, ids, gate_up, down)
+        except Exception as exc:  # e.g. a toolchain this Triton cannot drive: serve on, slower
+            log.warning("Triton MoE kernels failed (%s: %s): the experts run grouped in torch from now on",
+                        type(exc).__name__, exc)
+            _TRITON_FAILED.append(repr(exc))
     return grouped_experts(x, weights, ids, gate_up, down)
+
+
+def triton_on(x: torch.Tensor) -> bool:
+    """Whether `x`'s experts take the Triton kernels (the tests turn them on for CPU tensors, which
+    Triton's interpreter runs)."""
+    return x.is_cuda and not runs_on_host_counts(x.device)
 
 
 def runs_on_host_counts(device: torch.device) -> bool:
     """Whether the experts on `device` read their row counts on the host (then no CUDA graph)."""
-    return device.type != "cuda" or not fused.ENABLED or _triton_moe() is None
+    return device.type != "cuda" or not fused.ENABLED or bool(_TRITON_FAILED) or _triton_moe() is None
 
 
 class Experts(nn.Module):

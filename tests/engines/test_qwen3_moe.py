@@ -95,14 +95,12 @@ def test_grouped_experts_equal_a_per_token_loop(renormalize):
 
 def test_fused_stages_and_paged_kernels_compute_the_reference(checkpoints, monkeypatch):
     """The GPU's path on CPU tensors (the fused Triton RMSNorm/RoPE/SwiGLU stages, interpreted, and the
-    Triton paged-attention kernels): the experts' SwiGLU products go through the fused kernel, and
-    the logits equal the torch lines'."""
-    triton = pytest.importorskip("triton")
+    Triton paged-attention kernels): the grouped experts' SwiGLU products go through the fused
+    kernel, then the experts through the Triton MoE kernels, and the logits equal the torch lines'."""
+    _interpreted_triton()
     from engines.model import fused
     from engines.model.triton_attention import TritonPagedKernels
 
-    if not torch.cuda.is_available() and isinstance(fused._kernels().rope_kernel, triton.runtime.JITFunction):
-        pytest.skip("triton was imported without TRITON_INTERPRET=1: its kernels cannot run on CPU tensors")
     path, _ = checkpoints["mixed"]
     w = load_weights(str(path))
     model = build_model(w.config, w.state)
@@ -122,8 +120,57 @@ def test_fused_stages_and_paged_kernels_compute_the_reference(checkpoints, monke
     got = run(True)
     # per step: the dense layer's one product over every row, then one per expert the rows picked
     assert sum(calls) == len(ids) * (1 + w.config.num_experts_per_tok) and len(calls) > 3
-    for a, b in zip(got, run(False)):
+    want = run(False)
+    for a, b in zip(got, want):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    # and the experts through the Triton MoE kernels, as on a GPU (no SwiGLU stage of their own then)
+    launches = []
+    real_fused = moe._triton_moe().fused_experts
+    monkeypatch.setattr(moe, "triton_on", lambda x: True)
+    monkeypatch.setattr(moe._triton_moe(), "fused_experts", lambda *a: launches.append(a[0].shape[0]) or real_fused(*a))
+    calls.clear()
+    for a, b in zip(run(True), want):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    assert launches == [len(ids) // 2, len(ids) - 1 - len(ids) // 2, 1] and sum(calls) == len(ids)
+
+
+def _interpreted_triton():
+    triton = pytest.importorskip("triton")
+    from engines.model import fused
+
+    if not torch.cuda.is_available() and isinstance(fused._kernels().rope_kernel, triton.runtime.JITFunction):
+        pytest.skip("triton was imported without TRITON_INTERPRET=1: its kernels cannot run on CPU tensors")
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_triton_moe_kernels_compute_the_grouped_path(dtype):
+    """Token-expert alignment and the two grouped GEMMs (interpreted without a GPU) against the grouped
+    torch path: experts with several blocks of rows, experts with none, a width and a hidden size
+    that the tiles do not divide, one row."""
+    device = _interpreted_triton()
+    from engines.model import triton_moe
+
+    gen = torch.Generator().manual_seed(2)
+    for tokens, hidden, width, experts, top_k in ((40, 40, 24, 4, 3), (6, 32, 16, 10, 2), (1, 32, 16, 128, 8)):
+        x = torch.randn(tokens, hidden, generator=gen)
+        router = torch.randn(experts, hidden, generator=gen)
+        gate_up = torch.randn(experts, 2 * width, hidden, generator=gen) / 4
+        down = torch.randn(experts, hidden, width, generator=gen) / 4
+        x, router, gate_up, down = (t.to(device, dtype) for t in (x, router, gate_up, down))
+        weights, ids = moe.route(x @ router.T, top_k, True)
+        slots, block_expert = triton_moe.align(ids, experts, 16)
+        rows = tokens * top_k
+        assert sorted(s for s in slots.tolist() if s < rows) == list(range(rows))  # every row in one slot
+        assert block_expert.tolist() == sorted(block_expert.tolist())
+        flat = ids.reshape(-1).tolist()
+        for b, e in enumerate(block_expert.tolist()):  # a block's rows are its expert's
+            assert all(flat[s] == e for s in slots[b * 16:(b + 1) * 16].tolist() if s < rows)
+        got = triton_moe.fused_experts(x, weights, ids, gate_up, down, block_m=16, block_n=16, block_k=16)
+        want = moe.grouped_experts(x, weights, ids, gate_up, down)
+        # bf16: one rounding per kernel against the grouped path's three: a few units in the last place
+        tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=0.1, rtol=2e-2)
+        torch.testing.assert_close(got.float(), want.float(), **tol)
 
 
 def test_both_expert_spellings_load_the_same_and_nothing_else(checkpoints, tmp_path):
