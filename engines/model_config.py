@@ -141,7 +141,8 @@ class ModelConfig(BaseModel):
 
     @classmethod
     def builtin(cls, name: str) -> "ModelConfig":
-        """One of the shipped configs (engines/configs): smollm2-135m, llama-3.1-8b, llama-3.1-70b, qwen3-32b."""
+        """One of the shipped configs (engines/configs): smollm2-135m, llama-3.1-8b, llama-3.1-70b, qwen3-32b,
+        qwen3-30b-a3b, qwen3-235b-a22b."""
         path = CONFIG_DIR / f"{name}.json"
         if not path.exists():
             known = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.json")))
