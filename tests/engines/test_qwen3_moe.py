@@ -279,3 +279,19 @@ def test_decode_graphs_need_the_experts_off_the_host(monkeypatch):
     assert "group their rows by expert on the host" in graph_blocker(runner)
     runner.device = torch.device("cpu")  # a CPU never runs graphs
     assert graph_blocker(runner) is None
+
+
+@pytest.mark.slow  # a server start: ~10-30 s on two cores
+def test_served_greedy_equals_transformers(checkpoints):
+    """A real `bullet launch` (prefill and decode workers sharing the stacked experts) serving the
+    mixed checkpoint."""
+    from tests.server_utils import ServerProcess
+
+    path, ref = checkpoints["mixed"]
+    tok = tiny.byte_tokenizer()
+    with ServerProcess("--model-path", str(path), "--dtype", "float32", "--max-total-tokens", "1024",
+                       "--policy", "static") as server:
+        status, body = server.post("/generate", {"text": PROMPTS, "sampling_params": {
+            "max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}})
+    assert status == 200, body
+    assert [b["output_ids"] for b in body] == [tiny.greedy(ref, tok.encode(p), NEW_TOKENS) for p in PROMPTS]
