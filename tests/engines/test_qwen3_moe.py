@@ -1,12 +1,11 @@
 """Qwen3-MoE against `transformers` on tiny random checkpoints it saved itself (2 layers, 8 experts of
 width 32, 2 per token, fp32): greedy tokens equal through the offline API, with every layer sparse
-and renormalised picks, and with a dense layer among sparse ones without renormalisation. The
-grouped expert path against a per-token loop; both checkpoint spellings of the experts; what a
-config or checkpoint may not do."""
+and renormalised picks, and with a dense layer among sparse ones without renormalisation (and served,
+marked slow). The grouped expert path against a per-token loop; the Triton MoE kernels against the
+grouped path (interpreted without a GPU); both checkpoint spellings of the experts; what a config or
+checkpoint may not do."""
 
 from __future__ import annotations
-
-import json
 
 import pytest
 import torch
