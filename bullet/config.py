@@ -26,7 +26,8 @@ class ServerArgs(BaseModel):
         "auto", description="what the KV pool stores: auto (the model's compute dtype; float32 for the int8 model) | "
         "float16 | bfloat16 | float32 (float16 halves the bytes each decode step reads, and the pool's size)")
     quantization: str = Field("auto", description="auto (int8 W8A8 for a quantized GGUF on a CPU when --dtype is "
-                              "auto, else none) | none (dequantize to --dtype) | w8a8_int8")
+                              "auto; an FP8 checkpoint kept in FP8 on CUDA, dequantized on a CPU; else none) | none (dequantize to "
+                              "--dtype) | w8a8_int8 | fp8 (an FP8 checkpoint as stored)")
     device: str = Field("cpu", description="cpu | cuda | cuda:<index> | auto (a GPU if one is visible)")
     served_model_name: str | None = Field(None, description="model name reported by the API (default: from the path)")
     seed: int = Field(0, description="seed for dummy weights")

@@ -10,15 +10,21 @@ is never served as a different one. Torch-free: the estimator reads the same con
   shorter than the context) it is Llama's.
 * Qwen2ForCausalLM: Llama with a bias on the q/k/v projections (always, whatever the config says).
 * Qwen3ForCausalLM: Llama with a per-head RMSNorm of q and k before RoPE; its head_dim is its own
-  (not hidden / heads)."""
+  (not hidden / heads).
+* Qwen3MoeForCausalLM: Qwen3's attention; the MLP of its sparse layers is a mixture of experts (a
+  router picks `num_experts_per_tok` of `num_experts` SwiGLU experts per token, weighted by their
+  softmax probabilities, renormalised over the picked ones where `norm_topk_prob`). Which layers are
+  sparse: every `decoder_sparse_step`-th, except `mlp_only_layers` (those keep a dense SwiGLU of
+  `intermediate_size`). Shared experts (Qwen2-MoE's) are refused."""
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
 LLAMA, MISTRAL, QWEN2, QWEN3 = "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"
+QWEN3_MOE = "Qwen3MoeForCausalLM"
 # `model_type` of configs that name no architecture (hand-written ones, the estimator's reference shapes)
-_BY_MODEL_TYPE = {"llama": LLAMA, "mistral": MISTRAL, "qwen2": QWEN2, "qwen3": QWEN3}
+_BY_MODEL_TYPE = {"llama": LLAMA, "mistral": MISTRAL, "qwen2": QWEN2, "qwen3": QWEN3, "qwen3_moe": QWEN3_MOE}
 
 
 class UnsupportedModel(ValueError):
@@ -42,7 +48,7 @@ def architecture_of(cfg: dict[str, Any]) -> str:
     return _BY_MODEL_TYPE[model_type]
 
 
-def switches(architecture: str, cfg: dict[str, Any]) -> dict[str, bool]:
+def switches(architecture: str, cfg: dict[str, Any]) -> dict[str, Any]:
     """The decoder switches of `architecture` for this config, after the checks every family shares."""
     if cfg.get("hidden_act", "silu") != "silu":
         raise UnsupportedModel(f"{architecture} with hidden_act {cfg['hidden_act']!r}: only SwiGLU (silu) "
@@ -96,11 +102,60 @@ def _qwen2(cfg: dict[str, Any]) -> dict[str, bool]:
     return {"qkv_bias": True}
 
 
-def _qwen3(cfg: dict[str, Any]) -> dict[str, bool]:
-    _no_attention_bias(QWEN3, cfg)
-    _refuse_short_window(QWEN3, cfg)
+def _qwen3(cfg: dict[str, Any], architecture: str = QWEN3) -> dict[str, bool]:
+    _no_attention_bias(architecture, cfg)
+    _refuse_short_window(architecture, cfg)
     return {"qk_norm": True}
 
 
-SWITCHES: dict[str, Callable[[dict[str, Any]], dict[str, bool]]] = {
-    LLAMA: _llama, MISTRAL: _mistral, QWEN2: _qwen2, QWEN3: _qwen3}
+def _int(cfg: dict[str, Any], key: str, architecture: str) -> int:
+    value = cfg.get(key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UnsupportedModel(f"{architecture}: {key} must be an integer, got {value!r}")
+    return value
+
+
+def moe_layers(num_layers: int, num_experts: int, sparse_step: int, mlp_only_layers) -> tuple[int, ...]:
+    """The layers whose MLP is the mixture of experts: every `sparse_step`-th (1: all), except the
+    `mlp_only_layers`, and none without experts."""
+    if num_experts <= 0:
+        return ()
+    return tuple(i for i in range(num_layers) if (i + 1) % sparse_step == 0 and i not in mlp_only_layers)
+
+
+def _qwen3_moe(cfg: dict[str, Any]) -> dict[str, Any]:
+    a = QWEN3_MOE
+    out: dict[str, Any] = _qwen3(cfg, a)
+    # transformers >= 5 writes num_local_experts (num_experts is its alias); the hub's configs num_experts
+    given = {k: cfg[k] for k in ("num_experts", "num_local_experts") if cfg.get(k) is not None}
+    if not given:
+        raise UnsupportedModel(f"{a}: the config gives no num_experts")
+    if len(set(given.values())) > 1:
+        raise UnsupportedModel(f"{a}: num_experts and num_local_experts disagree ({given})")
+    experts = _int(given, next(iter(given)), a)
+    shared = cfg.get("shared_expert_intermediate_size")
+    if shared:
+        raise UnsupportedModel(f"{a} with shared experts (shared_expert_intermediate_size {shared}): not implemented")
+    layers = _int(cfg, "num_hidden_layers", a)
+    step = _int({"decoder_sparse_step": cfg.get("decoder_sparse_step", 1)}, "decoder_sparse_step", a)
+    if step < 1:
+        raise UnsupportedModel(f"{a}: decoder_sparse_step must be >= 1, got {step}")
+    dense = cfg.get("mlp_only_layers") or []
+    if not isinstance(dense, (list, tuple)) or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < layers
+                                                   for i in dense):
+        raise UnsupportedModel(f"{a}: mlp_only_layers must list layer indices in [0, {layers}), got {dense!r}")
+    sparse = moe_layers(layers, experts, step, set(dense))
+    if not sparse:  # no expert anywhere: Qwen3's dense decoder under another name
+        return {**out, "moe_layers": ()}
+    top_k = _int(cfg, "num_experts_per_tok", a)
+    if not 1 <= top_k <= experts:
+        raise UnsupportedModel(f"{a}: num_experts_per_tok must lie in [1, num_experts={experts}], got {top_k}")
+    width = _int(cfg, "moe_intermediate_size", a)
+    if width < 1:
+        raise UnsupportedModel(f"{a}: moe_intermediate_size must be >= 1, got {width}")
+    return {**out, "num_experts": experts, "num_experts_per_tok": top_k, "moe_intermediate_size": width,
+            "norm_topk_prob": bool(cfg.get("norm_topk_prob", False)), "moe_layers": sparse}
+
+
+SWITCHES: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    LLAMA: _llama, MISTRAL: _mistral, QWEN2: _qwen2, QWEN3: _qwen3, QWEN3_MOE: _qwen3_moe}

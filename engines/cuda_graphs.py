@@ -98,6 +98,9 @@ def graph_blocker(runner: ModelRunner) -> str | None:
     if runner.device.type == "cuda" and kernels != "triton":
         return (f"the {kernels} paged-attention kernels read device values on the host, which a CUDA graph "
                 "capture forbids: decode graphs need the triton kernels (is triton installed?)")
+    model_blocker = getattr(getattr(runner, "model", None), "graph_blocker", None)
+    if runner.device.type == "cuda" and model_blocker is not None:
+        return model_blocker(runner.device)
     return None
 
 

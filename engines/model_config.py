@@ -51,6 +51,13 @@ class ModelConfig(BaseModel):
     # the decoder's switches, set from the architecture (engines.architectures)
     qkv_bias: bool = False  # the q/k/v projections add a bias (Qwen2)
     qk_norm: bool = False  # q and k heads are RMS-normalized before RoPE (Qwen3)
+    # mixture of experts (Qwen3-MoE): the layers in `moe_layers` replace the dense SwiGLU by
+    # `num_experts` SwiGLU experts of width `moe_intermediate_size`, `num_experts_per_tok` per token
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False  # the picked experts' probabilities are renormalised to sum to 1
+    moe_layers: tuple[int, ...] = ()
 
     @property
     def q_size(self) -> int:
@@ -60,18 +67,37 @@ class ModelConfig(BaseModel):
     def kv_size(self) -> int:
         return self.num_key_value_heads * self.head_dim
 
+    @property
+    def is_moe(self) -> bool:
+        return bool(self.moe_layers)
+
     def kernel_shape(self) -> tuple:
         """What sizes the model's kernels: two configs alike here run the same kernels (Llama-3-8B and
         Llama-3.1-8B), so a latency calibration measured on one describes the other."""
         return (self.hidden_size, self.intermediate_size, self.num_hidden_layers, self.num_attention_heads,
-                self.num_key_value_heads, self.head_dim, self.vocab_size, self.qkv_bias, self.qk_norm)
+                self.num_key_value_heads, self.head_dim, self.vocab_size, self.qkv_bias, self.qk_norm,
+                self.num_experts, self.num_experts_per_tok, self.moe_intermediate_size, self.moe_layers)
 
-    def num_parameters(self) -> int:
+    def num_parameters(self, active: bool = False) -> int:
+        """Every parameter of the model, or (`active`) those one token computes with: of a mixture of
+        experts, its router and `num_experts_per_tok` experts."""
         h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
-        per_layer = h * (self.q_size + 2 * self.kv_size) + self.q_size * h + 3 * h * i + 2 * h
-        per_layer += (self.q_size + 2 * self.kv_size) * self.qkv_bias + 2 * self.head_dim * self.qk_norm
+        attention = h * (self.q_size + 2 * self.kv_size) + self.q_size * h + 2 * h
+        attention += (self.q_size + 2 * self.kv_size) * self.qkv_bias + 2 * self.head_dim * self.qk_norm
+        experts = self.num_experts_per_tok if active else self.num_experts
+        moe = h * self.num_experts + experts * 3 * h * self.moe_intermediate_size
+        sparse = len(self.moe_layers)
+        layers = self.num_hidden_layers * attention + (self.num_hidden_layers - sparse) * 3 * h * i + sparse * moe
         head = 0 if self.tie_word_embeddings else v * h
-        return v * h + self.num_hidden_layers * per_layer + h + head
+        return v * h + layers + h + head
+
+    def projection_parameters(self) -> int:
+        """The parameters of the layers' projection matrices (attention, dense MLPs, experts): what an
+        FP8 checkpoint stores in FP8 (embedding, head, norms, biases and routers stay in float)."""
+        h, w, sparse = self.hidden_size, self.moe_intermediate_size, len(self.moe_layers)
+        attention = h * (self.q_size + 2 * self.kv_size) + self.q_size * h
+        return (self.num_hidden_layers * attention + (self.num_hidden_layers - sparse) * 3 * h * self.intermediate_size
+                + sparse * self.num_experts * 3 * h * w)
 
     @classmethod
     def from_hf_dict(cls, cfg: dict[str, Any], name: str = "llama") -> "ModelConfig":
@@ -115,7 +141,8 @@ class ModelConfig(BaseModel):
 
     @classmethod
     def builtin(cls, name: str) -> "ModelConfig":
-        """One of the shipped configs (engines/configs): smollm2-135m, llama-3.1-8b, llama-3.1-70b, qwen3-32b."""
+        """One of the shipped configs (engines/configs): smollm2-135m, llama-3.1-8b, llama-3.1-70b, qwen3-32b,
+        qwen3-30b-a3b, qwen3-235b-a22b."""
         path = CONFIG_DIR / f"{name}.json"
         if not path.exists():
             known = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.json")))

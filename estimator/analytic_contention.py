@@ -26,7 +26,7 @@ from __future__ import annotations
 from estimator.contention import ContentionModel
 from estimator.estimator import Estimator
 from estimator.hardware import DTYPE_BYTES
-from estimator.ops import head_token_ops, layer_token_ops
+from estimator.ops import expected_experts, head_token_ops
 
 DEFAULT_FLOOR = 0.75  # assumption: decode keeps 75 % of its bandwidth beside a full-device GEMM
 DEFAULT_PREFILL_SLOWDOWN = 0.05  # assumption: within the paper's "< 8 %" for prefill beside decode
@@ -45,10 +45,11 @@ class AnalyticContention:
         self.hardware = hw
         self.peak = hw.peak_bandwidth
         self._ridge = hw.compute_rate(hw.units, estimator.dtype) / hw.bandwidth(hw.units)
-        layer = layer_token_ops(model, dt)
+        layer = estimator.kernels.layer_ops  # with the estimator's weight bytes
         self._layer_fixed = sum(op.bytes_fixed * op.count for op in layer)
         self._layer_row = sum(op.bytes_per_row * op.count for op in layer)
         self._layer_flops_row = sum(op.flops_per_row * op.count for op in layer)
+        self._layer_experts = tuple(op for op in layer if op.experts)  # weights read per expert touched
         embedding, final_norm, lm_head = head_token_ops(model, dt)
         self._head = (embedding, final_norm, lm_head)
         self._prefill_attn_row = float((2 * model.q_size + 4 * model.kv_size) * dt)
@@ -63,14 +64,22 @@ class AnalyticContention:
         return (embedding.bytes_fixed + embedding.bytes_per_row * rows + final_norm.bytes_fixed
                 + final_norm.bytes_per_row * rows + lm_head.bytes_fixed + lm_head.bytes_per_row * outputs)
 
+    def _experts_bytes(self, rows: int) -> float:
+        return sum(op.bytes_per_expert * expected_experts(rows, op.experts, op.top_k) * op.count
+                   for op in self._layer_experts)
+
     def prefill_bytes(self, seq_lens, num_layers: int | None = None, include_head: bool = True) -> float:
         tokens = sum(seq_lens)
         layer = self._layer_fixed + (self._layer_row + self._prefill_attn_row) * tokens
+        if self._layer_experts:
+            layer += self._experts_bytes(tokens)
         layers = self._layers if num_layers is None else num_layers
         return layer * layers + (self._head_bytes(tokens, len(seq_lens)) if include_head else 0.0)
 
     def decode_bytes(self, batch: int, context: int) -> float:
         layer = self._layer_fixed + (self._layer_row + self._decode_attn_row) * batch + self._kv_row * context
+        if self._layer_experts:
+            layer += self._experts_bytes(batch)
         return layer * self._layers + self._head_bytes(batch, batch)
 
     # ---- effect 1: one HBM ------------------------------------------------------------------------
@@ -94,7 +103,10 @@ class AnalyticContention:
         tokens = int(prefill_tokens)
         cached = self._saturation.get(tokens)
         if cached is None:
-            intensity = self._layer_flops_row * tokens / (self._layer_fixed + self._layer_row * tokens)
+            moved = self._layer_fixed + self._layer_row * tokens
+            if self._layer_experts:
+                moved += self._experts_bytes(tokens)
+            intensity = self._layer_flops_row * tokens / moved
             cached = self._saturation[tokens] = min(1.0, intensity / self._ridge) if tokens > 0 else 0.0
         return cached
 

@@ -36,13 +36,17 @@ class Estimator:
     `observe_decode` (online); change `contention` or `calibration.samples` directly, then `refit()`."""
 
     def __init__(self, model: ModelConfig, hardware: HardwareSpec, calibration: Calibration | None = None,
-                 contention: ContentionModel | None = None, dtype: str = "bf16"):
+                 contention: ContentionModel | None = None, dtype: str = "bf16", weight_dtype: str | None = None):
+        """`weight_dtype`: what the projection weights are stored in, where not `dtype` (fp8: a byte
+        each; the GEMMs are still priced at `dtype`'s rate)."""
         self.model = model
         self.hardware = hardware
         self.calibration = calibration if calibration is not None else Calibration()
         self.contention = contention if contention is not None else ContentionModel()
         self.dtype = dtype
-        self.kernels = KernelModel(model, hardware, DTYPE_BYTES[dtype], dtype)
+        self.weight_dtype = weight_dtype if weight_dtype != dtype else None
+        weight_bytes = DTYPE_BYTES[self.weight_dtype] if self.weight_dtype else None
+        self.kernels = KernelModel(model, hardware, DTYPE_BYTES[dtype], dtype, weight_bytes)
         self._refits = 0
         self.refit()
 
@@ -297,7 +301,7 @@ class Estimator:
         """One hybrid step (chunked-prefill baselines): prefill chunks and decode requests share
         every linear kernel; attention runs once for each part. Kernel-level model only."""
         rows = [op for op in layer_ops(self.model, state, self.kernels.dtype_bytes, self.kernels.tiling,
-                                       self.hardware.prefill_attention_per_sequence)]
+                                       self.hardware.prefill_attention_per_sequence, self.kernels.weight_bytes)]
         layer = sum(self.kernels.op_time(op, units) for op in rows)
         head = sum(self.kernels.op_time(op, units) for op in head_ops(self.model, state, self.kernels.dtype_bytes,
                                                                           self.kernels.tiling))
@@ -346,7 +350,8 @@ class Estimator:
     def breakdown(self, state: ExecutionState, units: int, bandwidth_scale: float = 1.0) -> list[tuple[str, float, float]]:
         """(kernel, SRM seconds, calibrated seconds) of one layer then the head ops, kernel by kernel."""
         k = self.kernels
-        ops = (layer_ops(self.model, state, k.dtype_bytes, k.tiling, self.hardware.prefill_attention_per_sequence)
+        ops = (layer_ops(self.model, state, k.dtype_bytes, k.tiling, self.hardware.prefill_attention_per_sequence,
+                         k.weight_bytes)
                + head_ops(self.model, state, k.dtype_bytes, k.tiling))
         return [(op.name, k.srm(op, units, bandwidth_scale), k.op_time(op, units, bandwidth_scale)) for op in ops]
 
@@ -368,7 +373,8 @@ class Estimator:
 
     def __repr__(self) -> str:
         kinds = ", ".join(sorted(self.calibration.kinds())) or "none"
-        return f"Estimator({self.model.name} on {self.hardware.name}, {self.dtype}, calibrated: {kinds})"
+        weights = f", {self.weight_dtype} weights" if self.weight_dtype else ""
+        return f"Estimator({self.model.name} on {self.hardware.name}, {self.dtype}{weights}, calibrated: {kinds})"
 
 
 def _monotone(seconds: float, at_fewer: float, at_more: float) -> float:

@@ -18,7 +18,7 @@ from estimator.ops import (
     prefill_attention,
 )
 from estimator.srm import srm_time
-from estimator.tiling import ATTN_QUERY_TILE, FixedTiling, HeuristicTiling, decode_attention_grid, gemm_grid
+from estimator.tiling import ATTN_QUERY_TILE, FixedTiling, HeuristicTiling, decode_attention_grid
 
 _CACHE_LIMIT = 8192  # distinct row counts (or calls) remembered per kernel group (or memo)
 
@@ -64,18 +64,18 @@ class _TokenGroup:
                 x0, x1, a0, a1 = segment
                 alpha = a0 if log_rows <= x0 else a1 if log_rows >= x1 else a0 + (a1 - a0) * (log_rows - x0) / (x1 - x0)
             elif curve.mode in SRM_MODES:
-                grid = gemm_grid(rows, op.cols, k.tiling.gemm_tile(rows, op.cols)) if k.waves and op.cols else 0
-                by_srm.append((op.count, op.flops_per_row * rows, op.bytes_fixed + op.bytes_per_row * rows, grid, curve))
+                grid = op.grid_at(rows, k.tiling) if k.waves else 0
+                by_srm.append((op.count, op.flops_per_row * rows, op.bytes_at(rows), grid, curve))
                 continue
             else:
                 alpha = curve.alpha_at_log_size(log_rows)
             weight = op.count * alpha
             weight_sum += weight
-            nbytes = op.bytes_fixed + op.bytes_per_row * rows
+            nbytes = op.bytes_at(rows)
             if memory_bound:
                 mem_weighted += weight * nbytes
             else:
-                grid = gemm_grid(rows, op.cols, k.tiling.gemm_tile(rows, op.cols)) if k.waves and op.cols else 0
+                grid = op.grid_at(rows, k.tiling) if k.waves else 0
                 gemms.append((weight, op.flops_per_row * rows, nbytes, grid))
         entry = (mem_weighted, weight_sum, tuple(gemms), tuple(by_srm))
         if len(self.cache) >= _CACHE_LIMIT:
@@ -118,8 +118,12 @@ class _CurveSet:
 
 
 class KernelModel:
-    def __init__(self, model: ModelConfig, hw: HardwareSpec, dtype_bytes: int = 2, dtype: str = "bf16"):
+    """`weight_bytes`: the size of a projection weight where it is not `dtype_bytes` (FP8 weights: 1)."""
+
+    def __init__(self, model: ModelConfig, hw: HardwareSpec, dtype_bytes: int = 2, dtype: str = "bf16",
+                 weight_bytes: int | None = None):
         self.model, self.hw, self.dtype_bytes, self.dtype = model, hw, dtype_bytes, dtype
+        self.weight_bytes = weight_bytes
         self.waves = hw.wave_quantization
         self.blocks_per_unit = hw.blocks_per_unit
         self.overhead = hw.kernel_overhead_s
@@ -134,7 +138,7 @@ class KernelModel:
                              model.num_key_value_heads)
         self.curves: dict[str, AlphaCurve | None] = {}
         embedding, final_norm, lm_head = head_token_ops(model, dtype_bytes)
-        self.layer_ops = layer_token_ops(model, dtype_bytes)
+        self.layer_ops = layer_token_ops(model, dtype_bytes, weight_bytes)
         self.head_row_ops, self.lm_head_ops = (embedding, final_norm), (lm_head,)
         self._token_ops = {op.name: op for op in self.layer_ops + (embedding, final_norm, lm_head)}
         # per unit count (index): the curve sets a prediction blends, with their weights

@@ -8,11 +8,18 @@ prefill attention grows with sum(s^2), decode attention with the total context r
 
 Byte counts are the minimum traffic to main memory: weights once, activations read and written
 once, KV cache read once (decode) or written once (prefill and decode). `dtype_bytes` is the size of
-weights, activations and KV cache alike (2 for bf16)."""
+weights, activations and KV cache alike (2 for bf16); `weight_bytes`, where given, that of the
+projection weights alone (1 for FP8 weights; norms, embedding and LM head stay in `dtype_bytes`).
+
+A mixture-of-experts layer (Qwen3-MoE) is priced by what it activates: its FLOPs are those of the
+`num_experts_per_tok` experts each token routes to, and its expert weights are read once per expert
+that some row of the batch routes to: under uniform routing, B rows picking k of E experts each
+touch E * (1 - (1 - k/E)^B) experts on average (`expected_experts`): ~k per row for a few rows, all
+E for a large batch. The routing's top-k and sort are not priced (a few values per row)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from engines.model_config import ModelConfig
@@ -32,7 +39,15 @@ LAYER_TOKEN_CLASSES = ("input_norm", "qkv_proj", "rope", "o_proj", "post_attn_no
                        "gate_up_proj", "act", "down_proj", "residual_add")
 ATTENTION_CLASSES = ("attn_prefill", "attn_decode")
 HEAD_CLASSES = ("embedding", "final_norm", "lm_head")
-ALL_CLASSES = LAYER_TOKEN_CLASSES + ATTENTION_CLASSES + HEAD_CLASSES
+# a mixture-of-experts layer's MLP, in place of gate_up_proj, act and down_proj (no sweep times them yet)
+MOE_CLASSES = ("router", "expert_gate_up", "expert_act", "expert_down")
+ALL_CLASSES = LAYER_TOKEN_CLASSES + ATTENTION_CLASSES + HEAD_CLASSES + MOE_CLASSES
+
+
+def expected_experts(rows: int, experts: int, top_k: int) -> float:
+    """Distinct experts `rows` tokens route to, each picking `top_k` of `experts` uniformly at random
+    (an expert escapes one token with probability 1 - k/E): E * (1 - (1 - k/E)^rows)."""
+    return experts * (1.0 - (1.0 - top_k / experts) ** rows)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,36 +71,85 @@ class TokenOp:
     bytes_fixed: float  # weights, read once whatever the batch
     bytes_per_row: float  # activations in and out
     cols: int = 0  # output features of a GEMM; 0 for element-wise kernels
-    count: int = 1
+    # launches per layer; of a model whose layers differ (dense MLPs among mixtures of experts), the
+    # mean layer's: the fraction of layers that run it
+    count: float = 1
+    # a grouped GEMM over `experts` experts, each row routed to `top_k` of them: the weights of every
+    # expert some row routes to are read once (`expected_experts`), `bytes_per_expert` each
+    experts: int = 0
+    top_k: int = 0
+    bytes_per_expert: float = 0.0
+
+    def bytes_at(self, rows: int) -> float:
+        nbytes = self.bytes_fixed + self.bytes_per_row * rows
+        if self.experts:
+            nbytes += self.bytes_per_expert * expected_experts(rows, self.experts, self.top_k)
+        return nbytes
+
+    def grid_at(self, rows: int, tiling: Tiling) -> int:
+        """Thread blocks of the launch: a grouped GEMM's are each active expert's over its share of
+        the rows x top_k (routed) rows."""
+        if not self.cols:
+            return 0
+        if not self.experts:
+            return gemm_grid(rows, self.cols, tiling.gemm_tile(rows, self.cols))
+        active = max(1, min(rows * self.top_k, round(expected_experts(rows, self.experts, self.top_k))))
+        per_expert = -(-rows * self.top_k // active)
+        return active * gemm_grid(per_expert, self.cols, tiling.gemm_tile(per_expert, self.cols))
 
     def at(self, rows: int, tiling: Tiling) -> Op:
-        grid = gemm_grid(rows, self.cols, tiling.gemm_tile(rows, self.cols)) if self.cols else 0
-        return Op(self.name, self.flops_per_row * rows, self.bytes_fixed + self.bytes_per_row * rows,
-                  grid, rows, self.count)
+        return Op(self.name, self.flops_per_row * rows, self.bytes_at(rows), self.grid_at(rows, tiling), rows, self.count)
 
 
-def _gemm(name: str, k: int, n: int, dt: int) -> TokenOp:
-    return TokenOp(name, flops_per_row=2.0 * k * n, bytes_fixed=float(k * n * dt),
+def _gemm(name: str, k: int, n: int, dt: int, wt: int | None = None) -> TokenOp:
+    return TokenOp(name, flops_per_row=2.0 * k * n, bytes_fixed=float(k * n * (dt if wt is None else wt)),
                    bytes_per_row=float((k + n) * dt), cols=n)
 
 
-def layer_token_ops(cfg: ModelConfig, dtype_bytes: int = 2) -> tuple[TokenOp, ...]:
-    """The per-token kernels of one decoder layer, in execution order (attention excluded)."""
-    h, i, q, kv, dt = cfg.hidden_size, cfg.intermediate_size, cfg.q_size, cfg.kv_size, dtype_bytes
+def _dense_mlp(i: int, h: int, dt: int, wt: int | None, count: float = 1) -> tuple[TokenOp, ...]:
+    return (
+        replace(_gemm("gate_up_proj", h, 2 * i, dt, wt), count=count),  # gate and up fused in one GEMM
+        # silu(gate) * up: reads 2i, writes i; silu ~ 4 FLOPs + the product
+        TokenOp("act", 5.0 * i, 0.0, 3.0 * i * dt, count=count),
+        replace(_gemm("down_proj", i, h, dt, wt), count=count),
+    )
+
+
+def _moe_mlp(cfg: ModelConfig, dt: int, wt: int | None, count: float) -> tuple[TokenOp, ...]:
+    """Router, then the experts each row routes to: their gate/up GEMM (each pick reads its row), the
+    SwiGLU product, their down GEMM and the weighted sum of a row's picks (reads k rows, writes one)."""
+    h, e, k, w = cfg.hidden_size, cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size
+    wt = dt if wt is None else wt
+    routed = dict(experts=e, top_k=k, count=count)
+    return (
+        replace(_gemm("router", h, e, dt), count=count),  # the router stays in the activations' dtype
+        TokenOp("expert_gate_up", 2.0 * h * 2 * w * k, 0.0, float((h + 2 * w) * k * dt), cols=2 * w,
+                bytes_per_expert=float(2 * w * h * wt), **routed),
+        TokenOp("expert_act", 5.0 * w * k, 0.0, 3.0 * w * k * dt, count=count),
+        TokenOp("expert_down", 2.0 * w * h * k, 0.0, float(((w + h) * k + (k + 1) * h) * dt), cols=h,
+                bytes_per_expert=float(w * h * wt), **routed),
+    )
+
+
+def layer_token_ops(cfg: ModelConfig, dtype_bytes: int = 2, weight_bytes: int | None = None) -> tuple[TokenOp, ...]:
+    """The per-token kernels of one decoder layer, in execution order (attention excluded); of a model
+    whose layers differ, its mean layer (each MLP's kernels counted by the fraction of layers that
+    run them). `weight_bytes`: the projections' weights, if not stored in `dtype_bytes`."""
+    h, i, q, kv, dt, wt = cfg.hidden_size, cfg.intermediate_size, cfg.q_size, cfg.kv_size, dtype_bytes, weight_bytes
     norm = dict(flops_per_row=4.0 * h, bytes_fixed=float(h * dt), bytes_per_row=2.0 * h * dt)
     # rotates q and k: read and write both, ~3 FLOPs per element; a family that RMS-normalizes q and k
     # heads first (qk_norm: the layer's same `rotate` stage) passes over them once more, ~4 FLOPs each
     passes = 1 + cfg.qk_norm
+    sparse = len(cfg.moe_layers) / cfg.num_hidden_layers
+    mlp = ((_moe_mlp(cfg, dt, wt, sparse) if sparse else ())
+           + (_dense_mlp(i, h, dt, wt, 1 - sparse if sparse else 1) if sparse < 1 else ()))
     return (
         TokenOp("input_norm", **norm),
-        _gemm("qkv_proj", h, q + 2 * kv, dt),
+        _gemm("qkv_proj", h, q + 2 * kv, dt, wt),
         TokenOp("rope", (3.0 + 4.0 * cfg.qk_norm) * (q + kv), 0.0, 2.0 * passes * (q + kv) * dt),
-        _gemm("o_proj", q, h, dt),
+        _gemm("o_proj", q, h, dt, wt),
         TokenOp("post_attn_norm", **norm),
-        _gemm("gate_up_proj", h, 2 * i, dt),  # gate and up fused in one GEMM
-        # silu(gate) * up: reads 2i, writes i; silu ~ 4 FLOPs + the product
-        TokenOp("act", 5.0 * i, 0.0, 3.0 * i * dt),
-        _gemm("down_proj", i, h, dt),
+        *mlp,
         # two residual adds per layer (after attention, after MLP): read 2 vectors, write 1
         TokenOp("residual_add", float(h), 0.0, 3.0 * h * dt, count=2),
     )
@@ -163,11 +227,12 @@ class ExecutionState:
 
 
 def layer_ops(cfg: ModelConfig, state: ExecutionState, dtype_bytes: int = 2,
-              tiling: Tiling = FixedTiling(), attention_per_sequence: bool = False) -> list[Op]:
+              tiling: Tiling = FixedTiling(), attention_per_sequence: bool = False,
+              weight_bytes: int | None = None) -> list[Op]:
     """Every kernel of one decoder layer for `state`, in execution order (with
     `attention_per_sequence`, a packed prefill's attention as one kernel per sequence)."""
     tokens = state.tokens
-    ops = [op.at(tokens, tiling) for op in layer_token_ops(cfg, dtype_bytes)]
+    ops = [op.at(tokens, tiling) for op in layer_token_ops(cfg, dtype_bytes, weight_bytes)]
     attention = []
     if state.prefill_lens and any(state.prefill_prefix_lens):
         attention.append(chunked_prefill_attention(cfg, state.prefill_lens, state.prefill_prefix_lens, dtype_bytes))

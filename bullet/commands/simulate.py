@@ -35,6 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hardware", default=None,
                    help="a100 | h100 | h200 | h20, from spec sheets (only a100 is calibrated); default: the "
                         "--estimator-profile's device, else a100")
+    p.add_argument("--quantization", default=d.quantization, choices=["none", "fp8"],
+                   help="the weights' storage: none (bf16) | fp8 (the projections a byte each, as an FP8 checkpoint "
+                        "stores them; GEMMs priced at bf16's rate; built-in --hardware only)")
     p.add_argument("--estimator-profile", default=None,
                    help="simulate the device this profile measured (`bullet profile`, e.g. --device cuda: its "
                         "SM-share rates, kernel and step times, contention); shipped: "
@@ -126,6 +129,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         ttft_slo=args.ttft_slo or ttft, tpot_slo=args.tpot_slo or tpot, tbt_slo=args.tbt_slo,
         prefill_layers_per_step=args.layers_per_step, max_prefill_tokens=args.max_prefill_tokens,
         max_running_requests=args.max_running_requests, page_size=args.page_size, kv_memory_gb=args.kv_memory_gb,
+        quantization=args.quantization,
         max_total_tokens=args.max_total_tokens,
         step_overhead_s=None if args.step_overhead_ms is None else args.step_overhead_ms / 1e3,
         step_time_scale=args.step_time_scale, role_step_times=dict(args.role_step_time),

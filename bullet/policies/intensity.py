@@ -14,18 +14,20 @@ from estimator.ops import layer_token_ops
 
 def intensity(model: ModelConfig, tokens: int, dtype_bytes: int = 2, ops=None) -> float:
     """FLOPs per byte of one layer's per-token kernels over `tokens` rows (`ops`: that layer's
-    `layer_token_ops`, when the caller has them)."""
+    `layer_token_ops`, when the caller has them). A mixture of experts reads more expert weights as
+    the batch grows (`estimator.ops.expected_experts`); its intensity still grows with the tokens."""
     ops = layer_token_ops(model, dtype_bytes) if ops is None else ops
     flops = sum(op.flops_per_row * tokens * op.count for op in ops)
-    moved = sum((op.bytes_fixed + op.bytes_per_row * tokens) * op.count for op in ops)
+    moved = sum(op.bytes_at(tokens) * op.count for op in ops)
     return flops / moved
 
 
 def ridge_token_limit(model: ModelConfig, hardware: HardwareSpec, dtype: str = "bf16", dtype_bytes: int = 2,
-                      cap: int = 1 << 16):
-    """A function units -> the smallest batch size (tokens) whose intensity reaches the ridge point."""
+                      cap: int = 1 << 16, weight_bytes: int | None = None):
+    """A function units -> the smallest batch size (tokens) whose intensity reaches the ridge point
+    (`weight_bytes`: the projections' weights, if not stored in `dtype_bytes`)."""
 
-    ops = layer_token_ops(model, dtype_bytes)  # built once: the search asks ~17 times per share
+    ops = layer_token_ops(model, dtype_bytes, weight_bytes)  # built once: the search asks ~17 times per share
 
     @functools.lru_cache(maxsize=None)
     def limit(units: int) -> int:

@@ -33,7 +33,7 @@ class SharedModel:
     tokenizer_dir: str | None  # an HF tokenizer directory equivalent to the model's tokenizer
     source: str | None = None  # the file or directory the weights came from
     eos_token_ids: tuple[int, ...] = ()  # from the config and the tokenizer
-    quantization: str = "none"  # how the weights are served: none | w8a8_int8 (what a profile must measure)
+    quantization: str = "none"  # how the weights are served: none | w8a8_int8 | fp8 (what a profile must measure)
 
     def __post_init__(self):
         require_device(self.device)

@@ -37,6 +37,9 @@ class SimConfig:
     max_running_requests: int = 1024  # most requests running at once, every policy (--max-running-requests)
     page_size: int = 16
     kv_memory_gb: float | None = None  # default: device memory minus the weights
+    # the weights' storage: none (the compute dtype, bf16) | fp8 (the projections a byte each, as an FP8
+    # checkpoint stores them; GEMMs still priced at bf16's rate)
+    quantization: str = "none"
     max_total_tokens: int | None = None  # the KV pool in tokens (SGLang's --max-total-tokens); beats kv_memory_gb
     noise: float = 0.05  # each step's latency x U[1-noise, 1+noise]
     contention_model: bool = True  # charge memory contention between the workers (estimator.analytic_contention)
@@ -85,7 +88,8 @@ class SimConfig:
     def batch_token_limit(self, estimator: Estimator):
         """The prefill batching limit the real runtime gives Bullet's policy (arithmetic intensity
         reaching the ridge point on the units it holds)."""
-        return ridge_token_limit(estimator.model, estimator.hardware, estimator.dtype, DTYPE_BYTES[estimator.dtype])
+        return ridge_token_limit(estimator.model, estimator.hardware, estimator.dtype, DTYPE_BYTES[estimator.dtype],
+                                 weight_bytes=estimator.kernels.weight_bytes)
 
 
 DEFAULT_MODEL, DEFAULT_HARDWARE = "llama-3.1-8b", "a100"
@@ -99,7 +103,13 @@ def device_estimator(config: SimConfig) -> Estimator:
     that shape: another --model is refused with a given profile, and gets the roofline alone on a
     built-in device (the shipped A100 profile would otherwise charge Llama-8B's times to any model)."""
     model = ModelConfig.builtin(config.model) if config.model else None
+    if config.quantization not in QUANTIZATIONS:
+        raise ValueError(f"unknown quantization {config.quantization!r}; choose {', '.join(QUANTIZATIONS)}")
+    weights = "fp8" if config.quantization == "fp8" else None
     if config.estimator_profile:
+        if weights:
+            raise ValueError(f"{config.estimator_profile} measured its model's own weights: --quantization fp8 "
+                             "simulates a built-in --hardware only")
         profile = EstimatorProfile.read(config.estimator_profile)
         if model is not None and model.kernel_shape() != profile.model.kernel_shape():
             raise ValueError(f"{config.estimator_profile} was calibrated on {profile.model.name}, whose kernels "
@@ -113,8 +123,9 @@ def device_estimator(config: SimConfig) -> Estimator:
     name = config.hardware or DEFAULT_HARDWARE
     hardware = HardwareSpec.builtin(name)
     path = SHIPPED_PROFILES.get(name.lower())
-    if path is None:
-        return Estimator(model, hardware)  # SRM only: no calibration exists for this device
+    if path is None or weights:
+        # SRM only: no calibration exists for this device, or for weights stored in another precision
+        return Estimator(model, hardware, weight_dtype=weights)
     profile = EstimatorProfile.read(path)
     if profile.model.kernel_shape() != model.kernel_shape():
         return Estimator(model, hardware)  # SRM only: no calibration exists for this model on this device
@@ -159,16 +170,22 @@ def policy_estimator(config: SimConfig, device: Estimator, role: str = "policy")
         table = contention.contention_table(device.hardware.partition_sizes())
     elif config.policy_contention and config.contention_model and measured_contention(device):
         table = device.contention.model_copy(deep=True)  # the profile's own, as a worker would load it
-    est = Estimator(device.model, device.hardware, device.calibration.model_copy(deep=True), table, device.dtype)
+    est = Estimator(device.model, device.hardware, device.calibration.model_copy(deep=True), table, device.dtype,
+                    device.weight_dtype)
     return PerturbedPredictor(est, config.policy_error, seed=f"{config.seed}|{role}",
                               learnable=config.policy_error_learnable)
 
 
-def weight_bytes(model: ModelConfig, dtype_bytes: int = 2) -> int:
-    h, i, L, V = model.hidden_size, model.intermediate_size, model.num_hidden_layers, model.vocab_size
-    per_layer = h * (model.q_size + 2 * model.kv_size) + model.q_size * h + 3 * h * i + 2 * h
-    heads = V * h * (1 if model.tie_word_embeddings else 2) + h
-    return (L * per_layer + heads) * dtype_bytes
+QUANTIZATIONS = ("none", "fp8")
+
+
+def weight_bytes(model: ModelConfig, dtype_bytes: int = 2, quantization: str = "none") -> int:
+    """Every parameter in `dtype_bytes`, or with `fp8` the projections' a byte each."""
+    total = model.num_parameters()
+    if quantization == "fp8":
+        projections = model.projection_parameters()
+        return projections * DTYPE_BYTES["fp8"] + (total - projections) * dtype_bytes
+    return total * dtype_bytes
 
 
 def kv_bytes_per_token(model: ModelConfig, dtype_bytes: int = 2) -> int:
@@ -186,11 +203,30 @@ def kv_pool_pages(config: SimConfig, model: ModelConfig, hardware: HardwareSpec)
     else:
         if hardware.memory_bytes is None:
             raise ValueError(f"{hardware.name} has no memory size: give kv_memory_gb")
-        pool = hardware.memory_bytes - weight_bytes(model)
+        weights = weight_bytes(model, quantization=config.quantization)
+        if weights >= hardware.memory_bytes:
+            raise ValueError(does_not_fit(model, hardware, config.quantization))
+        pool = hardware.memory_bytes - weights
     pages = int(pool // (kv_bytes_per_token(model) * config.page_size))
     if pages < 1:
         raise ValueError(f"{model.name} does not fit on {hardware.name}: no memory left for the KV cache")
     return pages
+
+
+def does_not_fit(model: ModelConfig, hardware: HardwareSpec, quantization: str) -> str:
+    """Why the weights alone overflow one device, and what would hold them."""
+    memory = hardware.memory_bytes
+    sizes = {q: weight_bytes(model, quantization=q) for q in QUANTIZATIONS}
+    need = sizes[quantization]
+    line = (f"{model.name} does not fit on one {hardware.name}: its {model.num_parameters() / 1e9:.1f}B parameters take "
+            f"{need / GB:.0f} GB in {'bf16' if quantization == 'none' else 'FP8 (projections) + bf16'}, more than its "
+            f"{memory / GB:.0f} GB; the weights alone need {-(-need // memory):.0f} such devices, and the simulator "
+            "models one")
+    if quantization == "none" and sizes["fp8"] < memory:
+        line += f" (with --quantization fp8 they take {sizes['fp8'] / GB:.0f} GB)"
+    elif quantization == "none":
+        line += f"; FP8 weights would take {sizes['fp8'] / GB:.0f} GB, still more than one device"
+    return line + " (--kv-memory-gb sizes the KV pool by itself: the run then prices one device as if it held them)"
 
 
 def server_args(config: SimConfig, pages: int) -> ServerArgs:

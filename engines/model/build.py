@@ -9,15 +9,17 @@ import torch
 from engines import architectures
 from engines.model.llama import LlamaModel
 from engines.model.qwen3 import Qwen3Model
+from engines.model.qwen3_moe import Qwen3MoeModel
 from engines.model.rope import RotaryEmbedding
 from engines.model_config import ModelConfig
 from engines.quant import down_block_of, is_int8_state
+from engines.quant.fp8 import is_fp8_state, use_fp8_linears
 from engines.quant.int8 import Int8Linear
 
 # Mistral and Qwen2 are Llama's decoder with a switch of the config (engines.architectures)
 MODEL_CLASSES: dict[str, type[LlamaModel]] = {
     architectures.LLAMA: LlamaModel, architectures.MISTRAL: LlamaModel, architectures.QWEN2: LlamaModel,
-    architectures.QWEN3: Qwen3Model,
+    architectures.QWEN3: Qwen3Model, architectures.QWEN3_MOE: Qwen3MoeModel,
 }
 
 
@@ -36,11 +38,14 @@ def float_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def build_model(config: ModelConfig, state: dict[str, torch.Tensor], device: torch.device | str = "cpu") -> LlamaModel:
-    """The state dict says which model it is: float weights, or the int8 buffers of `engines.quant`."""
+    """The state dict says which model it is: float weights, the int8 buffers of `engines.quant`, or
+    projections kept in FP8 (`engines.quant.fp8`)."""
     int8_block = down_block_of(state) if is_int8_state(state) else None
     tied = config.tie_word_embeddings and "lm_head.weight" not in state and "lm_head.qweight" not in state
     with torch.device("meta"):
         model = model_class(config)(config, int8_block, tied)
+    if is_fp8_state(state):  # projections kept in FP8 (a CUDA device's load of an FP8 checkpoint)
+        use_fp8_linears(model, state)
     model.load_state_dict(state, strict=True, assign=True)
     # Non-persistent buffers (RoPE tables) are not in the state dict: rebuild them on the device.
     with torch.device(device):

@@ -40,12 +40,16 @@ class DecoderLayer(nn.Module):
             config.num_attention_heads, config.num_key_value_heads, config.head_dim)
         self.q_size, self.kv_size = config.q_size, config.kv_size
         self.scale = self.head_dim ** -0.5
-        h, i = config.hidden_size, config.intermediate_size
-        eps = config.rms_norm_eps
+        h, eps = config.hidden_size, config.rms_norm_eps
         self.input_norm = pre_norm(h, eps, int8_block)
         self.qkv_proj = linear(h, self.q_size + 2 * self.kv_size, int8_block, norm_eps=eps, bias=config.qkv_bias)
         self.o_proj = linear(self.q_size, h, int8_block)
         self.post_attn_norm = pre_norm(h, eps, int8_block)
+        self.build_mlp(config, int8_block)
+
+    def build_mlp(self, config: ModelConfig, int8_block: int | None) -> None:
+        """The dense SwiGLU (a family with another MLP in some layers overrides this and `mlp`)."""
+        h, i, eps = config.hidden_size, config.intermediate_size, config.rms_norm_eps
         self.gate_up_proj = linear(h, 2 * i, int8_block, norm_eps=eps)
         self.down_proj = linear(i, h, int8_block, int8_block or 0)
 
@@ -56,7 +60,10 @@ class DecoderLayer(nn.Module):
         qkv = self.qkv_proj(self.input_norm(x))
         q, k, v = self.rotate(qkv, ctx, rope)
         x = x + self.o_proj(self.attend(q, k, v, ctx, k_cache, v_cache))
-        return x + self.down_proj(self.act(self.gate_up_proj(self.post_attn_norm(x))))
+        return x + self.mlp(self.post_attn_norm(x))
+
+    def mlp(self, h: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(h)))
 
     def rotate(self, qkv: torch.Tensor, ctx: ForwardContext, rope: Callable):
         """Split the fused QKV output into q [T, H, D], k, v [T, KVH, D] and apply RoPE to q and k:

@@ -16,27 +16,38 @@ from engines.model_config import ModelConfig
 from engines.quant.int8 import fbgemm_available, quantize_rows, quantize_weight
 from engines.quant.rotation import rotate_state
 
-QUANTIZATIONS = ("auto", "none", "w8a8_int8")
+QUANTIZATIONS = ("auto", "none", "w8a8_int8", "fp8")
 PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 FOLDED_NORMS = (".input_norm.weight", ".post_attn_norm.weight")  # and the final "norm.weight"
 
 
-def resolve_quantization(name: str | None, device: torch.device, source_quantized: bool) -> str:
-    """`none` or `w8a8_int8`. Raises ValueError when int8 is asked for where it cannot run."""
+def resolve_quantization(name: str | None, device: torch.device, source_quantized: bool,
+                         source_fp8: bool = False) -> str:
+    """`none`, `w8a8_int8` or `fp8` (an FP8 checkpoint's projections kept in FP8: `engines.quant.fp8`).
+    `auto` keeps FP8 on a CUDA device and dequantizes it on a CPU. Raises ValueError when a form is
+    asked for where it cannot run."""
     name = name or "auto"
     if name not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {name!r}; choose {', '.join(QUANTIZATIONS)}")
     int8_ok = device.type == "cpu" and fbgemm_available()
     if name == "auto":
+        if source_fp8:
+            return "fp8" if device.type == "cuda" else "none"
         return "w8a8_int8" if source_quantized and int8_ok else "none"
     if name == "w8a8_int8" and not int8_ok:
         raise ValueError("w8a8_int8 needs a CPU device and torch's fbgemm quantized engine")
+    if name == "fp8" and not source_fp8:
+        raise ValueError("fp8 serves the weights of an FP8 checkpoint (quantization_config quant_method fp8) as "
+                         "they are stored; quantizing a float checkpoint to FP8 at load is not implemented")
     return name
 
 
 def quantize_state(config: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A float state dict (model naming, fused layout) -> the int8 model's state dict: rotated, then
     every projection as (qweight int8, scale), the embedding as int8 rows; no norm weights (folded)."""
+    if config.is_moe:
+        raise ValueError(f"w8a8_int8 has no form for {config.architecture}'s mixture-of-experts layers: "
+                         "serve it with --quantization none")
     rotated, _ = rotate_state(config, state)
     out: dict[str, torch.Tensor] = {}
     q, s = quantize_rows(rotated.pop("embed_tokens.weight"))

@@ -46,8 +46,14 @@ def dummy_weights(config: ModelConfig, dtype: torch.dtype, seed: int = 0,
         state[f"{p}.post_attn_norm.weight"] = ones()
         state[f"{p}.qkv_proj.weight"] = normal(config.q_size + 2 * config.kv_size, h)
         state[f"{p}.o_proj.weight"] = normal(h, config.q_size)
-        state[f"{p}.gate_up_proj.weight"] = normal(2 * i, h)
-        state[f"{p}.down_proj.weight"] = normal(h, i)
+        if n in config.moe_layers:  # a mixture of experts in place of the dense SwiGLU
+            e, w = config.num_experts, config.moe_intermediate_size
+            state[f"{p}.moe.router.weight"] = normal(e, h)
+            state[f"{p}.moe.experts.gate_up_proj"] = normal(e, 2 * w, h)
+            state[f"{p}.moe.experts.down_proj"] = normal(e, h, w)
+        else:
+            state[f"{p}.gate_up_proj.weight"] = normal(2 * i, h)
+            state[f"{p}.down_proj.weight"] = normal(h, i)
         # drawn after the layer's matrices: a Llama config draws the values it always has
         if config.qkv_bias:
             state[f"{p}.qkv_proj.bias"] = normal(config.q_size + 2 * config.kv_size)

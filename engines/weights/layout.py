@@ -7,6 +7,7 @@ import torch
 
 from engines.model.build import float_shapes
 from engines.model_config import ModelConfig
+from engines.quant.fp8 import BLOCK_SUFFIX, SCALE_SUFFIX, fp8_extras
 
 
 def fuse_layer(prefix: str, q, k, v, o, gate, up, down, input_norm, post_norm) -> dict[str, torch.Tensor]:
@@ -28,7 +29,16 @@ def check_shapes(config: ModelConfig, state: dict[str, torch.Tensor]) -> None:
     missing = sorted(set(expected) - set(state))
     if missing:
         raise ValueError(f"missing weights: {missing[:5]}{' …' if len(missing) > 5 else ''}")
-    unused = sorted(set(state) - set(expected))
+    extras = fp8_extras(state)  # an FP8 projection's scales beside its weight (engines.quant.fp8)
+    for name in sorted(n for n in extras if n.endswith(SCALE_SUFFIX)):
+        weight = name[: -len(SCALE_SUFFIX)]
+        bk = state.get(weight + BLOCK_SUFFIX)
+        if weight not in expected or bk is None:
+            raise ValueError(f"FP8 scales {name} without their projection or block")
+        n, k = expected[weight]
+        if tuple(state[name].shape) != (n, -(-k // int(bk))):
+            raise ValueError(f"FP8 scales {name} have shape {tuple(state[name].shape)}, expected {(n, -(-k // int(bk)))}")
+    unused = sorted(set(state) - set(expected) - extras)
     if unused:
         raise ValueError(f"weights the {config.architecture} model does not use: {unused[:5]}"
                          f"{' …' if len(unused) > 5 else ''}")

@@ -25,7 +25,7 @@ class LoadedWeights:
     state: dict[str, torch.Tensor]
     source: Path | None  # the file or directory read (None for dummy weights)
     load_format: str
-    quantization: str = "none"  # how `state` serves the weights: none (floats) | w8a8_int8
+    quantization: str = "none"  # how `state` serves the weights: none (floats) | w8a8_int8 | fp8
     # what the model computes in, and so what its KV pool must hold: the requested dtype, except for the
     # int8 model, which computes in float32 whatever was requested (its activations leave each GEMM in fp32)
     dtype: torch.dtype = torch.float32
@@ -116,13 +116,20 @@ def _served(quantization: str, dtype: torch.dtype, device: torch.device, path: P
         return "none", dtype
     from engines.quant import resolve_quantization  # deferred: only a quantized load needs it
 
-    quantization = resolve_quantization(quantization, device, source_is_quantized(path, fmt, reader))
-    return quantization, torch.float32 if quantization != "none" else dtype
+    fp8_source = fmt == "safetensors" and path is not None and _source_is_fp8(path)
+    quantization = resolve_quantization(quantization, device, source_is_quantized(path, fmt, reader), fp8_source)
+    return quantization, torch.float32 if quantization == "w8a8_int8" else dtype
+
+
+def _source_is_fp8(path: Path) -> bool:
+    from engines.weights.hf_loader import source_is_fp8  # deferred: safetensors
+
+    return source_is_fp8(path)
 
 
 def load_weights(model_path: str | None = None, load_format: str = "auto", dtype: torch.dtype = torch.float32,
                  seed: int = 0, quantization: str = "none", device: torch.device | str = "cpu") -> LoadedWeights:
-    """`quantization`: none | w8a8_int8 | auto for the model served on `device` (see
+    """`quantization`: none | w8a8_int8 | fp8 | auto for the model served on `device` (see
     `engines.quant.resolve_quantization`; the int8 model computes in float32 whatever `dtype` says).
     Dummy weights are drawn on `device`; the other formats are read into host memory."""
     path, fmt = resolve_model_path(model_path, load_format)
@@ -161,7 +168,10 @@ def load_weights(model_path: str | None = None, load_format: str = "auto", dtype
     else:
         from engines.weights.hf_loader import load_hf_dir  # deferred: as above (safetensors)
 
-        config, state = load_hf_dir(path, float_dtype)
+        config, state = load_hf_dir(path, float_dtype, keep_fp8=quantization == "fp8")
+    if quantization == "w8a8_int8" and config.is_moe:
+        raise ModelLoadError(f"{config.name}: w8a8_int8 has no form for {config.architecture}'s mixture-of-experts "
+                             "layers: serve it with --quantization none")
     if quantization == "w8a8_int8":
         from engines.quant import quantize_state  # deferred: as above
 

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from engines.model.attention import paged_attention, write_kv
-from estimator.profiler.workload import DecodeCase, ModelBench, PrefillCase
+from estimator.profiler.workload import DecodeCase, ModelBench, PrefillCase, require_dense_layers
 
 State = dict[str, torch.Tensor]
 Step = Callable[[nn.Module, State], State]
@@ -100,6 +100,7 @@ def _prepare(bench: ModelBench, case: PrefillCase | DecodeCase):
 def class_runs(bench: ModelBench, case: PrefillCase | DecodeCase) -> dict[str, list[ClassRun]]:
     """For each kernel class of `case`, the callables that launch it once per layer (two for
     residual_add), plus embedding, final norm and LM head once per step."""
+    require_dense_layers(bench.config)
     model = bench.model
     _, ids, ctx = _prepare(bench, case)
     attn_class = "attn_decode" if isinstance(case, DecodeCase) else "attn_prefill"
@@ -147,6 +148,7 @@ def op_times(bench: ModelBench, case: PrefillCase | DecodeCase, time_run: Callab
 @torch.inference_mode()
 def check_steps_compose_layer(bench: ModelBench, case: PrefillCase | DecodeCase) -> None:
     """The steps, chained on the first layer, compute what `DecoderLayer.forward` does, bit for bit."""
+    require_dense_layers(bench.config)
     model = bench.model
     _, ids, ctx = _prepare(bench, case)
     attn_class = "attn_decode" if isinstance(case, DecodeCase) else "attn_prefill"

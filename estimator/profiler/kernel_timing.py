@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from estimator.profiler.workload import DecodeCase, ModelBench, PrefillCase
+from estimator.profiler.workload import DecodeCase, ModelBench, PrefillCase, require_dense_layers
 
 
 def _timed_layer(layer, x: torch.Tensor, ctx, rope, k_cache, v_cache, attn_class: str,
@@ -68,6 +68,7 @@ def kernel_times(bench: ModelBench, case: PrefillCase | DecodeCase,
                  clock: Callable[[], float] = time.perf_counter) -> tuple[dict[str, float], torch.Tensor]:
     """Seconds of one launch of each kernel class for `case` (layer kernels averaged over the
     layers; embedding, final norm and LM head once), and the logits, for `check_matches_model`."""
+    require_dense_layers(bench.config)
     runner, model = bench.runner, bench.model
     decode = isinstance(case, DecodeCase)
     chunks = bench.chunks(case)

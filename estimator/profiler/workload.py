@@ -88,6 +88,15 @@ def kv_tokens_needed(cases: Sequence[PrefillCase | DecodeCase]) -> int:
     return max((need(c) for c in cases), default=PAGE_SIZE)
 
 
+def require_dense_layers(config: ModelConfig) -> None:
+    """The kernel sweeps time a layer stage by stage as the dense decoder runs them; a
+    mixture-of-experts layer has other stages (router, grouped experts), which they do not time."""
+    if config.is_moe:
+        raise ValueError(f"{config.name}: the kernel sweep times the stages of dense layers; "
+                         f"{config.architecture}'s mixture-of-experts layers are not swept (the estimator prices "
+                         "them from their active experts, without a kernel calibration)")
+
+
 class ModelBench:
     """The model and a private KV pool, ready to run prefill and decode steps of given shapes."""
 

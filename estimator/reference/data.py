@@ -63,7 +63,7 @@ def vidur_model_config(path: str | Path, name: str | None = None) -> ModelConfig
     hidden, heads = int(row["n_embd"]), int(row["n_head"])
     # The profile does not record the depth; both profiled Llama models have 32 layers.
     return ModelConfig.from_hf_dict({
-        "hidden_size": hidden, "intermediate_size": int(row["n_expanded_embd"]),
+        "model_type": "llama", "hidden_size": hidden, "intermediate_size": int(row["n_expanded_embd"]),
         "num_hidden_layers": 32, "num_attention_heads": heads,
         "num_key_value_heads": int(row["n_kv_head"]), "vocab_size": int(row["vocab_size"]),
     }, name=name or Path(path).parent.name)

@@ -36,13 +36,17 @@ def config(architecture: str, **overrides):
         return transformers.Qwen2Config(**{**SHAPE, "tie_word_embeddings": True, **overrides})
     if architecture == "Qwen3ForCausalLM":  # head_dim 32: q is 128 wide over a hidden size of 64
         return transformers.Qwen3Config(**{**SHAPE, "head_dim": 32, **overrides})
+    if architecture == "Qwen3MoeForCausalLM":  # Qwen3's attention; 8 experts of width 32, 2 per token
+        return transformers.Qwen3MoeConfig(**{**SHAPE, "head_dim": 32, "num_experts": 8, "num_experts_per_tok": 2,
+                                              "moe_intermediate_size": 32, "norm_topk_prob": True, **overrides})
     if architecture == "LlamaForCausalLM":
         return transformers.LlamaConfig(**{**SHAPE, **overrides})
     raise ValueError(architecture)
 
 
-def save(architecture: str, path: Path, seed: int = 0, **overrides):
-    """The model (fp32, eval) after saving it and its tokenizer to `path`."""
+def save(architecture: str, path: Path, seed: int = 0, save_kwargs: dict | None = None, **overrides):
+    """The model (fp32, eval) after saving it and its tokenizer to `path` (`save_kwargs`: for
+    `save_pretrained`)."""
     import transformers
 
     torch.manual_seed(seed)
@@ -55,7 +59,7 @@ def save(architecture: str, path: Path, seed: int = 0, **overrides):
                 p.normal_(0, 0.2)  # large enough that a dropped bias changes the tokens
             else:
                 p.normal_(0, 0.2)
-    model.save_pretrained(str(path))
+    model.save_pretrained(str(path), **(save_kwargs or {}))
     byte_tokenizer().save_pretrained(str(path))
     return model
 

@@ -1,0 +1,126 @@
+"""The mixture-of-experts MLP of Qwen3-MoE's sparse layers.
+
+A router (a linear map hidden -> experts) scores every expert for every token; the scores go
+through a softmax in float32, the `top_k` most probable experts are kept, and where the config says
+`norm_topk_prob` their probabilities are renormalised to sum to 1. Each picked expert is a SwiGLU
+MLP of its own (gate/up fused in one [2I, H] matrix, gate rows first, then down [H, I]); a token's
+output is the sum of its experts' outputs times their probabilities.
+
+`grouped_experts` is the path of every device: the (token,
+pick) rows are sorted by expert, so each expert that any token picked runs once, as two GEMMs over
+its own rows (SwiGLU's product between them is `fused.silu_mul`, one kernel on a GPU); the results
+go back to their rows, are weighted and summed over the picks. It reads the per-expert row counts on
+the host, so a CUDA decode graph cannot capture it. On CUDA tensors the Triton kernels of
+`engines.model.triton_moe` run instead (the same computation, no host read: graphs capture them),
+where triton imports and the fused kernels are on (`BULLET_FUSED_KERNELS`); else the grouped path,
+and `engines.cuda_graphs.graph_blocker` keeps decode eager."""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engines.model import fused
+
+log = logging.getLogger("engines.moe")
+
+
+def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router logits [T, E] -> (weights [T, k] in the logits' dtype, expert ids [T, k] int64), the
+    most probable expert first."""
+    probs = torch.softmax(logits.float(), dim=-1)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(logits.dtype), ids
+
+
+def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
+                    down: torch.Tensor) -> torch.Tensor:
+    """x [T, H], weights/ids [T, k], gate_up [E, 2I, H], down [E, H, I] -> [T, H]: one GEMM pair per
+    expert that some row picked, over the rows that picked it."""
+    t, k = ids.shape
+    flat = ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)  # (token, pick) rows, grouped by expert
+    counts = torch.bincount(flat, minlength=gate_up.shape[0]).tolist()
+    rows = x[order // k]
+    out = torch.empty((t * k, x.shape[1]), dtype=x.dtype, device=x.device)
+    start = 0
+    for expert, n in enumerate(counts):
+        if n:
+            end = start + n
+            out[start:end] = F.linear(fused.silu_mul(F.linear(rows[start:end], gate_up[expert])), down[expert])
+            start = end
+    per_pick = torch.empty_like(out)
+    per_pick[order] = out  # back to (token, pick) order
+    return (per_pick.view(t, k, -1) * weights.unsqueeze(-1)).sum(dim=1)
+
+
+@functools.lru_cache(maxsize=1)
+def _triton_moe():
+    """The GPU kernels, or None where triton does not import (then every device takes the grouped path)."""
+    try:
+        from engines.model import triton_moe  # deferred: triton is optional
+    except ImportError:
+        return None
+    return triton_moe
+
+
+_TRITON_FAILED: list[str] = []  # set once the kernels failed to compile or launch here
+
+
+def experts_forward(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
+                    down: torch.Tensor) -> torch.Tensor:
+    """The Triton kernels on CUDA tensors, else (or once they failed on this GPU) the grouped path."""
+    if triton_on(x):
+        try:
+            return _triton_moe().fused_experts(x, weights, ids, gate_up, down)
+        except Exception as exc:  # e.g. a toolchain this Triton cannot drive: serve on, slower
+            log.warning("Triton MoE kernels failed (%s: %s): the experts run grouped in torch from now on",
+                        type(exc).__name__, exc)
+            _TRITON_FAILED.append(repr(exc))
+    return grouped_experts(x, weights, ids, gate_up, down)
+
+
+def triton_on(x: torch.Tensor) -> bool:
+    """Whether `x`'s experts take the Triton kernels (the tests turn them on for CPU tensors, which
+    Triton's interpreter runs)."""
+    return x.is_cuda and not runs_on_host_counts(x.device)
+
+
+def runs_on_host_counts(device: torch.device) -> bool:
+    """Whether the experts on `device` read their row counts on the host (then no CUDA graph)."""
+    return device.type != "cuda" or not fused.ENABLED or bool(_TRITON_FAILED) or _triton_moe() is None
+
+
+class Experts(nn.Module):
+    """`num_experts` SwiGLU MLPs as two stacked tensors: gate_up_proj [E, 2I, H], down_proj [E, H, I]."""
+
+    def __init__(self, num_experts: int, hidden: int, width: int):
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * width, hidden))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, width))
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        return experts_forward(x, weights, ids, self.gate_up_proj, self.down_proj)
+
+
+class SparseMoE(nn.Module):
+    """Router and experts: [T, H] -> [T, H]."""
+
+    def __init__(self, hidden: int, num_experts: int, width: int, top_k: int, renormalize: bool):
+        super().__init__()
+        self.router = nn.Linear(hidden, num_experts, bias=False)
+        self.experts = Experts(num_experts, hidden, width)
+        self.top_k, self.renormalize = top_k, renormalize
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = route(self.router(x), self.top_k, self.renormalize)
+        return self.experts(x, weights, ids)
+
+    def extra_repr(self) -> str:
+        return f"top_k={self.top_k}, renormalize={self.renormalize}"
