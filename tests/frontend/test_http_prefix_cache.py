@@ -26,8 +26,9 @@ def offline():
 
 
 @pytest.fixture(scope="module", params=["bullet", "chunked:256"])
-def warm(request):
-    with ServerProcess("--dtype", "float32", "--max-total-tokens", "8192", "--policy", request.param) as srv:
+def warm(request, fp32_srm_profile):
+    profile = ("--estimator-profile", fp32_srm_profile) if request.param == "bullet" else ()
+    with ServerProcess("--dtype", "float32", "--max-total-tokens", "8192", "--policy", request.param, *profile) as srv:
         yield srv
 
 

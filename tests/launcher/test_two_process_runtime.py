@@ -31,8 +31,8 @@ def mixed_requests(tokenizer, n: int = 32, seed: int = 0) -> list[tuple[list[int
 
 
 @pytest.fixture(scope="module")
-def server():
-    with ServerProcess("--dtype", "float32") as s:  # default pool: 32768 tokens
+def server(fp32_srm_profile):
+    with ServerProcess("--dtype", "float32", "--estimator-profile", fp32_srm_profile) as s:  # default pool: 32768 tokens
         yield s
 
 
@@ -90,8 +90,8 @@ def test_weights_and_pool_are_mapped_not_copied(server):
     assert shared_objects[0] and shared_objects[0] == shared_objects[1] == shared_objects[2]
 
 
-def test_two_servers_side_by_side_do_not_touch_each_other(server):
-    with ServerProcess("--dtype", "float32", "--max-total-tokens", "4096") as other:
+def test_two_servers_side_by_side_do_not_touch_each_other(server, fp32_srm_profile):
+    with ServerProcess("--dtype", "float32", "--max-total-tokens", "4096", "--estimator-profile", fp32_srm_profile) as other:
         assert other.instance_id != server.instance_id
         mine, theirs = set(bullet_segments(server.instance_id)), set(bullet_segments(other.instance_id))
         assert mine and theirs and not mine & theirs

@@ -18,29 +18,11 @@ PROMPTS = ["The capital of France is", "Write a poem about the sea and the wind 
 
 
 @pytest.fixture(scope="module")
-def cpu_profile(tmp_path_factory):
-    """A small estimator profile: this CPU's measured rates, no model calibration (enough for the
-    policy to make decisions; accuracy is the profiler's business)."""
-    from engines.model_config import ModelConfig
-    from estimator import Estimator, save_estimator
-    from estimator.profiler.cpu_probe import probe_cpu
-
-    path = tmp_path_factory.mktemp("profile") / "cpu.json"
-    save_estimator(Estimator(ModelConfig.builtin("smollm2-135m"), probe_cpu(progress=False), dtype="bf16"), path)
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def cpu_profile_fp32(tmp_path_factory):
-    """As `cpu_profile`, with the fp32 rates of this CPU: what a server run with `--dtype float32`
-    computes in (the bf16 rate is AMX-fast on some CPUs and emulated-slow on others)."""
-    from engines.model_config import ModelConfig
-    from estimator import Estimator, save_estimator
-    from estimator.profiler.cpu_probe import probe_cpu
-
-    path = tmp_path_factory.mktemp("profile") / "cpu_fp32.json"
-    save_estimator(Estimator(ModelConfig.builtin("smollm2-135m"), probe_cpu(progress=False), dtype="fp32"), path)
-    return str(path)
+def cpu_profile(fp32_srm_profile):
+    """A small estimator profile: this CPU's measured fp32 rates, no model calibration (enough for the
+    policy to make decisions; accuracy is the profiler's business) — what a server run with
+    `--dtype float32` computes in."""
+    return fp32_srm_profile
 
 
 def _generate_all(server) -> list[list[int]]:
@@ -165,7 +147,7 @@ def test_bullet_prefill_yields_to_decode_when_no_split_keeps_tpot(cpu_profile, t
     assert any(r["role"] == "prefill" and r.get("run") for r in rows)
 
 
-def test_a_short_prompt_preempts_a_long_prefill_and_both_keep_their_output(cpu_profile_fp32, tmp_path):
+def test_a_short_prompt_preempts_a_long_prefill_and_both_keep_their_output(cpu_profile, tmp_path):
     """A long prompt is prefilling layer group by layer group when a short one arrives whose TTFT
     target it would miss behind it: the short one runs first, at a layer boundary, while the long
     batch waits with its K/V in place; then the long one resumes where it stopped. Both return the
@@ -186,12 +168,12 @@ def test_a_short_prompt_preempts_a_long_prefill_and_both_keep_their_output(cpu_p
     # that on any CPU the short prompt misses behind it (its target is P/8) yet meets it if it runs now,
     # and the long batch keeps its own (~1400 tokens x P/8/short tokens, many times P).
     # One layer per step: the long batch returns to the scheduler often.
-    est = load_estimator(cpu_profile_fp32)
+    est = load_estimator(cpu_profile)
     long_tokens, short_tokens = len(llm.encode(long_prompt)), len(llm.encode(short_prompt))
     per_token_ms = est.prefill_time([long_tokens], 2) / 8 / short_tokens * 1e3
     assert est.prefill_time([short_tokens], 2) * 1e3 < per_token_ms * short_tokens / 2
     with ServerProcess("--policy", "bullet", "--dtype", "float32", "--max-total-tokens", "4096",
-                       "--estimator-profile", cpu_profile_fp32, "--timeline-dir", str(timeline),
+                       "--estimator-profile", cpu_profile, "--timeline-dir", str(timeline),
                        "--prefill-layers-per-step", "1", "--ttft-slo", f"{per_token_ms:.3f}ms/token",
                        "--tpot-slo", "10s") as server:
         results = {}
@@ -218,7 +200,7 @@ def test_a_short_prompt_preempts_a_long_prefill_and_both_keep_their_output(cpu_p
     assert results["short"]["meta_info"]["e2e_latency"] < results["long"]["meta_info"]["e2e_latency"]
 
 
-def test_decode_gives_a_core_to_an_arriving_prompt_mid_step(cpu_profile_fp32, tmp_path):
+def test_decode_gives_a_core_to_an_arriving_prompt_mid_step(cpu_profile, tmp_path):
     """`--decode-yield-at layer` (the default): a long generation decodes alone on both cores; prompts that arrive
     during one of its steps get their core from the next layer on (the decode timeline says after
     which layer), and every output is still the offline engine's greedy one."""
@@ -238,7 +220,7 @@ def test_decode_gives_a_core_to_an_arriving_prompt_mid_step(cpu_profile_fp32, tm
     expected_short = [o.output_ids for o in llm.generate(shorts, short_params)]
     timeline = tmp_path / "timeline"
     with ServerProcess("--policy", "bullet", "--dtype", "float32", "--max-total-tokens", "4096",
-                       "--estimator-profile", cpu_profile_fp32, "--timeline-dir", str(timeline),
+                       "--estimator-profile", cpu_profile, "--timeline-dir", str(timeline),
                        "--ttft-slo", "10s", "--tpot-slo", "10s") as server:
         results = {}
 
