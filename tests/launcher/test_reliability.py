@@ -201,8 +201,11 @@ def test_forged_well_formed_messages_are_dropped_before_they_reach_the_model(ser
     wait_pages_accounted(server)  # every page free or in the prefix cache
 
 
-def test_leftovers_of_a_killed_instance_are_reclaimed_at_the_next_launch(tmp_path):
-    # an "instance" whose creator is gone: segments and a socket directory made by a process we kill
+@pytest.fixture(scope="module")
+def after_leftovers():
+    """An "instance" whose creator is gone (segments and a socket directory made by a process we kill),
+    then a server launched after it — with its OpenMP runtimes reporting their settings at start.
+    Yields (server, the dead instance's id, its socket directory)."""
     code = ("import os, signal, sys\n"
             "from bullet.shm.segments import new_instance_id\n"
             "from bullet.shm.state_buffer import StateBuffer\n"
@@ -212,14 +215,19 @@ def test_leftovers_of_a_killed_instance_are_reclaimed_at_the_next_launch(tmp_pat
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     iid, runtime_dir = out.stdout.split()
     assert bullet_segments(iid) and Path(runtime_dir).is_dir()
-    with ServerProcess("--max-total-tokens", "4096"):
-        assert not bullet_segments(iid) and not Path(runtime_dir).exists()
+    with ServerProcess("--max-total-tokens", "4096", env={"OMP_DISPLAY_ENV": "VERBOSE"}) as server:
+        yield server, iid, runtime_dir
 
 
-def test_worker_threads_spin_briefly_then_sleep_at_barriers():
+def test_leftovers_of_a_killed_instance_are_reclaimed_at_the_next_launch(after_leftovers):
+    _, iid, runtime_dir = after_leftovers
+    assert not bullet_segments(iid) and not Path(runtime_dir).exists()
+
+
+def test_worker_threads_spin_briefly_then_sleep_at_barriers(after_leftovers):
     # unbounded spinning of two workers' OpenMP threads on shared cores collapsed decode under load, and
     # sleeping at once made every parallel region a wake-up (see engines.host): each worker's OpenMP
     # runtime reports the bounded spin it starts with
-    with ServerProcess("--max-total-tokens", "4096", env={"OMP_DISPLAY_ENV": "VERBOSE"}) as server:
-        log = server.tail(10_000)
-        assert log.count("GOMP_SPINCOUNT = '20000'") >= 2, log[-3000:]
+    server, _, _ = after_leftovers
+    log = server.tail(10_000)
+    assert log.count("GOMP_SPINCOUNT = '20000'") >= 2, log[-3000:]
