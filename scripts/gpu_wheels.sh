@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Download, here (with internet), the Python 3.12 manylinux x86_64 wheels a lent GPU machine's image
+# Download, on a machine with internet, the Python 3.12 manylinux x86_64 wheels a GPU machine's image
 # lacks, into .gpu-wheels/ (ignored by git; carried to the machine: `carry: [".gpu-wheels"]`).
 #   bash scripts/gpu_wheels.sh [DIR]
 # The pins are artifact/gpu_check/wheels.txt, the list scripts/gpu_check.sh installs from (one source).

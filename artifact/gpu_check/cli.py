@@ -1,14 +1,12 @@
 """One prepared device run: `bash scripts/gpu_check.sh [--dry-run] [--cpu-smoke] [--steps a,b]`.
 
-On a session lent a GPU machine (the device tool), first here:
+For a GPU machine without internet, first, on a machine with it:
   bash scripts/gpu_wheels.sh            # the wheels the GPU image lacks -> .gpu-wheels/ (~7 MiB)
-  bash scripts/gpu_check.sh --dry-run   # every step with its budget; every carried wheel present?
-then one call of the device tool's `run`:
-  command:   BULLET_COMMIT=<git rev-parse HEAD> bash scripts/gpu_check.sh
-  carry:     [".gpu-wheels"]
-  timeout_s: 600
-and copy what comes back into the repository and commit it:
-  cp -r <files_at>/gpu/<gpu>-<date> docs/gpu/
+  bash scripts/gpu_check.sh --dry-run   # every step with its budget; every wheel present?
+then copy the checkout, .gpu-wheels/ included, to the GPU machine and run there (allow ~10 minutes):
+  BULLET_COMMIT=<git rev-parse HEAD> OUT=<dir> bash scripts/gpu_check.sh
+and copy the report back into the repository and commit it:
+  cp -r <dir>/gpu/<gpu>-<date> docs/gpu/
 
 It installs the carried wheels (pip --no-index --no-deps --target, then PYTHONPATH), builds the C
 extension, runs `bullet doctor -v --json` with MPS off, the engine micro-benchmark
@@ -18,8 +16,8 @@ and the served comparison (artifact.gpu_check.serve), stops MPS (`echo quit | nv
 all within 8 minutes: every step has a deadline and the served comparison fits itself to what is
 left, so a slow step shortens what follows and partial results still come back. It writes
 $OUT/gpu/<gpu>-<date>/ (or docs/gpu/<gpu>-<date>/ without $OUT, or --out DIR): report.md,
-results.json, logs.tgz and progress.log, rewritten after every step. (The device tool returns files
-at most two folders below $OUT: hence $OUT/gpu/..., mirrored as docs/gpu/... in the repository.)
+results.json, logs.tgz and progress.log, rewritten after every step ($OUT/gpu/... mirrors docs/gpu/...
+in the repository, so the report folder is copied back as it is).
 
 --cpu-smoke runs every step that can run on a CPU, on dummy SmolLM2-135M (--device cpu): proves the
 orchestration, measures nothing about a GPU. Exit status: 0 when the run went through (checks that
@@ -39,7 +37,7 @@ from artifact.gpu_check.plan import CPU_SMOKE, GPU, NAMES, Plan, Step, budget_li
 from artifact.gpu_check.procs import progress
 
 ROOT = Path(__file__).resolve().parents[2]
-RUN_TOOL = 'run(command="BULLET_COMMIT=<git rev-parse HEAD> bash scripts/gpu_check.sh", carry=[".gpu-wheels"], timeout_s=600)'
+RUN_COMMAND = "BULLET_COMMIT=<git rev-parse HEAD> OUT=<dir> bash scripts/gpu_check.sh  (on the GPU machine, .gpu-wheels/ beside it)"
 
 
 def _serve_step(ctx, timeout: float) -> dict:
@@ -83,7 +81,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def dry_run(plan: Plan, chosen: list[Step], wheel_dir: Path) -> int:
     for line in budget_lines(plan, chosen):
         print(line)
-    print(f"device tool: {RUN_TOOL}")
+    print(f"run: {RUN_COMMAND}")
     if plan.device == "cuda" and _dummy_drawn_on_device() is False:
         print("warning: engines.weights.dummy.dummy_weights takes no device, so a server draws its dummy weights on "
               "the CPU: an 8B one then takes minutes to start (one random draw at a time), and the served "

@@ -69,7 +69,7 @@ def _cpu_model() -> str | None:
 
 
 def commit(root: Path, wheel_dir: Path, env: dict) -> tuple[str, str]:
-    """The commit this checkout is: $BULLET_COMMIT, else git (a copy on a lent machine may have no
+    """The commit this checkout is: $BULLET_COMMIT, else git (a copy on a GPU machine may have no
     .git), else the stamp scripts/gpu_wheels.sh left beside the wheels."""
     if env.get("BULLET_COMMIT"):
         return env["BULLET_COMMIT"], "BULLET_COMMIT"

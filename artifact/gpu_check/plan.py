@@ -1,6 +1,6 @@
 """What one device run does and how long each part may take.
 
-A lent machine gives a session about 15 minutes of device time, its start included, so the whole run
+A GPU machine may be held for a short time only (minutes, its start included), so the whole run
 fits in 8 minutes (`total_s`). Every step has a cap (it is stopped there), the time it usually takes
 (`expect_s`, what the budget is planned on) and the least it needs (`min_s`): a step starts only when
 that much is left after the least every later step needs, so a slow step shortens what follows
@@ -8,7 +8,7 @@ instead of leaving the served comparison no time at all. The setup steps (env, i
 which everything after stands on, run with whatever is left. The served comparison takes what is left
 and fits its rates and requests to it (`artifact.gpu_check.serve`).
 
-Two plans: `gpu` (the lent machine: dummy Llama-3.1-8B in bf16 on CUDA) and `cpu-smoke` (every step
+Two plans: `gpu` (the GPU machine: dummy Llama-3.1-8B in bf16 on CUDA) and `cpu-smoke` (every step
 that can run on a CPU, on dummy SmolLM2-135M: proves the orchestration here, not the GPU)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The wheels a lent GPU machine lacks: the pins (`wheels.txt`, read by scripts/gpu_wheels.sh too),
+"""The wheels a GPU machine's image lacks: the pins (`wheels.txt`, read by scripts/gpu_wheels.sh too),
 which of them a wheel folder holds, and the pip command that installs them there without internet."""
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ def test_dry_run_lists_every_step_with_its_budget_and_passes_with_the_wheels(tmp
     assert out.returncode == 0, out.stdout + out.stderr
     for name in NAMES:
         assert f"  {name} " in out.stdout
-    assert "480 s in all" in out.stdout and cli.RUN_TOOL in out.stdout
+    assert "480 s in all" in out.stdout and cli.RUN_COMMAND in out.stdout
     assert f"all {len(wheels.read_pins())} pinned wheels" in out.stdout
 
 
