@@ -32,16 +32,17 @@ TARGET = 0.9
 
 def attainment(workload: str, system: str, rate: float, seed: int, duration: float, overrides: dict) -> float:
     ttft, tpot = TABLE4_SLOS.get(workload, TABLE4_SLOS["sharegpt"])
-    config = SimConfig(policy=system, ttft_slo=ttft, tpot_slo=tpot, seed=seed, stop_below_attainment=TARGET - 0.05,
-                       **overrides)
+    # the workload's Table 4 SLOs unless the overrides set others (e.g. a GPU plan's)
+    config = SimConfig(**{"policy": system, "ttft_slo": ttft, "tpot_slo": tpot, "seed": seed,
+                          "stop_below_attainment": TARGET - 0.05, **overrides})
     result = Simulation(config, build_workload(workload, rate, duration, seed)).run()
     return result.summary["attainment"] if not result.stopped_early else 0.0
 
 
 def crossing(job: tuple) -> dict:
     """Bisection on the rate (attainment falls with load; 6 halvings of the bracket's log-span)."""
-    workload, system, seed, duration, overrides, steps = job
-    lo, hi = BRACKETS[workload]
+    workload, system, seed, duration, overrides, steps, *bracket = job
+    lo, hi = bracket[0] if bracket and bracket[0] else BRACKETS[workload]
     t0, trace = time.perf_counter(), []
     if attainment(workload, system, lo, seed, duration, overrides) < TARGET:
         return {"workload": workload, "system": system, "seed": seed, "crossing": 0.0, "trace": [(lo, "below")]}
@@ -104,11 +105,22 @@ def main(argv=None) -> int:
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="SimConfig overrides for every run, e.g. policy_error=0 split_rule=aggregate "
                     "(a value is read as JSON, else taken as a string)")
+    ap.add_argument("--brackets", nargs="*", default=[], metavar="WORKLOAD=LO,HI",
+                    help="the rate bracket a workload's bisection starts from (default: sized for the A100, "
+                         f"{BRACKETS}; a faster device needs higher ones, e.g. sharegpt=20,120 on the H200)")
     ap.add_argument("--out", default="artifact/results/crossing")
     args = ap.parse_args(argv)
     overrides = dict(parse_override(kv) for kv in args.set)
-    jobs = [(w, s, seed, args.duration, overrides, args.steps) for w in args.workloads for s in args.systems
-            for seed in args.seeds]
+    brackets = {}
+    for item in args.brackets:
+        workload, _, span = item.partition("=")
+        try:
+            lo, hi = (float(x) for x in span.split(","))
+        except ValueError:
+            ap.error(f"--brackets: expected WORKLOAD=LO,HI, got {item!r}")
+        brackets[workload] = (lo, hi)
+    jobs = [(w, s, seed, args.duration, overrides, args.steps, brackets.get(w)) for w in args.workloads
+            for s in args.systems for seed in args.seeds]
     t0 = time.perf_counter()
     rows = []
     with Pool(args.jobs) as pool:

@@ -84,9 +84,19 @@ class ServerArgs(BaseModel):
         "spatial", description="bullet: while TPOT has slack, decode keeps the fewest units that hold it (spatial) or "
         "pauses and prefill takes every unit as long as its pause budget covers the step (aggregate: DuetServe's rule, "
         "split only when TPOT would break)")
+    split_goal: Literal["prefill-first", "throughput"] = Field(
+        "prefill-first", description="bullet, while TPOT has slack: decode gets the fewest units that keep it and "
+        "prefill the rest (prefill-first); or, while TTFT holds too, the split that gets the most work done per "
+        "second (each phase's speed on its share against its speed on the whole device, summed) among those that "
+        "keep TPOT and slow prefill no more than its requests' TTFT slack allows (throughput: more work per "
+        "second, but on the measured H200 it cost TTFT, which bounds goodput there: docs/sim/ledger.md)")
     idle_decode_units: Literal["all", "efficient"] = Field(
         "all", description="bullet: while prefill is idle decode takes every unit (all), or the fewest whose step is "
         "predicted within 10%% of that (efficient), leaving the rest free for the next prompt")
+    decode_tail_share: bool = Field(
+        True, description="bullet: when prefill's batch is predicted to end early in decode's next step with "
+        "nothing queued behind it, decode starts that step on every unit (sharing prefill's last layers) instead "
+        "of the complement of prefill's share, which would idle prefill's units from its end to the step's")
     decode_yield_at: Literal["layer", "step"] = Field(
         "layer", description="bullet: when prefill starts on units a running decode step holds, decode gives them up "
         "at its next layer boundary (layer: where decode runs layer by layer, i.e. on a CPU, not in CUDA-graph "

@@ -78,11 +78,18 @@ class HardwareSpec(BaseModel):
             return self.measured_bandwidth[int(units) - 1]
         return self.peak_bandwidth * min(1.0, units / self.bandwidth_inflection)
 
-    def partition_sizes(self) -> list[int]:
-        """Unit counts a partition backend can actually hand to one worker."""
+    def partition_sizes(self, role: str | None = None) -> list[int]:
+        """Unit counts a partition backend can actually hand to one worker. Where the units do not
+        divide into groups (an H200's 132 SMs in green-context groups of 8: 16 groups and 4 left), the
+        remainder joins prefill's shares: prefill's sizes are the remainder plus whole groups, decode's
+        whole groups, so a prefill share and the decode share beside it add up to the device instead of
+        leaving the remainder idle (role None: whole groups, as one pool for both)."""
         start = max(self.min_partition, self.partition_step)
         start = math.ceil(start / self.partition_step) * self.partition_step
         sizes = list(range(start, self.units + 1, self.partition_step))
+        remainder = self.units % self.partition_step
+        if role == "prefill" and remainder:
+            sizes = [s + remainder for s in sizes if s + remainder <= self.units]
         if not sizes or sizes[-1] != self.units:
             sizes.append(self.units)
         return sizes

@@ -33,8 +33,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d = SimConfig()
     p.add_argument("--model", default=None, help="built-in model config (default: the profile's, else llama-3.1-8b)")
     p.add_argument("--hardware", default=None,
-                   help="a100 | h100 | h200 | h20, from spec sheets (only a100 is calibrated); default: the "
-                        "--estimator-profile's device, else a100")
+                   help="a100 (calibrated from public kernel measurements) | h200 (the H200 measured by `bullet profile "
+                        "--device cuda`, shipped: estimator/reference/data/h200-llama-3.1-8b-green-ctx-profiled.json, "
+                        "for llama-3.1-8b; other models on it get its spec sheet) | h100 | h20 (spec sheets, "
+                        "uncalibrated); default: the --estimator-profile's device, else a100")
     p.add_argument("--quantization", default=d.quantization, choices=["none", "fp8"],
                    help="the weights' storage: none (bf16) | fp8 (the projections a byte each, as an FP8 checkpoint "
                         "stores them; GEMMs priced at bf16's rate; built-in --hardware only)")
@@ -89,6 +91,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--handoff-delay-ms", type=float, default=d.handoff_delay_s * 1e3)
     p.add_argument("--stop-below", type=float, default=None, metavar="ATTAINMENT",
                    help="stop early once this SLO attainment is out of reach")
+    p.add_argument("--ledger", action="store_true",
+                   help="account what dividing the units gained and cost, in whole-device seconds (co-run gain, "
+                        "solo loss, contention, idle units; see bullet/sim/ledger.py)")
     p.add_argument("--data-dir", default=None, help="directory holding traces/ (default: BULLET_DATA_DIR, else the traces installed with bullet)")
     p.add_argument("--timeline-dir", default=None, help="write every scheduling decision to <dir>/<role>.jsonl")
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
@@ -137,7 +142,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         noise=args.noise, contention_model=not args.no_contention, contention_floor=args.contention_floor,
         prefill_slowdown=args.prefill_slowdown, policy_contention=not args.blind_policy,
         overlap_share=args.overlap_share, handoff_delay_s=args.handoff_delay_ms / 1e3, seed=args.seed,
-        timeline_dir=args.timeline_dir, stop_below_attainment=args.stop_below)
+        timeline_dir=args.timeline_dir, stop_below_attainment=args.stop_below, ledger=args.ledger)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -22,7 +22,8 @@ def build_core(env: LoopEnv, args: ServerArgs, num_layers: int, predictor: Predi
     feasible = env.partition.feasible_units()
     cached = not args.disable_radix_cache
     if env.role is Role.PREFILL:  # the prefill worker owns the prefix cache
-        policy = make_prefill_policy(args, feasible, num_layers, predictor, batch_token_limit)
+        policy = make_prefill_policy(args, feasible, num_layers, predictor, batch_token_limit,
+                                     decode_units=env.partition.peer_feasible_units())
         return PrefillCore(env, policy, num_layers, PrefixCache(env.allocator) if cached else None,
                            args.max_running_requests)
     if env.role is Role.DECODE:

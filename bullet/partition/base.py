@@ -27,6 +27,7 @@ from bullet.partition.stats import ApplyCostRecorder, ApplyCostSummary
 from engines.cpuset import format_id_list, parse_id_list  # noqa: F401 (re-exported: the CLI and reports use them)
 
 ROLES = ("prefill", "decode")
+PEER = {"prefill": "decode", "decode": "prefill"}
 
 
 class PartitionUnavailable(RuntimeError):
@@ -77,6 +78,11 @@ class PartitionBackend(ABC):
     def feasible_units(self) -> list[int]:
         """Every share size this backend can grant, ascending."""
         return self.granularity.feasible(self.total_units)
+
+    def peer_feasible_units(self) -> list[int]:
+        """The share sizes the other worker's backend grants beside this one (the same pool here; a
+        pool whose remainder joins prefill's shares differs by role: `GreenContextBackend`)."""
+        return self.feasible_units()
 
     def round_units(self, units: int) -> int:
         """The share `apply(units)` would grant: the smallest feasible count >= units (capped at

@@ -3,8 +3,11 @@
 A green context's SM set is fixed when it is created, so a share cannot be changed in place. At
 start-up the device's SMs are split **once** with `cuDevSmResourceSplitByCount` into equal groups of
 the driver's granularity (only one split call guarantees the groups are disjoint); a pool entry for
-`k` groups is a green context built from the first `k` groups (prefill) or the last `k` (decode),
-plus one entry holding everything (all groups and the split's remainder). `apply` then only selects
+`k` groups is a green context built from the first `k` groups and the split's remainder (prefill) or
+the last `k` groups (decode), plus one entry holding everything (all groups and the remainder): a
+prefill share and the decode share of the other groups add up to the whole device (on an H200, 16
+groups of 8 SMs and 4 left: prefill 4 + 8k beside decode 8(16 - k)), where shares of whole groups on
+both sides would leave the remainder idle whenever both workers run. `apply` then only selects
 the entry — microseconds — and the worker launches on `launch_stream()`. A CUDA graph runs in the
 partition of the stream it was captured on, so graphs must be captured per pool entry.
 
@@ -18,8 +21,10 @@ the SM ids each pool stream really runs on. Under MPS those ids say nothing: on 
 2026-11-26) every pool of N SMs reported ids 0..N-1 in each process, so whether two processes' pools
 are disjoint is for the doctor's cross-process timing check (`bullet.doctor.isolation`) to tell.
 
-A server builds the `coarse` pool (`GroupLayout.coarse_counts`: splits at 1/8, 1/4, 1/2, 3/4 from
-either side, six shares on an H200) rather than every multiple of the group (seventeen): each share
+A server builds the `coarse` pool (`GroupLayout.coarse_counts`: splits at 1/16, 1/8, 1/4, 1/2, 3/4
+from either side, eight shares per role on an H200 — decode 8, 16, 32, 64, 96, 112, 120 and all 132
+SMs, prefill the complements 124, 116, 100, 68, 36, 20, 12 and all) rather than every multiple of the
+group (seventeen): the smallest lets decode keep 8 SMs when TPOT has slack; each share
 the decode policy picks needs its own CUDA graphs, captured before they are needed
 (`launch_stream.WorkerStream.each_share`)."""
 
@@ -31,7 +36,7 @@ from bullet.partition.base import Granularity, PartitionBackend, PartitionUnavai
 from bullet.partition.gpu_helper import load_helper
 
 
-COARSE_FRACTIONS = (1 / 8, 1 / 4, 1 / 2, 3 / 4)
+COARSE_FRACTIONS = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4)
 POOLS = ("all", "coarse")
 
 
@@ -43,11 +48,13 @@ class PoolShare:
     first: int
     count: int
     with_remainder: bool
-    positions: range  # logical SM slots it covers (group order, remainder last)
+    positions: tuple[int, ...]  # logical SM slots it covers (group order, remainder last)
 
 
 class GroupLayout:
-    """Bookkeeping of one split: which logical SM slots each pool share covers, per role."""
+    """Bookkeeping of one split: which logical SM slots each pool share covers, per role (slots in
+    group order, the remainder last: prefill's shares are the first groups and the remainder, decode's
+    the last groups)."""
 
     def __init__(self, group_sms: list[int], remainder_sms: int):
         if not group_sms or min(group_sms) < 1 or remainder_sms < 0:
@@ -60,19 +67,22 @@ class GroupLayout:
         self.total = self.offsets[-1] + remainder_sms
 
     def share(self, role: str, count: int) -> PoolShare:
-        """Share of `count` groups: the first ones for prefill, the last ones for decode."""
+        """Share of `count` groups: the first ones and the remainder for prefill, the last ones for decode."""
         n = len(self.group_sms)
         if not 1 <= count <= n:
             raise ValueError(f"count must be in 1..{n}")
-        first = 0 if role == "prefill" else n - count
-        lo, hi = self.offsets[first], self.offsets[first + count]
-        return PoolShare(hi - lo, first, count, False, range(lo, hi))
+        if role == "prefill":
+            hi = self.offsets[count]
+            rest = tuple(range(self.offsets[n], self.total))
+            return PoolShare(hi + self.remainder_sms, 0, count, self.remainder_sms > 0, tuple(range(hi)) + rest)
+        lo, hi = self.offsets[n - count], self.offsets[n]
+        return PoolShare(hi - lo, n - count, count, False, tuple(range(lo, hi)))
 
     def full(self) -> PoolShare:
-        return PoolShare(self.total, 0, len(self.group_sms), self.remainder_sms > 0, range(0, self.total))
+        return PoolShare(self.total, 0, len(self.group_sms), self.remainder_sms > 0, tuple(range(self.total)))
 
     def coarse_counts(self, role: str) -> list[int]:
-        """SM counts of a small pool that still splits the device at 1/8, 1/4, 1/2 and 3/4 from
+        """SM counts of a small pool that still splits the device at 1/16, 1/8, 1/4, 1/2 and 3/4 from
         either side: each fraction of the groups and its complement, so a share and the complement
         of another are both in it. Fewer shares mean fewer CUDA graphs to capture (one per share
         and batch bucket) and fewer switches to pay for."""
@@ -86,7 +96,7 @@ class GroupLayout:
         covering each requested count (fewer green contexts, less memory); the full share is
         always included so a worker can run on the whole device."""
         candidates = [self.share(role, k) for k in range(1, len(self.group_sms) + 1)]
-        if self.remainder_sms:
+        if candidates[-1].sms != self.total:  # decode's shares are whole groups: the device needs its own entry
             candidates.append(self.full())
         if counts is not None:
             chosen = {next((c for c in candidates if c.sms >= want), candidates[-1]).sms for want in counts}
@@ -128,6 +138,7 @@ class GreenContextBackend(PartitionBackend):
         self._split = driver.split(device, group, split_flags)
         try:
             self._layout = GroupLayout(self._split.group_sms, self._split.remainder_sms)
+            self._pool_kind, self._counts = pool, counts
             if counts is None and pool == "coarse":
                 counts = self._layout.coarse_counts(role)
             for share in self._layout.plan(role, counts):
@@ -143,6 +154,13 @@ class GreenContextBackend(PartitionBackend):
 
     def feasible_units(self) -> list[int]:
         return sorted(self._pool)
+
+    def peer_feasible_units(self) -> list[int]:
+        """The other role's pool on the same split (its process builds it the same way): with a
+        remainder, prefill's sizes carry it and decode's do not."""
+        peer = "decode" if self.role == "prefill" else "prefill"
+        counts = self._layout.coarse_counts(peer) if self._pool_kind == "coarse" and self._counts is None else self._counts
+        return sorted({share.sms for share in self._layout.plan(peer, counts)})
 
     def unit_set(self) -> frozenset[int]:
         return frozenset(self._active.share.positions)

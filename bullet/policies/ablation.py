@@ -31,9 +31,12 @@ class PartitionOnlyPrefill(BulletPrefillPolicy):
     def split(self, view: PrefillView, *args, **kwargs) -> tuple[int, str]:
         units, reason = super().split(view, *args, **kwargs)
         # yielding a step to decode, or taking every unit while decode pauses, is scheduling: while
-        # decode has requests both always run, each on its share
-        if view.peer.batch_size and (units == 0 or units >= self.total):
-            return self._prefill_share(self.total - self.feasible[0]), "partition only: both run, decode on the least"
+        # decode has requests both always run, each on its share — where Bullet would yield, decode
+        # gets the most a split leaves it (prefill its least); where decode would pause, the least
+        if view.peer.batch_size and units == 0:
+            return self.feasible[0], "partition only: both run, prefill on the least"
+        if view.peer.batch_size and units >= self.total:
+            return self._prefill_share(self.total - self.decode_feasible[0]), "partition only: both run, decode on the least"
         return units, reason
 
 

@@ -49,6 +49,9 @@ from bullet.policies.views import PrefillDecision, PrefillPolicy, PrefillView
 TPOT_MARGIN = 0.9  # aim decode steps at 90% of the TPOT target: predictions are not exact
 HAND_BACK_RULES = ("off", "decode-step", "bounded")
 SPLIT_RULES = ("spatial", "aggregate")
+SPLIT_GOALS = ("prefill-first", "throughput")
+TTFT_AIM = 0.9  # "throughput": prefill may slow until the P90 of TTFT / target would reach this
+MAX_PREFILL_SLOWDOWN = 2.0  # ... and never by more than this factor (the TTFT slack is a prediction)
 BOUNDED_STRETCH = 0.1  # "bounded": the last layer group may take at most 10 % longer on a smaller share
 MEMO_LIMIT = 4096  # decode_units_for answers kept per estimator epoch
 NEAR_BEST = 0.1  # no share keeps TPOT but it holds: decode takes the fewest units within 10 % of its best step
@@ -60,12 +63,17 @@ class BulletPrefillPolicy(PrefillPolicy):
     def __init__(self, est: Predictor, slo: SLO, feasible_units: list[int], layers_per_step: int, num_layers: int,
                  max_prefill_tokens: int, batch_token_limit: Callable[[int], int], max_wait_s: float = 30.0,
                  preemption: bool = True, hand_back: str = "bounded", layer_group: str = "fixed",
-                 min_group_s: float = 0.01, split_rule: str = "spatial"):
+                 min_group_s: float = 0.01, split_rule: str = "spatial", split_goal: str = "prefill-first",
+                 decode_units: list[int] | None = None):
+        """`feasible_units`: prefill's own shares; `decode_units`: decode's beside them (default the same:
+        a pool whose remainder joins prefill's shares differs by role)."""
         if hand_back not in HAND_BACK_RULES:
             raise ValueError(f"hand_back must be one of {HAND_BACK_RULES}, not {hand_back!r}")
         if split_rule not in SPLIT_RULES:
             raise ValueError(f"split_rule must be one of {SPLIT_RULES}, not {split_rule!r}")
-        self.split_rule = split_rule
+        if split_goal not in SPLIT_GOALS:
+            raise ValueError(f"split_goal must be one of {SPLIT_GOALS}, not {split_goal!r}")
+        self.split_rule, self.split_goal = split_rule, split_goal
         if layer_group not in ("fixed", "adaptive"):
             raise ValueError(f"layer_group must be fixed or adaptive, not {layer_group!r}")
         self.preemption, self.hand_back_rule = preemption, hand_back
@@ -73,6 +81,7 @@ class BulletPrefillPolicy(PrefillPolicy):
         self.est, self.slo, self.feasible = est, slo, sorted(feasible_units)
         self.learner: LearningPredictor | None = est if hasattr(est, "observe_prefill") else None
         self.total = self.feasible[-1]
+        self.decode_feasible = sorted(decode_units) if decode_units else list(self.feasible)
         # decode's possible shares (prefill keeps at least its smallest), fewest first
         self._decode_candidates = sorted(self.total - f for f in self.feasible if self.total - f > 0)
         # the share decode takes for each of them (fixed with the pool sizes): asked on every decision
@@ -90,6 +99,7 @@ class BulletPrefillPolicy(PrefillPolicy):
         self._units_for_epoch: int | None = None
         self.last_reason = ""
         self.last_ttft_p90 = 0.0
+        self.last_ttft_ratio_p90 = 0.0  # P90 of predicted TTFT / target over the waiting requests
         self.yielded_last = False  # the previous decision was a yield: the next one runs prefill
 
     # -- Algorithm 1 --------------------------------------------------------------------------
@@ -175,7 +185,8 @@ class BulletPrefillPolicy(PrefillPolicy):
     def _p90_ok(self, reqs: list[Request], ttfts: dict[Request, float]) -> bool:
         # P90 of the TTFT-to-target ratio: targets differ per request when they scale with length
         ratios = [ttfts[r] / self.slo.ttft_target(len(r.prompt_ids)) for r in reqs]
-        return p90(ratios) <= 1.0
+        self.last_ttft_ratio_p90 = p90(ratios)
+        return self.last_ttft_ratio_p90 <= 1.0
 
     # -- line 5: least predicted latency first, without starvation ---------------------------------
     def order_queue(self, view: PrefillView, remaining: float, costs: dict[Request, float]) -> list[Request]:
@@ -245,9 +256,43 @@ class BulletPrefillPolicy(PrefillPolicy):
             if d_min is None:  # no share keeps the aim: more units than its near-best buy decode nothing
                 d = self.decode_near_best(b, ctx, tokens)
                 return self._prefill_share(self.total - d), "TPOT has slack, no share keeps it: decode near its best"
-            return self._prefill_share(self.total - d_min), "TPOT has slack: decode gets the fewest units that keep it"
+            first = self._prefill_share(self.total - d_min)
+            if self.split_goal == "throughput" and satisfy:
+                p = self.throughput_share(batch_lens, cached, b, ctx, first)
+                if p != first:
+                    return p, "both SLOs hold: the split that does the most work per second"
+            return first, "TPOT has slack: decode gets the fewest units that keep it"
         d = catch_up if catch_up is not None else self.total - self.feasible[0]
         return self._prefill_share(self.total - d), "TPOT at risk: prefill yields units"
+
+    def throughput_share(self, batch_lens: list[int], cached: list[int] | None, batch: int, context: int,
+                         first: int) -> int:
+        """Prefill's share, at most `first` (so decode keeps at least the units that hold its TPOT), that
+        maximises the work both phases do per second — each phase's speed on its share against its speed
+        on every unit, summed — while prefill slows (against `first`) by no more than its waiting requests'
+        TTFT slack allows (TTFT_AIM / their P90 ratio, at most MAX_PREFILL_SLOWDOWN). A prefill batch too
+        small to fill the device gains little from its last units, and decode, memory-bound, gains much
+        from them: on the measured H200 the split that serves most is rarely prefill-first (found by the
+        simulator's ledger, bullet.sim.ledger)."""
+        shares = [p for p in self._split_shares if p <= first]
+        if len(shares) < 2 or first not in shares:
+            return first
+        gets = [g for p, g in zip(self._split_shares, self._split_gets) if p <= first]
+        tokens = sum(batch_lens)
+        *prefill, prefill_all = prefill_seconds_over(self.est, batch_lens, [*shares, self.total], cached,
+                                                     num_layers=self.k, include_head=False, co_decode_batch=batch)
+        *decode, decode_all = decode_seconds_over(self.est, batch, context, [*gets, self.total], tokens)
+        ratio = self.last_ttft_ratio_p90
+        bound = prefill[shares.index(first)] * (MAX_PREFILL_SLOWDOWN if ratio <= 0 else
+                                                min(MAX_PREFILL_SLOWDOWN, max(1.0, TTFT_AIM / ratio)))
+        best, best_rate = first, -1.0
+        for p, t_p, t_d in zip(shares, prefill, decode):
+            if t_p > bound or t_p <= 0 or t_d <= 0:
+                continue
+            rate = prefill_all / t_p + decode_all / t_d
+            if rate > best_rate + 1e-9 or (abs(rate - best_rate) <= 1e-9 and p > best):
+                best, best_rate = p, rate
+        return best
 
     def _prefill_share(self, units: int) -> int:
         at = bisect.bisect_left(self.feasible, units)  # the fewest feasible units >= units (else all)
@@ -289,7 +334,7 @@ class BulletPrefillPolicy(PrefillPolicy):
     def decode_gets(self, rest: int) -> int:
         """The share decode takes when `rest` units are left to it: the largest that fits
         (`BulletDecodePolicy.complement`; the same pool sizes serve both roles)."""
-        return max((f for f in self.feasible if f <= rest), default=rest)
+        return max((f for f in self.decode_feasible if f <= rest), default=rest)
 
     def hand_back(self, view: PrefillView, inflight, batch: int, context: int, usual: int) -> int:
         """Prefill's share for the last layer group: the fewest units that keep its requests' TTFT

@@ -42,7 +42,7 @@ def slo_of(args: ServerArgs) -> SLO:
 
 
 def make_prefill_policy(args: ServerArgs, feasible_units: list[int], num_layers: int, estimator=None,
-                        batch_token_limit=None) -> PrefillPolicy:
+                        batch_token_limit=None, decode_units: list[int] | None = None) -> PrefillPolicy:
     total = max(feasible_units)
     if args.policy_name in ("static", "naive"):
         units, _ = static_split(args, total)
@@ -53,7 +53,8 @@ def make_prefill_policy(args: ServerArgs, feasible_units: list[int], num_layers:
         return cls(estimator, slo_of(args), feasible_units, args.prefill_layers_per_step, num_layers,
                                    args.max_prefill_tokens, batch_token_limit or (lambda units: args.max_prefill_tokens),
                                    preemption=args.prefill_preemption, hand_back=args.hand_back,
-                                   layer_group=args.layer_group, split_rule=args.split_rule)
+                                   layer_group=args.layer_group, split_rule=args.split_rule,
+                                   split_goal=args.split_goal, decode_units=decode_units)
     raise ValueError(f"policy {args.policy!r} has no prefill worker")
 
 
@@ -66,5 +67,6 @@ def make_decode_policy(args: ServerArgs, feasible_units: list[int], estimator=No
         cls = {"partition-only": PartitionOnlyDecode, "scheduler-only": SchedulerOnlyDecode}.get(
             args.policy_name, BulletDecodePolicy)
         return cls(estimator, slo_of(args), feasible_units, idle_units=args.idle_decode_units,
-                   yield_at=args.decode_yield_at)
+                   yield_at=args.decode_yield_at,
+                   prefill_layers_per_step=args.prefill_layers_per_step if args.decode_tail_share else 0)
     raise ValueError(f"policy {args.policy!r} has no decode worker")

@@ -5,6 +5,7 @@ pool size, the contention model."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from bullet.config import ServerArgs
 from bullet.policies.intensity import ridge_token_limit
@@ -14,10 +15,12 @@ from estimator import Estimator
 from estimator.analytic_contention import DEFAULT_FLOOR, DEFAULT_PREFILL_SLOWDOWN, AnalyticContention
 from estimator.hardware import DTYPE_BYTES, HardwareSpec
 from estimator.profile import EstimatorProfile
-from estimator.reference.profiles import SHIPPED_PROFILE
+from estimator.reference.profiles import H200_PROFILE, SHIPPED_PROFILE
 
 # calibrated profiles shipped with the estimator, per built-in hardware name
-SHIPPED_PROFILES = {"a100": SHIPPED_PROFILE}
+# the A100 from public kernel measurements; the H200 measured by `bullet profile --device cuda` on a
+# GPU (its notes name the run: driver, commit, date) — `--hardware h200` is that device, not its spec sheet
+SHIPPED_PROFILES = {"a100": SHIPPED_PROFILE, "h200": H200_PROFILE}
 GB = 1e9
 
 
@@ -69,12 +72,15 @@ class SimConfig:
     hand_back: str = "bounded"  # bullet: off | decode-step | bounded
     layer_group: str = "fixed"  # bullet: fixed (prefill_layers_per_step) | adaptive (about one decode step)
     split_rule: str = "spatial"  # bullet: spatial | aggregate (DuetServe: split only when TPOT would break)
+    decode_tail_share: bool = True  # bullet: decode takes every unit for a step in which prefill's batch ends
+    split_goal: str = "prefill-first"  # bullet, while TPOT has slack: prefill-first | throughput (bullet.config)
     idle_decode_units: str = "all"  # bullet: all | efficient (fewest units within 10 % of all while prefill idles)
     radix_cache: bool = False  # the prefix cache (off by default: the traces share no tokens, see Simulation)
     handoff_delay_s: float = 0.0  # prefill -> decode metadata latency (Bullet Table 5: 0.21 ms mean)
     seed: int = 0
     timeline_dir: str | None = None
     stop_below_attainment: float | None = None  # stop once this attainment is out of reach
+    ledger: bool = False  # account what the split gains and costs (bullet.sim.ledger); prices every step on all units too
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -115,7 +121,9 @@ def device_estimator(config: SimConfig) -> Estimator:
             raise ValueError(f"{config.estimator_profile} was calibrated on {profile.model.name}, whose kernels "
                              f"differ from {model.name}'s: leave --model out, or profile {model.name}")
         est = profile.estimator(model)
-        if config.hardware and est.hardware.name != HardwareSpec.builtin(config.hardware).name:
+        shipped = SHIPPED_PROFILES.get((config.hardware or "").lower())
+        if (config.hardware and est.hardware.name != HardwareSpec.builtin(config.hardware).name
+                and not (shipped and Path(shipped).resolve() == Path(config.estimator_profile).resolve())):
             raise ValueError(f"{config.estimator_profile} describes {est.hardware.name}, not --hardware "
                              f"{config.hardware}: leave --hardware out to simulate the profile's device")
         return est
@@ -129,10 +137,9 @@ def device_estimator(config: SimConfig) -> Estimator:
     profile = EstimatorProfile.read(path)
     if profile.model.kernel_shape() != model.kernel_shape():
         return Estimator(model, hardware)  # SRM only: no calibration exists for this model on this device
-    est = profile.estimator(model)
-    if est.hardware.name != hardware.name:
-        raise ValueError(f"{path} describes {est.hardware.name}, not {hardware.name} (--hardware {name})")
-    return est
+    # a measured device is named as its profile says (e.g. "NVIDIA H200 (green-ctx)"): its shipped
+    # profile is that device by construction
+    return profile.estimator(model)
 
 
 def measures_steps(estimator: Estimator) -> bool:
@@ -237,6 +244,6 @@ def server_args(config: SimConfig, pages: int) -> ServerArgs:
                       max_running_requests=config.max_running_requests, page_size=config.page_size,
                       max_total_tokens=pages * config.page_size, timeline_dir=config.timeline_dir,
                       prefill_preemption=config.prefill_preemption, hand_back=config.hand_back,
-                      layer_group=config.layer_group, split_rule=config.split_rule,
+                      layer_group=config.layer_group, split_rule=config.split_rule, split_goal=config.split_goal, decode_tail_share=config.decode_tail_share,
                       idle_decode_units=config.idle_decode_units, disable_radix_cache=not config.radix_cache,
                       partition_backend="none")

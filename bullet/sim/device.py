@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from bullet.sim.events import EventLoop
+from bullet.sim.ledger import Ledger
 from bullet.sim.partition import overlap
 from estimator.analytic_contention import AnalyticContention
 from estimator.estimator import Estimator
@@ -121,7 +122,7 @@ class SimulatedDevice:
     def __init__(self, estimator: Estimator, loop: EventLoop, contention: AnalyticContention | None = None,
                  noise: float = 0.0, seed: int = 0, overlap_share: str = "demand", step_overhead_s: float = 0.0,
                  measured_corun: bool = False, time_scale: float = 1.0,
-                 role_step_times: dict[str, tuple[float, float]] | None = None):
+                 role_step_times: dict[str, tuple[float, float]] | None = None, ledger: bool = False):
         if not 0.0 <= noise < 1.0:
             raise ValueError(f"noise must lie in [0, 1), got {noise}")
         if not time_scale > 0:
@@ -142,6 +143,9 @@ class SimulatedDevice:
         self.running: dict[str, Step] = {}
         self.stats = DeviceStats()
         self._last_account = 0.0
+        # what the split gains and costs, interval by interval (`bullet.sim.ledger`; off: it prices every
+        # running step on every unit too)
+        self.ledger = Ledger(self.total) if ledger else None
 
     def start(self, role: str, work, units: int, on_done: Callable[[float], None]) -> None:
         """Run `work` for `role` on `units` units; `on_done(elapsed)` at its end."""
@@ -291,3 +295,20 @@ class SimulatedDevice:
         if dt > 0 and prefill is not None and decode is not None:
             self.stats.corun_s += dt
             self.stats.overlap_unit_s += dt * overlap(prefill.units, decode.units, self.total)
+        if self.ledger is not None and dt > 0 and self.running:
+            self._ledger_interval(dt)
+
+    def _ledger_interval(self, dt: float) -> None:
+        """Book the interval that just ended (the configuration `running` held throughout it)."""
+        total = self.total
+        rates = {role: self._step_alone(step, total) * step.noise / step.seconds
+                 for role, step in self.running.items() if step.seconds > 0}
+        if len(self.running) == 1:
+            (role, step), = self.running.items()
+            if role in rates:
+                self.ledger.solo(dt, role, rates[role], min(total, step.units))
+            return
+        units = self.effective_units()
+        alone = {role: self._step_alone(step, total) / self._step_alone(step, min(total, max(1, round(units[role]))))
+                 for role, step in self.running.items()}
+        self.ledger.corun(dt, rates, alone, units)

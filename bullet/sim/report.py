@@ -63,4 +63,16 @@ def summary_lines(data: dict) -> list[str]:
            if "attention_setups" in run else ""),
         f"simulated in {run['wall_s']:.1f}s wall ({run['events']} events). {data['note']}",
     ]
+    if "ledger" in run:
+        lines[-1:-1] = ledger_lines(run["ledger"])
     return lines
+
+
+def ledger_lines(ledger: dict) -> list[str]:
+    units = ", ".join(f"{r} {u:.0f}" for r, u in sorted(ledger["mean_corun_units"].items()))
+    work = ", ".join(f"{r} {w:.1f}" for r, w in sorted(ledger["work_s"].items()))
+    return [f"ledger (whole-device seconds): busy {ledger['busy_s']:.1f}s, work {ledger['work_total_s']:.1f}s ({work}) "
+            f"= busy - solo loss {ledger['solo_loss_s']:.1f} + co-run gain {ledger['corun_gain_s']:.1f}",
+            f"  co-running {ledger['corun_s']:.1f}s at {ledger['corun_rate'] or 0:.3f} devices (split's worth "
+            f"{ledger['split_gain_s']:+.1f}s, contention -{ledger['contention_loss_s']:.1f}s; mean units {units}); "
+            f"units idle while busy {ledger['idle_unit_fraction']:.1%}"]

@@ -76,7 +76,8 @@ class Simulation:
                                       config.noise, config.seed, config.overlap_share,
                                       step_overhead(config, self.device_estimator),
                                       measured_corun=config.contention_model and measured_contention(self.device_estimator),
-                                      time_scale=config.step_time_scale, role_step_times=config.role_step_times)
+                                      time_scale=config.step_time_scale, role_step_times=config.role_step_times,
+                                      ledger=config.ledger)
         self.log = RequestLog()
         self.board = StateBoard(self.clock)
         self.allocator = LocalPageAllocator(pages, config.page_size)
@@ -156,6 +157,8 @@ class Simulation:
                     "steps": {d.core.role.value: d.core.steps for d in self.drivers}}
         for d in self.drivers:
             counters.update(d.core.counters())
+        if self.device.ledger is not None:
+            counters["ledger"] = self.device.ledger.as_dict()
         if self.config.attention_setup_s:  # per-shape plans the workers built (SimExecutor.setup_for)
             counters["attention_setups"] = sum(d.core.env.executor.setups for d in self.drivers)
         return SimResult(self.config, self.log.records, summary, self.device.stats, end, time.perf_counter() - t0,

@@ -109,12 +109,18 @@ def test_green_context_pool_through_the_helper(helper, fake_cuda):
     out = run_helper(helper, fake_cuda(), FAKE_CUDA_SMS="132", FAKE_CUDA_MIN="8", FAKE_CUDA_ALIGN="8")
     assert out["driver_version"] == 12080 and out["device_info"] == [132, [9, 0]]
     prefill, decode = out["prefill"], out["decode"]
-    assert prefill["feasible"] == decode["feasible"] == list(range(8, 129, 8)) + [132]
+    # prefill: the first groups and the 4-SM remainder; decode: the last groups (the remainder only in
+    # its "all" entry) — so prefill 4 + 8k beside decode 8(16 - k) is the whole device
+    assert prefill["feasible"] == list(range(12, 133, 8)) and decode["feasible"] == list(range(8, 129, 8)) + [132]
     for sms, ids in prefill["pools"].items():
-        assert ids == (list(range(int(sms))) if int(sms) < 132 else list(range(132)))
-    for sms, ids in decode["pools"].items():  # the last groups; the 4-SM remainder only in "all"
+        assert ids == list(range(int(sms) - 4)) + list(range(128, 132))
+    for sms, ids in decode["pools"].items():
         assert ids == (list(range(128 - int(sms), 128)) if int(sms) < 132 else list(range(132)))
-    assert prefill["current"] == 24 and prefill["unit_set"] == list(range(24))
+    for sms in prefill["pools"]:
+        beside = 132 - int(sms)
+        if beside:
+            assert not set(prefill["pools"][sms]) & set(decode["pools"][str(beside)])
+    assert prefill["current"] == 20 and prefill["unit_set"] == list(range(16)) + list(range(128, 132))
     assert decode["live_before_close"] == 17  # one stream per pool entry (16 + full)
     assert out["live_after"] == [0, 0]  # close destroyed every stream and green context
 

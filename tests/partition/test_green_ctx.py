@@ -79,6 +79,7 @@ def test_hopper_pool_has_eight_sm_steps_and_a_full_entry_with_the_remainder():
     drv = h100()
     b = make_backend("green-ctx", "decode", driver=drv)
     assert b.feasible_units() == list(range(8, 129, 8)) + [132]
+    assert b.peer_feasible_units() == list(range(12, 133, 8))  # prefill's: the remainder with its groups
     b.apply(130)
     assert b.current_units == 132 and drv.streams[b.launch_stream()] == set(range(132))
     b.apply(9)
@@ -92,13 +93,13 @@ def test_applying_only_switches_streams_and_records_the_cost():
     b = make_backend("green-ctx", "prefill", driver=drv)
     created = dict(drv.streams)
     seen = set()
-    for units in (8, 64, 32, 132, 8):
+    for units in (12, 68, 36, 132, 12):  # prefill's shares: 4 + 8k SMs
         b.apply(units)
         assert len(drv.streams[b.launch_stream()]) == units
         seen.add(b.launch_stream())
     assert drv.streams == created  # nothing created or destroyed by apply
     assert len(seen) == 4 and b.apply_costs().count == 5
-    assert b.pool_streams()[32] in seen
+    assert b.pool_streams()[36] in seen
 
 
 def test_prefill_and_decode_pools_are_disjoint_when_counts_fit():
@@ -118,11 +119,13 @@ def test_prefill_and_decode_pools_are_disjoint_when_counts_fit():
 
 def test_counts_limit_the_pool_to_covering_shares():
     drv = h100()
-    b = make_backend("green-ctx", "prefill", driver=drv, counts=[12, 32, 64])
+    b = make_backend("green-ctx", "decode", driver=drv, counts=[12, 32, 64])
     assert b.feasible_units() == [16, 32, 64, 132]
     assert len(drv.streams) == 4
     b.apply(40)
     assert b.current_units == 64
+    p = make_backend("green-ctx", "prefill", driver=drv, counts=[12, 32, 64])
+    assert p.feasible_units() == [12, 36, 68, 132]
 
 
 def test_close_destroys_every_stream_and_the_split():
@@ -151,25 +154,32 @@ def test_layout_shares_overlap_only_past_the_group_count(groups, size, rest, dat
     layout = GroupLayout([size] * groups, rest)
     k, j = data.draw(st.integers(1, groups)), data.draw(st.integers(1, groups))
     low, high = layout.share("prefill", k), layout.share("decode", j)
-    assert (low.sms, high.sms) == (k * size, j * size)
+    assert (low.sms, high.sms) == (k * size + rest, j * size)  # the remainder goes with prefill's groups
+    assert len(set(low.positions)) == low.sms and len(set(high.positions)) == high.sms
     assert len(set(low.positions) & set(high.positions)) == max(0, k + j - groups) * size
+    if k + j == groups:  # complementary shares: the whole device, nothing idle
+        assert set(low.positions) | set(high.positions) == set(range(layout.total))
     plan = layout.plan("decode")
     assert plan[-1].sms == layout.total == groups * size + rest
     assert [s.sms for s in plan] == sorted({s.sms for s in plan})
 
 
-def test_the_coarse_pool_splits_at_eighths_quarters_halves_from_either_side():
+def test_the_coarse_pool_splits_at_sixteenths_eighths_quarters_halves_from_either_side():
     drv = h100()  # 16 groups of 8 SMs + a remainder of 4
     p = make_backend("green-ctx", "prefill", driver=drv, pool="coarse")
     d = make_backend("green-ctx", "decode", driver=drv, pool="coarse")
-    assert p.feasible_units() == d.feasible_units() == [16, 32, 64, 96, 112, 132]
-    assert len(drv.streams) == 12  # 6 shares per role instead of 17
-    for ps in p.feasible_units()[:-1]:  # every prefill share leaves a decode share in the pool, disjoint
-        rest = max(u for u in d.feasible_units() if u <= 132 - ps)
+    assert d.feasible_units() == [8, 16, 32, 64, 96, 112, 120, 132]
+    assert p.feasible_units() == [12, 20, 36, 68, 100, 116, 124, 132]  # the remainder's 4 SMs with prefill's groups
+    assert p.peer_feasible_units() == d.feasible_units() and d.peer_feasible_units() == p.feasible_units()
+    assert len(drv.streams) == 16  # 8 shares per role instead of 17
+    for ps in p.feasible_units()[:-1]:  # every prefill share leaves its exact complement in decode's pool, disjoint
+        rest = 132 - ps
+        assert rest in d.feasible_units()
         p.apply(ps)
         d.apply(rest)
-        assert not drv.streams[p.launch_stream()] & drv.streams[d.launch_stream()], (ps, rest)
+        both = drv.streams[p.launch_stream()] | drv.streams[d.launch_stream()]
+        assert not drv.streams[p.launch_stream()] & drv.streams[d.launch_stream()] and len(both) == 132, (ps, rest)
     a = make_backend("green-ctx", "decode", driver=a100(), pool="coarse")  # 27 groups of 4 (cc 8.0)
-    assert a.feasible_units() == [12, 28, 52, 56, 80, 96, 108]
+    assert a.feasible_units() == [8, 12, 28, 52, 56, 80, 96, 100, 108]
     with pytest.raises(ValueError, match="pool"):
         make_backend("green-ctx", "decode", driver=h100(), pool="some")

@@ -131,7 +131,7 @@ def test_green_context_repartition_switches_the_step_stream():
     assert api.created == []  # the pool's streams are the only ones
     runner = tiny_runner()
     executor = ModelExecutor(runner, FinishChecker(None, set(), 512), stream)
-    shares = iter([16, 64, 32])
+    shares = iter([20, 68, 36])  # prefill's shares: its first groups and the 4-SM remainder
     seen = []
     audit = StreamAudit(api)
 
@@ -139,17 +139,18 @@ def test_green_context_repartition_switches_the_step_stream():
         backend.apply(next(shares))
         seen.append((stream.handle(), backend.current_units))
 
-    backend.apply(8)
-    seen.append((stream.handle(), 8))
+    backend.apply(12)
+    seen.append((stream.handle(), 12))
     run_prefill_then_decode(executor, requests([[1, 2, 3], [4, 5, 6, 7]]), audit, repartition)
     handles = [h for h, _ in seen]
     assert len(set(handles)) == 4  # a different pool stream for every share
     for handle, units in seen:
-        assert drv.streams[handle] == set(range(units))  # prefill's green context holds SMs 0..units-1
+        # prefill's green context holds its first groups (SMs 0..) and the remainder (128-131)
+        assert drv.streams[handle] == set(range(units - 4)) | set(range(128, 132))
     # the four steps ran, in order, on the four shares' streams — and on nothing else
     launched = [h for i, (_, h) in enumerate(audit.ops) if i == 0 or audit.ops[i - 1][1] != h]
     assert launched == handles
-    assert stream.share_key() == (handles[-1], 32)
+    assert stream.share_key() == (handles[-1], 36)
 
 
 def test_a_cpu_worker_has_no_stream(monkeypatch):
@@ -293,8 +294,8 @@ def test_each_share_makes_every_pool_stream_current_in_turn_and_restores_the_sha
     for key in stream.each_share():
         keys.append(key)
         current.append(api.current_handle())
-    assert [units for _, units in keys] == [16, 32, 64, 96, 112, 132]
+    assert [units for _, units in keys] == [8, 16, 32, 64, 96, 112, 120, 132]
     assert [handle for handle, _ in keys] == current  # inside, the share's own stream is current
-    assert len(set(current)) == 6 and all(drv.streams[h] for h in current)
+    assert len(set(current)) == 8 and all(drv.streams[h] for h in current)
     assert backend.current_units == 64 and api.current_handle() == LEGACY_DEFAULT_STREAM
     assert [units for _, units in stream.each_share([16, 112])] == [16, 112]

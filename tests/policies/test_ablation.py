@@ -9,6 +9,7 @@ import pytest
 
 from bullet.config import ServerArgs
 from bullet.policies.ablation import PartitionOnlyDecode, PartitionOnlyPrefill, SchedulerOnlyDecode, SchedulerOnlyPrefill
+from bullet.policies.bullet_prefill import BulletPrefillPolicy
 from bullet.policies.factory import make_decode_policy, make_prefill_policy
 from bullet.types.slo import SLO
 from tests.policies.fakes import LAYERS, TOTAL, FakePredictor, decode_state, decode_view, prefill_view, req
@@ -64,3 +65,15 @@ def test_a_simulated_run_finishes_every_request(policy):
     sim, result = simulate(policy, requests)
     assert len(result.records) == len(requests) and all(r.ok for r in result.records)
     assert result.counters["free_pages"] == result.counters["total_pages"]
+
+
+def test_where_bullet_would_yield_partition_only_gives_decode_the_most_a_split_leaves():
+    """TPOT broken beyond any split: Bullet yields a whole decode step (scheduling); partition-only keeps
+    both running and gives decode the most — prefill on its least — not the least, which left a broken
+    TPOT on one unit and served nothing (found by the simulator's ledger on the measured H200: decode
+    alone on 8 of 132 SMs half the time)."""
+    peer = decode_state(batch=100, context=50_000, tpot_p90_ms=500)  # 120 ms steps on 2+ units: no split holds 100
+    view = prefill_view(1.0, [req("a", 500, 0.9)], peer=peer)
+    assert prefill(BulletPrefillPolicy).decide(view).yield_s > 0
+    d = prefill(PartitionOnlyPrefill).decide(view)
+    assert d.units == UNITS[0] and d.num_layers > 0 and "prefill on the least" in d.reason

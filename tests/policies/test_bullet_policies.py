@@ -386,7 +386,11 @@ def test_only_prompts_that_preemption_saves_preempt():
 # -- an H200's green-context pool: 16 groups of 8 SMs + 4 the whole device only holds ---------------
 
 H200_POOL = list(range(8, 129, 8)) + [132]
-H200_COARSE = [16, 32, 64, 96, 112, 132]  # GroupLayout.coarse_counts on 16 groups of 8 (+ 4)
+H200_COARSE = [16, 32, 64, 96, 112, 132]  # one coarse pool for both roles, the remainder in the full entry only
+# the servers' pools (GroupLayout.coarse_counts on 16 groups of 8 + 4): decode's whole groups, prefill's
+# the complements with the remainder
+H200_COARSE_DECODE = [8, 16, 32, 64, 96, 112, 120, 132]
+H200_COARSE_PREFILL = [12, 20, 36, 68, 100, 116, 124, 132]
 
 
 class H200Decode(FakePredictor):
@@ -416,14 +420,19 @@ def test_with_decode_flat_in_sms_the_split_gives_decode_its_fewest_units_on_the_
     """A decode step that costs the same on every share holds TPOT on the smallest one: prefill takes the
     rest, and the decode share it leaves is one of the pool's (no share outside it, so no CUDA graph
     the decode worker did not capture at start)."""
-    p = BulletPrefillPolicy(H200Decode(), SLO.parse("3ms/token", "50ms"), H200_COARSE, K, LAYERS, 4096,
-                            lambda units: 4096)
     peer = decode_state(batch=8, context=8 * 1100, tpot_p90_ms=30.0, pause_budget_ms=5.0)
     view = PrefillView(now=1.0, queue=[req("q", 1000, 0.9)], inflight=None, peer=peer, total_units=132,
                        current_units=132, free_pages=100_000, page_size=16)
-    d = p.decide(view)
-    assert d.units == 112 and "fewest units" in d.reason  # decode keeps 16 SMs (20 left, rounded down)
+    p = BulletPrefillPolicy(H200Decode(), SLO.parse("3ms/token", "50ms"), H200_COARSE, K, LAYERS, 4096,
+                            lambda units: 4096)
+    d = p.decide(view)  # one pool for both roles: decode keeps 16 SMs (20 left, rounded down), 4 idle
+    assert d.units == 112 and "fewest units" in d.reason
     assert p.decode_gets(132 - d.units) == 16 and 16 in H200_COARSE
+    # the servers' pools: decode keeps its smallest, 8 SMs, and prefill the other 124, none idle
+    p = BulletPrefillPolicy(H200Decode(), SLO.parse("3ms/token", "50ms"), H200_COARSE_PREFILL, K, LAYERS, 4096,
+                            lambda units: 4096, decode_units=H200_COARSE_DECODE)
+    d = p.decide(view)
+    assert d.units == 124 and p.decode_gets(132 - d.units) == 8 and d.units + 8 == 132
 
 
 def test_with_the_h200_profile_decode_gets_few_sms_and_prefill_the_rest():
@@ -450,3 +459,72 @@ def test_with_the_h200_profile_decode_gets_few_sms_and_prefill_the_rest():
         assert "near its best" in d.reason
         best = min(est.decode_time(batch, batch * 1100, u, co_prefill_tokens=1000) for u in H200_COARSE[:-1])
         assert est.decode_time(batch, batch * 1100, decode_units, co_prefill_tokens=1000) <= 1.1 * best
+
+
+# -- complementary pools: the remainder of the device goes with prefill's shares ---------------------
+
+def test_with_a_remainder_prefill_and_decode_shares_add_up_to_the_device():
+    """16 groups of 8 and 4 left (an H200's green contexts): prefill's shares carry the remainder, so
+    the share decode is left beside each is exactly the rest, and the fewest-units rule lands on it."""
+    from estimator.hardware import HardwareSpec
+
+    hw = HardwareSpec.builtin("h200").model_copy(update={"partition_step": 8, "min_partition": 8})
+    prefill_units, decode_units = hw.partition_sizes("prefill"), hw.partition_sizes("decode")
+    assert prefill_units == list(range(12, 133, 8)) and decode_units == list(range(8, 129, 8)) + [132]
+    assert hw.partition_sizes() == decode_units  # one pool for both, as before
+
+    class Linear(FakePredictor):  # decode holds 90 ms of TPOT from 40 units on
+        def decode_time(self, batch, context, units, co_prefill_tokens=0):
+            return 0.08 * 40 / units
+
+    p = BulletPrefillPolicy(Linear(), SLO.parse("10s", "100ms"), prefill_units, K, LAYERS, 8192, lambda u: 10_000,
+                            decode_units=decode_units)
+    d = p.decide(PrefillView(now=1.0, queue=[req("a", 500, 0.9)], inflight=None,
+                             peer=decode_state(batch=10, context=5000, tpot_p90_ms=30), total_units=132,
+                             current_units=132, free_pages=10_000, page_size=16))
+    decode = BulletDecodePolicy(Linear(), SLO.parse("10s", "100ms"), decode_units).complement(d.units)
+    assert (d.units, decode) == (92, 40) and d.units + decode == 132
+
+
+def test_the_throughput_goal_gives_decode_the_units_prefill_cannot_use():
+    """`split_goal="throughput"`: a prefill batch that runs as fast on 4 units as on 7 (it cannot fill
+    more) leaves the rest to decode, which is faster on them, while TTFT has slack; prefill-first keeps
+    decode at the fewest units that hold TPOT."""
+
+    class Small(FakePredictor):
+        def prefill_time(self, seq_lens, units, num_layers=None, include_head=True, co_decode_batch=0):
+            return super().prefill_time(seq_lens, min(units, 4), num_layers, include_head, co_decode_batch)
+
+        def decode_time(self, batch, context, units, co_prefill_tokens=0):
+            return 0.08 / units
+
+    def decide(goal):
+        p = BulletPrefillPolicy(Small(), SLO.parse("10s", "100ms"), list(range(1, TOTAL + 1)), K, LAYERS, 8192,
+                                lambda u: 10_000, split_goal=goal)
+        return p.decide(prefill_view(1.0, [req("a", 500, 0.9)], peer=decode_state(10, 5000, 30)))
+
+    assert decide("prefill-first").units == TOTAL - 1  # 80 ms on 1 unit keeps the 90 ms aim
+    d = decide("throughput")
+    assert d.units == 4 and "most work per second" in d.reason
+    with pytest.raises(ValueError, match="split_goal"):
+        BulletPrefillPolicy(Small(), SLO.parse("10s", "100ms"), [1, 2], K, LAYERS, 8192, lambda u: 1, split_goal="x")
+
+
+def test_decode_takes_every_unit_for_a_step_in_which_prefills_batch_ends():
+    """Prefill's last layer group (4 layers left, 4 per step, 5 ms predicted) ends within half of decode's
+    next step (30 ms on the 2 units prefill leaves it, FakePredictor): decode starts that step on every
+    unit instead of leaving prefill's 6 idle after its batch ends. Not with more queued, nor with a long
+    tail, nor when the rule is off (prefill_layers_per_step 0)."""
+    running = [req(f"r{i}", 10, 0.0, outputs=5, first_token_time=0.0) for i in range(10)]
+
+    def decide(remaining=4, queued=0, step_ms=5.0, k=4):
+        prefill = WorkerState(remaining_layers=remaining, queued_requests=queued, compute_units=6, step_pred_ms=step_ms)
+        p = BulletDecodePolicy(FakePredictor(), SLO.parse("10s", "100ms"), list(range(1, TOTAL + 1)),
+                               prefill_layers_per_step=k)
+        return p.decide(decode_view(1.0, running, prefill))
+
+    d = decide()
+    assert d.units == TOTAL and "ends early" in d.reason
+    assert decide(queued=1).units == 2  # more prompts behind it: prefill goes on with its share
+    assert decide(remaining=16).units == 2  # four groups: 20 ms, more than half of the 30 ms step
+    assert decide(k=0).units == 2  # the rule off
