@@ -20,6 +20,7 @@ import time
 from multiprocessing import Pool
 from pathlib import Path
 
+from artifact.crossing import parse_override
 from bullet.sim import SimConfig, Simulation
 from bullet.workloads.traces import build_workload
 from estimator.reference.profiles import H200_PROFILE
@@ -97,14 +98,7 @@ def parse_rates(items: list[str]) -> dict[str, float]:
 
 
 def parse_sets(items: list[str]) -> dict:
-    out = {}
-    for item in items:
-        key, _, value = item.partition("=")
-        try:
-            out[key] = json.loads(value)
-        except ValueError:
-            out[key] = value
-    return out
+    return dict(parse_override(item) for item in items)
 
 
 def main(argv=None) -> int:
