@@ -35,7 +35,9 @@ def isolation_plan(total_sms: int, library: str | None, allow_untested: bool) ->
         flags = ["--library", library] + (["--allow-untested-driver"] if allow_untested else [])
         plan.append(("libsmctrl", Side("prefill", half), Side("decode", half), flags))
     cap = {THREAD_PERCENTAGE_ENV: str(percentage_for(half, total_sms))}
-    plan.append(("mps-percentage", Side("prefill", half, cap), Side("decode", half, cap), []))
+    # the device's SMs as counted here, uncapped: under its cap a child's torch sees only the capped count
+    plan.append(("mps-percentage", Side("prefill", half, cap), Side("decode", half, cap),
+                 ["--total-units", str(total_sms)]))
     return plan
 
 

@@ -40,6 +40,8 @@ def _options(args) -> dict:
         return {"counts": [args.units]}  # one pool entry (and the whole device): little memory
     if args.backend == "libsmctrl":
         return {"library": args.library, "allow_untested_driver": args.allow_untested_driver}
+    if args.backend == "mps-percentage" and args.total_units:
+        return {"total_units": args.total_units}
     return {}
 
 
@@ -88,6 +90,9 @@ def main(argv=None) -> int:
     parser.add_argument("--cores", help="cpu backend: the cores it divides (default: the affinity at start)")
     parser.add_argument("--library", help="libsmctrl.so (default: $BULLET_LIBSMCTRL)")
     parser.add_argument("--allow-untested-driver", action="store_true")
+    parser.add_argument("--total-units", type=int, default=0,
+                        help="mps-percentage: the device's SMs as an uncapped process counts them (under the cap, "
+                             "torch reports the capped count)")
     parser.add_argument("--size", type=int, default=0, help="matrix size (default: 4096 on a GPU, 192 on a CPU)")
     args = parser.parse_args(argv)
 

@@ -121,7 +121,8 @@ class Launcher:
         return [WorkerSpec(role=role, instance_id=self.instance_id, incarnation=self.incarnation, args=self.args,
                            model=self.shared, endpoints=self.endpoints, runtime_dir=str(self.runtime_dir),
                            cores=self.cores, launcher_pid=os.getpid(), initial_units=units[role],
-                           estimator_profile=self.estimator_profile) for role in self.roles]
+                           estimator_profile=self.estimator_profile, total_units=self.total_units)
+                for role in self.roles]
 
     def next_incarnation(self) -> None:
         self.incarnation += 1

@@ -24,6 +24,9 @@ class WorkerSpec:
     launcher_pid: int
     initial_units: int = 1
     estimator_profile: str | None = None  # the bullet policy's profile
+    # the device's units as the launcher counted them (its SMs on a GPU): a worker capped by MPS
+    # (`mps-percentage`) sees only its cap through torch, and would apply the cap to it a second time
+    total_units: int | None = None
 
     @property
     def title(self) -> str:

@@ -141,4 +141,8 @@ def _backend_options(spec: WorkerSpec) -> dict:
         return {"total_units": len(spec.cores)}
     if name == "green-ctx":
         return {"pool": spec.args.partition_pool}  # its streams and device come from open_worker_partition
+    if name == "mps-percentage" and spec.total_units:
+        # the device's SMs as the uncapped launcher counted them: under its MPS cap this process's torch
+        # reports the capped count, and the cap would be taken of that again
+        return {"total_units": spec.total_units}
     return {}  # libsmctrl gets its stream (and device) from open_worker_partition

@@ -108,3 +108,27 @@ def test_workers_start_with_a_split_and_their_cap_in_the_environment(monkeypatch
     with environment({ENV: "20"}):
         assert os.environ[ENV] == "20"
     assert os.environ[ENV] == "80"
+
+
+def test_a_capped_worker_takes_the_devices_sm_count_from_the_launcher(monkeypatch):
+    """Under its MPS cap a worker's torch reports the capped SM count (a fake GPU reporting 64 of an
+    H200's 132 here): the worker takes the launcher's uncapped count from its spec, so a 49 % cap is 65
+    SMs, not 49 % of 64 again; the doctor's isolation child is told the count the same way."""
+    import torch
+
+    from bullet.doctor.isolation_check import isolation_plan
+    from bullet.partition.launch_stream import open_worker_partition
+    from bullet.workers.wiring import _backend_options
+    from tests.partition.fake_cuda import FakeCuda
+
+    monkeypatch.setenv(ENV, "49")
+    spec = type("Spec", (), {"args": type("Args", (), {"partition_backend": "mps-percentage"})(), "total_units": 132,
+                             "model": None, "cores": []})()
+    options = _backend_options(spec)
+    assert options == {"total_units": 132}
+    backend, _ = open_worker_partition("mps-percentage", "decode", torch.device("cuda", 0), options, FakeCuda(sms=64))
+    assert backend.total_units == 132 and backend.current_units == units_for(49, 132) == 65
+    blind, _ = open_worker_partition("mps-percentage", "decode", torch.device("cuda", 0), {}, FakeCuda(sms=64))
+    assert blind.current_units == 32  # what counting under the cap gave: the cap applied twice
+    mps = {b: flags for b, _, _, flags in isolation_plan(132, None, False)}["mps-percentage"]
+    assert mps == ["--total-units", "132"]
