@@ -4,7 +4,8 @@
 # On a CPU (the default `--device cpu`, or no NVIDIA GPU) this is `bullet launch "$@"`.
 # Serving on an NVIDIA GPU (`--device cuda|auto` with a GPU present) it first
 #   1. makes sure the MPS control daemon runs when the policy uses two worker processes (every policy
-#      but chunked:<n>): without MPS two CUDA processes time-slice the GPU instead of sharing its SMs;
+#      but chunked:<n> and sglang:<n>): without MPS two CUDA processes time-slice the GPU instead of
+#      sharing its SMs;
 #   2. runs `bullet doctor` (its --quick mode when it has one) and stops if a check FAILs, because the
 #      GPU path has not yet been verified on hardware;
 # and then execs `bullet launch "$@"`.
@@ -53,7 +54,7 @@ fi
 
 echo "[launch] NVIDIA GPU: $(nvidia-smi -L | head -n 1)" >&2
 case "$policy" in
-  chunked:*) needs_mps=0 ;;  # one worker process: nothing to share the GPU with
+  chunked:*|sglang:*) needs_mps=0 ;;  # one worker process (bullet.policies.factory.ONE_PROCESS_POLICIES)
   *) needs_mps=1 ;;
 esac
 if [ "$needs_mps" = 1 ] && [ "${BULLET_LAUNCH_NO_MPS:-0}" != 1 ]; then

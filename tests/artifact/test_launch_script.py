@@ -64,8 +64,9 @@ def test_on_a_gpu_it_starts_mps_and_runs_the_doctor_first(tools):
 
 
 def test_one_process_policy_needs_no_mps_and_a_failing_doctor_stops_the_launch(tools):
-    out, calls = launch(tools, "--device", "cuda", "--policy", "chunked:1024", gpu=True)
-    assert out.returncode == 0 and not any("mps" in c for c in calls)
+    for policy in ("chunked:1024", "sglang:1024"):  # each runs one worker process
+        out, calls = launch(tools, "--device", "cuda", "--policy", policy, gpu=True)
+        assert out.returncode == 0 and not any("mps" in c for c in calls), policy
     out, calls = launch(tools, "--device", "cuda", gpu=True, DOCTOR_EXIT="1")
     assert out.returncode == 1 and "doctor reported a failure" in out.stderr
     assert not any(c.startswith("bullet launch") for c in calls)
@@ -78,3 +79,10 @@ def test_the_doctor_runs_in_quick_mode_when_it_has_one(tools):
     out, calls = launch(tools, "--device", "auto", gpu=True)
     assert out.returncode == 0, out.stderr
     assert "bullet doctor --quick" in calls
+
+
+def test_the_script_knows_every_one_process_policy():
+    from bullet.policies.factory import ONE_PROCESS_POLICIES
+
+    case = next(line for line in SCRIPT.read_text().splitlines() if "needs_mps=0" in line)
+    assert all(f"{name}:*" in case for name in ONE_PROCESS_POLICIES), case
