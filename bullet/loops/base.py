@@ -266,7 +266,7 @@ class LoopCore:
             setattr(state, name, value)
         self.predictions.write_to(state)
         if not idle:
-            state.set_unit_mask(partition.unit_mask())  # the layout's mask holds ids 0-127
+            state.set_unit_mask(partition.unit_mask())  # the layout's mask holds ids 0-191
             state.compute_units = partition.current_units  # the count holds them all (H100: 132)
         self.env.state.publish(self.role.block, state)
 

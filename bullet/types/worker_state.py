@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-UNIT_MASK_BITS = 128  # the layout's unit set holds ids 0-127; compute_units counts them all
+UNIT_MASK_BITS = 192  # the layout's unit set holds ids 0-191 (an H200's 132 SMs); compute_units counts them all
 
 
 class WorkerFlags(enum.IntFlag):
@@ -49,19 +49,21 @@ class WorkerState:
     pause_budget_ms: float = 0.0  # f64 decode: pause it can absorb with every request still meeting TPOT
     decisions: int = 0  # u64 scheduling decisions taken so far (for /metrics)
     repartitions: int = 0  # u64 changes of this worker's compute share so far (for /metrics)
+    unit_mask_ext: int = 0  # u64 unit set, units 128-191
 
     @property
     def unit_mask(self) -> int:
-        return self.unit_mask_lo | (self.unit_mask_hi << 64)
+        return self.unit_mask_lo | (self.unit_mask_hi << 64) | (self.unit_mask_ext << 128)
 
     def set_unit_mask(self, mask: int) -> None:
-        """Store a unit set given as a bit mask (ids >= 128 do not fit the layout and are dropped;
+        """Store a unit set given as a bit mask (ids >= 192 do not fit the layout and are dropped;
         compute_units is left to the caller, which knows the full count)."""
         mask &= (1 << UNIT_MASK_BITS) - 1
-        self.unit_mask_lo, self.unit_mask_hi = mask & (2**64 - 1), mask >> 64
+        word = 2**64 - 1
+        self.unit_mask_lo, self.unit_mask_hi, self.unit_mask_ext = mask & word, (mask >> 64) & word, mask >> 128
 
     def set_units(self, units) -> None:
-        """Set the unit set (indices 0-127); compute_units follows its size."""
+        """Set the unit set (indices 0-191); compute_units follows its size."""
         mask = 0
         for u in units:
             if not 0 <= u < UNIT_MASK_BITS:

@@ -148,7 +148,7 @@ def test_layout_docstring_matches_code():
     rows = sbmod.payload_table().splitlines()
     positions = [next(i for i, line in enumerate(doc) if line.startswith(row)) for row in rows]
     assert positions == sorted(positions)
-    assert struct.calcsize("<" + sbmod.PAYLOAD_FORMAT) == 168 - 8
+    assert struct.calcsize("<" + sbmod.PAYLOAD_FORMAT) == 176 - 8  # the table ends at 176
 
 
 def test_two_instances_side_by_side(iid):
@@ -316,3 +316,19 @@ def test_no_torn_reads_raw_1kib_block(iid):
         region.release()
         seg.close()
         seg.unlink()
+
+
+def test_an_h200s_132_sms_fit_the_unit_set(iid):
+    """SM ids 128-131 (the last of an H200's 132) reach the peer: the layout's unit set holds ids 0-191."""
+    sb = StateBuffer.create(iid)
+    try:
+        state = WorkerState()
+        state.set_units(range(64, 132))
+        sb.publish("decode", state)
+        got = sb.read("decode")
+        assert got.units() == list(range(64, 132)) and got.compute_units == 68 and got.unit_mask_ext == 0b1111
+        with pytest.raises(ValueError, match="outside"):
+            state.set_units([192])
+    finally:
+        sb.close()
+        sb.unlink()
