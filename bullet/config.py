@@ -20,6 +20,12 @@ class ServerArgs(BaseModel):
     model_path: str | None = Field(None, description="a .gguf file, an HF directory, or a config for "
                                    "--load-format dummy (default: the embedded SmolLM2-135M-Instruct)")
     tokenizer_path: str | None = Field(None, description="HF tokenizer directory (default: the model's own)")
+    chat_template: str | None = Field(None, description="the chat template for /v1/chat/completions instead of the "
+                                      "model's: a Jinja file, or a shipped one by name: chatml-tools (ChatML models such "
+                                      "as the embedded SmolLM2, whose own template has no tools) | llama3-tools")
+    tool_call_parser: Literal["auto", "hermes", "llama3"] = Field(
+        "auto", description="how a chat reply's tool calls are read: hermes (<tool_call>{json}</tool_call>, ChatML and "
+        "Qwen templates) | llama3 (a bare JSON object {\"name\", \"parameters\"}) | auto (from the chat template)")
     load_format: Literal["auto", "gguf", "safetensors", "dummy"] = Field("auto", description="weight format")
     dtype: str = Field("auto", description="auto (bf16 where the hardware has it, else fp32) | float32 | bfloat16 | float16")
     kv_cache_dtype: Literal["auto", "float16", "fp16", "bfloat16", "bf16", "float32", "fp32"] = Field(
@@ -131,6 +137,15 @@ class ServerArgs(BaseModel):
             return value
         parse_duration(value, allow_per_token=info.field_name == "ttft_slo")  # a clear error at launch, not in a worker
         return value
+
+    @field_validator("chat_template")
+    @classmethod
+    def _chat_template(cls, v):
+        if v is not None:
+            from engines.chat_templates import read_template
+
+            read_template(v)  # a missing file is an error at start-up, not at the first chat request
+        return v
 
     @field_validator("policy")
     @classmethod

@@ -35,10 +35,32 @@ class Tokenizer:
     def has_chat_template(self) -> bool:
         return bool(getattr(self.hf, "chat_template", None))
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            tools: list[dict] | None = None) -> str:
         if not self.has_chat_template:
             raise ValueError("this model has no chat template; use /generate or /v1/completions")
-        return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+        return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                           **({"tools": tools} if tools else {}))
+
+    def set_chat_template(self, text: str) -> None:
+        """Replace the model's chat template (`--chat-template`)."""
+        self.hf.chat_template = text
+        self._renders_tools = None
+
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the chat template shows the model the tools it is given. Many templates ignore a
+        `tools` argument without a word (SmolLM2's does): rendering a probe tool and looking for its
+        name tells them apart, once per template."""
+        if getattr(self, "_renders_tools", None) is None:
+            probe = {"type": "function", "function": {"name": "bullet_probe_tool_x7", "description": "probe",
+                                                      "parameters": {"type": "object", "properties": {}}}}
+            try:
+                text = self.apply_chat_template([{"role": "user", "content": "hi"}], tools=[probe])
+            except Exception:
+                text = ""
+            self._renders_tools = "bullet_probe_tool_x7" in text
+        return self._renders_tools
 
     def export(self, directory: str | Path) -> Path:
         directory = Path(directory)

@@ -12,6 +12,7 @@ import torch
 
 from bullet.config import ServerArgs
 from bullet.partition.cuda_access import CudaAccess, tensor_device
+from engines.chat_templates import read_template
 from engines.device import quantization_for, require_device, resolve_dtype, resolve_kv_dtype
 from engines.host import release_free_heap
 from engines.kv_pool import KVPool
@@ -69,6 +70,8 @@ def load_shared_model(args: ServerArgs, device: torch.device,
     tokenizer = None
     if weights.load_format != "dummy" or args.tokenizer_path:
         tokenizer = load_tokenizer(weights.source, weights.load_format, args.tokenizer_path)
+        if args.chat_template:
+            tokenizer.set_chat_template(read_template(args.chat_template))
     source = str(weights.source) if weights.source else None
     state = {}
     for name, tensor in weights.state.items():

@@ -27,7 +27,9 @@ SECURED_ARGS = ("--max-total-tokens", str(SMALL_POOL_TOKENS), "--api-key", API_K
                 "--quantization", "none", "--dtype", "float32",
                 # auth, limits and a full pool behave alike under every policy; `static` needs no estimator
                 # profile, so this fp32 server starts without measuring one (~90 s on a fresh 2-core machine)
-                "--policy", "static")
+                "--policy", "static",
+                # a template that shows tools to the model (SmolLM2's own has none): test_tool_calls
+                "--chat-template", "chatml-tools")
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 

@@ -25,6 +25,7 @@ from bullet.frontend.http.offload import sized
 from bullet.frontend.http.protocol import ChatBody, CompletionBody, OpenAISampling, read_body
 from bullet.frontend.http.sampling import MAX_N, build_sampling_params, check_constraint, per_sample
 from bullet.frontend.http.streaming import EventStream, merged_updates, sse
+from bullet.frontend.http.tools import CallReader, parse_tool_request, parser_for, read_calls, template_messages
 
 router = APIRouter(prefix="/v1")
 CREATED = int(time.time())
@@ -250,6 +251,12 @@ def _message_text(content) -> str:
     return "".join(parts)
 
 
+def _chat_finish_reason(reason: dict | None, calls: list) -> str | None:
+    """OpenAI's "tool_calls" for a reply that ended in calls; a reply cut at max_tokens stays "length"."""
+    kind = _finish_reason(reason)
+    return "tool_calls" if calls and kind == "stop" else kind
+
+
 def _chat_logprobs(tok, st, n_top: int) -> dict:
     content = []
     for k, (t, lp) in enumerate(zip(st.output_ids, st.output_logprobs)):
@@ -269,10 +276,21 @@ async def chat_completions(request: Request):
         raise APIError("messages must not be empty", param="messages")
     require_tokenizer(rt, "chat messages are text; send token ids to /generate (input_ids) or /v1/completions "
                       "(prompt)", "messages")
-    messages = [{"role": m.role, "content": _message_text(m.content)} for m in body.messages]
-    size = sum(len(m["content"]) for m in messages)
+    tool_request = parse_tool_request(body.tools, body.tool_choice, body.parallel_tool_calls)
+    if tool_request and tool_request.offered and not rt.tokenizer.renders_tools:
+        raise APIError(f"tools: the chat template of {rt.model.model_name} does not show tools to the model; start "
+                       "the server with --chat-template naming a template that does (shipped: chatml-tools for "
+                       "ChatML models, llama3-tools), or send tool_choice 'none'", param="tools")
+    if tool_request and tool_request.constrained and _constraint_fields(body)[1]:
+        raise APIError(f"tool_choice '{tool_request.choice if tool_request.choice != 'named' else tool_request.named}' "
+                       f"constrains the reply to tool calls: leave {_constraint_fields(body)[1]} out",
+                       param="tool_choice")
+    messages = template_messages([{"role": m.role, "content": _message_text(m.content), "tool_calls": m.tool_calls,
+                                   "tool_call_id": m.tool_call_id, "name": m.name} for m in body.messages])
+    offered = [t.as_template_tool() for t in tool_request.offered] if tool_request else None
+    size = sum(len(m["content"]) for m in messages) + len(json.dumps(offered or []))
     try:  # a multi-megabyte conversation takes seconds to render and tokenize: not on the event loop
-        prompt = await sized(size, rt.tokenizer.apply_chat_template, messages)
+        prompt = await sized(size, rt.tokenizer.apply_chat_template, messages, True, offered)
     except Exception as exc:
         raise APIError(f"cannot apply the chat template: {exc}", param="messages") from exc
     ids = await sized(size, rt.tokenizer.encode, prompt, add_special_tokens=False)
@@ -284,11 +302,16 @@ async def chat_completions(request: Request):
     # by default the reply may fill the rest of the context (at least one token: a prompt too long
     # for the context is then reported as such by check_fits)
     room = max(rt.model.config.max_position_embeddings - len(ids), 1)
-    params = _params(body, max_tokens, room, logprobs=body.logprobs, top_logprobs_num=n_top if body.logprobs else 0)
-    await _check_constraint(rt, body, params)
+    tool_constraint = ({"json_schema": json.dumps(tool_request.constraint_schema())}
+                       if tool_request and tool_request.constrained else {})
+    params = _params(body, max_tokens, room, logprobs=body.logprobs, top_logprobs_num=n_top if body.logprobs else 0,
+                     **tool_constraint)
+    await check_constraint(rt, params, where="request",
+                           field="tools" if tool_constraint else _constraint_fields(body)[1])
     await sized(len(ids), check_fits, rt, ids, params, prompt_field="messages", max_field=max_field)
     states = await _submit_all(rt, [(ids, sample) for sample in per_sample(params, body.n)], body.rid)
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    fmt = parser_for(rt.args.tool_call_parser, getattr(rt.tokenizer.hf, "chat_template", None))
 
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -296,6 +319,9 @@ async def chat_completions(request: Request):
         def chunk(i, delta, reason=None):
             return sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
                         "choices": [{"index": i, "delta": delta, "logprobs": None, "finish_reason": reason}]})
+
+        readers = [CallReader(tool_request, fmt) if tool_request and tool_request.choice != "none" else None
+                   for _ in states]
 
         async def events():
             for i in range(len(states)):
@@ -305,8 +331,22 @@ async def chat_completions(request: Request):
                     reason = u.state.finish_json or {}
                     if reason.get("type") == "abort" and not u.state.cancelled:
                         yield sse(stream_error_event(reason.get("message", "request failed"), 503))
-                    elif u.delta or u.done:
-                        yield chunk(i, {"content": u.delta} if u.delta else {}, _finish_reason(u.state.finish_json))
+                        continue
+                    if readers[i] is None:
+                        if u.delta or u.done:
+                            yield chunk(i, {"content": u.delta} if u.delta else {}, _finish_reason(u.state.finish_json))
+                        continue
+                    shown = readers[i].feed(u.delta)
+                    if not u.done:
+                        if shown:
+                            yield chunk(i, {"content": shown})
+                        continue
+                    rest, calls = readers[i].finish()
+                    if shown + rest:
+                        yield chunk(i, {"content": shown + rest})
+                    for k, call in enumerate(calls):
+                        yield chunk(i, {"tool_calls": [call.as_openai(k)]})
+                    yield chunk(i, {}, _chat_finish_reason(u.state.finish_json, calls))
             if include_usage:
                 yield sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
                            "choices": [], "usage": _usage(states)})
@@ -314,8 +354,14 @@ async def chat_completions(request: Request):
         return EventStream(events(), rt, states)
 
     finals = await _finals(request, rt, states)
-    choices = [{"index": i, "message": {"role": "assistant", "content": u.text},
-                "logprobs": _chat_logprobs(rt.tokenizer, u.state, n_top) if body.logprobs else None,
-                "finish_reason": _finish_reason(u.state.finish_json)} for i, u in enumerate(finals)]
+    choices = []
+    for i, u in enumerate(finals):
+        content, calls = read_calls(u.text, tool_request, fmt) if tool_request else (u.text, [])
+        message = {"role": "assistant", "content": content if content or not calls else None}
+        if calls:
+            message["tool_calls"] = [c.as_openai() for c in calls]
+        choices.append({"index": i, "message": message,
+                        "logprobs": _chat_logprobs(rt.tokenizer, u.state, n_top) if body.logprobs else None,
+                        "finish_reason": _chat_finish_reason(u.state.finish_json, calls)})
     return JSONResponse({"id": cid, "object": "chat.completion", "created": created, "model": model,
                          "choices": choices, "usage": _usage([u.state for u in finals])})

@@ -92,6 +92,9 @@ class CompletionBody(OpenAISampling):
 class ChatMessage(Body):
     role: str
     content: Union[str, list[dict[str, Any]], None] = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool's reply: the call it answers
+    name: str | None = None
 
 
 class ChatBody(OpenAISampling):
@@ -99,6 +102,9 @@ class ChatBody(OpenAISampling):
     max_completion_tokens: Int | None = None
     logprobs: bool = False
     top_logprobs: Int | None = Field(None, ge=0, le=20)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Union[str, dict[str, Any], None] = None
+    parallel_tool_calls: bool | None = None
 
 
 def refuse_unimplemented(body: Body) -> None:
