@@ -48,10 +48,12 @@ def replay_command(ctx: Context, out: Path) -> list[str] | str:
 def replay_step(ctx: Context, timeout: float) -> dict:
     # what each kind of served step cost, from the timelines alone (`artifact.step_costs`, no device
     # model): reported whether or not the replay itself can run
+    from artifact.served_kernels import served_kernels
     from artifact.step_costs import step_costs  # deferred: numpy, on the machine's path but not the CLI's concern
 
     timelines = ctx.logs / "timeline"
-    costs = {"step_costs": step_costs(timelines)} if timelines.is_dir() else {}
+    # and, from the same timelines, each worker's Triton compiles while serving and kernel fallbacks
+    costs = {"step_costs": step_costs(timelines), "kernels": served_kernels(timelines)} if timelines.is_dir() else {}
     out = ctx.logs / "validation"
     cmd = replay_command(ctx, out)
     if isinstance(cmd, str):
