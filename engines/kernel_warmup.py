@@ -1,8 +1,9 @@
 """Every Triton kernel variant a runner can launch, launched once before serving.
 
-Triton compiles a kernel on the first launch of each variant (`engines.triton_compiles`), 1-2 s
-each on a GPU host: inside a served step that is a latency spike no scheduler predicted. The
-variants a runner's steps can reach are few and known from its configuration:
+Triton compiles a kernel on the first launch of each variant (`engines.triton_compiles`): its
+front end, LLVM and ptxas run on the host inside that launch, so inside a served step the compile
+is a latency spike no scheduler predicted. The variants a runner's steps can reach are few and
+known from its configuration:
 
 * paged decode attention: one per split count (`TritonPagedKernels.split_buckets`: powers of two
   up to what its longest context and its SMs allow; the page table's width is not specialised);

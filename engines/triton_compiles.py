@@ -2,10 +2,11 @@
 
 A Triton kernel compiles on the first launch of each *specialisation*: its compile-time constants,
 its launch options, the dtype of each tensor argument and, unless told not to, whether each integer
-argument is 1 or divisible by 16 and whether each pointer is 16-byte aligned. A compile takes ~1-2 s
-on a GPU host; one inside a served step is a latency spike that no scheduler predicted. A server
-warms every variant it can launch before it reports ready (`engines.kernel_warmup`), so the goal is
-**0 compiles while serving**. Two tools check it:
+argument is 1 or divisible by 16 and whether each pointer is 16-byte aligned. A compile runs
+Triton's front end, LLVM and ptxas on the host inside the launch: one inside a served step is a
+latency spike that no scheduler predicted. A server warms every variant it can launch before it
+reports ready (`engines.kernel_warmup`), so the goal is **0 compiles while serving**. Two tools
+check it:
 
 * `launch_key(kernel, args, options)`: the key Triton's JIT cache files a launch under, computed
   with Triton's own specialisation routine and without a GPU (the tests compare the keys of every

@@ -186,7 +186,7 @@ def _kernels_section(bench: dict, replay: dict) -> list[str]:
         return []
     lines = ["## Triton compiles and kernel fallbacks", "",
              "Every Triton variant a runner can launch is compiled by a warm-up before measuring or serving "
-             "(`engines.kernel_warmup`); a compile after it (~1-2 s) lands inside a timed or served step. A kernel that "
+             "(`engines.kernel_warmup`); a compile after it lands inside a timed or served step. A kernel that "
              "failed on this GPU runs as torch lines from then on (slower): its numbers above are torch's.", ""]
     if kernels:
         warm, compiles = kernels.get("warm_up", {}), kernels.get("triton_compiles", {})

@@ -1,5 +1,5 @@
 """What a GPU worker says about its kernels beside its steps: Triton compiles after its start-up
-warm-up (the goal is none: a compile is ~1-2 s inside a served step) and kernels it fell back from
+warm-up (the goal is none: a compile stalls the served step that launches it) and kernels it fell back from
 (a fused or MoE Triton kernel that failed on this GPU, served on torch lines from then on).
 
 Each timeline row carries them once they are non-zero (`timeline_fields`): `triton_compiles`, the

@@ -27,7 +27,7 @@ Why these choices (reasoned, not measured: no GPU has timed these kernels yet;
 * **A finite set of compiled kernels.** `NUM_SPLITS` is a compile-time constant, and an eager
   step's page table is as wide as its longest context: a count that followed every width would
   compile a new kernel pair for each new one in the middle of serving (a chunked run on an H200
-  would have needed ~12 counts, ~20 compiles of 1-2 s). So the count is rounded down to a power
+  would have needed ~12 counts, ~20 compiles inside served steps). So the count is rounded down to a power
   of two (`decode_splits`; rounding down keeps every split at least `MIN_SPLIT_TOKENS` long), and
   Triton is told not to specialise on the table's row stride (`stride_pt`, the width: Triton
   would otherwise compile apart widths divisible by 16, width 1 and the rest). The kernels a
