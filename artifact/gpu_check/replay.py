@@ -13,6 +13,8 @@ from pathlib import Path
 
 from artifact.gpu_check import procs
 from artifact.gpu_check.steps import Context, finished, result
+from artifact.served_kernels import served_kernels
+
 
 def replay_command(ctx: Context, out: Path) -> list[str] | str:
     """The sim_validation command for what the run served, or why there is none."""
@@ -48,7 +50,6 @@ def replay_command(ctx: Context, out: Path) -> list[str] | str:
 def replay_step(ctx: Context, timeout: float) -> dict:
     # what each kind of served step cost, from the timelines alone (`artifact.step_costs`, no device
     # model): reported whether or not the replay itself can run
-    from artifact.served_kernels import served_kernels
     from artifact.step_costs import step_costs  # deferred: numpy, on the machine's path but not the CLI's concern
 
     timelines = ctx.logs / "timeline"
