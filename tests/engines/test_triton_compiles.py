@@ -170,6 +170,22 @@ def test_every_served_step_launches_a_warmed_kernel(many_sms, dtype):
     assert splits == {"1", "2", "4", "8", "16", "32"}  # the sweep reached every bucket
 
 
+def test_an_moe_models_warm_up_reaches_the_experts_large_blocks():
+    """A prompt long enough that its (token, pick) rows take the MoE kernels' 64-row blocks."""
+    from types import SimpleNamespace
+
+    from engines.kernel_warmup import warm_steps
+    from engines.model.triton_moe import SMALL_BLOCK_MAX_ROWS, block_rows
+
+    runner, _ = tiny_runner(torch.float32, context=1024)
+    moe = SimpleNamespace(model=SimpleNamespace(config=runner.model.config.model_copy(
+        update={"num_experts": 8, "num_experts_per_tok": 2})), **{k: getattr(runner, k) for k in (
+            "page_size", "max_context", "kv", "kernels", "device")})
+    prompt = warm_steps(moe, 0)[0].chunks[0]
+    assert block_rows(len(prompt.token_ids) * 2) == 64 and len(prompt.token_ids) * 2 > SMALL_BLOCK_MAX_ROWS
+    assert len(warm_steps(runner, 0)[0].chunks[0].token_ids) == 65  # a dense model: the long extend chunk's size
+
+
 # -- the counter ------------------------------------------------------------------------------------------
 
 def test_the_counter_counts_compiles_after_the_warm_up_apart_and_chains_the_hook():
