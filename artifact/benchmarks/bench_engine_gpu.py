@@ -24,6 +24,15 @@ the serving dtype. Then, through the engine's runner — `ModelRunner.forward`, 
 A step is timed on the host clock from the call to the end of its kernels (what a worker pays:
 Python, launches, the graph's table copies), the median of `--repeats`.
 
+Before any of it the runner's kernels are warmed as a serving worker warms them
+(`engines.kernel_warmup`); the JSON's `kernels` says how many Triton compiles the sections still
+caused after that (the goal: none — each variant a step can launch was warmed) and which fused
+kernel, if any, failed and fell back to torch lines, and why (`engines.kernel_fallbacks`).
+
+The JSON is rewritten after every section (atomically: a reader never sees half a file), with
+`sections_done` and `complete`: a run stopped by a time cap, or killed, keeps every section it
+finished.
+
 The goals of issue 24 (8B bf16 on a GPU, graphs on): decode <= 1.5x its floor at 1x1024 and <= 2x at
 32x1024 and 128x512; prefill of 2048 tokens >= 70 % of the GEMM rate. They are judged (met / not met)
 for the steps of those sizes.
@@ -41,17 +50,22 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from artifact.benchmarks.bench_engine import model_shape
 from artifact.benchmarks.device_rates import copy_bandwidth, gemm_rate, median, synchronize, wall_seconds
+from engines import kernel_fallbacks
 from engines.cuda_graphs import DecodeGraphs, TorchCudaGraphs
+from engines.kernel_warmup import warm_kernels
 from engines.kv_pool import KVPool
 from engines.model import fused
 from engines.model.build import build_model, float_shapes
 from engines.runner import ModelRunner, SeqChunk
+from engines.triton_compiles import COUNTER
 from engines.weights.resolve import dummy_config
 
 PAGE_SIZE = 16
@@ -134,6 +148,17 @@ class Bench:
         self.pages, self.scratch_slot = order, (pages - 1) * PAGE_SIZE
         self.max_batch = max(b for b, _ in decode) if decode else 1
         self.rng = torch.Generator().manual_seed(seed + 1)
+        COUNTER.install()  # counts from here: the warm-up's compiles, then any the sections still cause
+        self.warm_up = warm_kernels(self.runner, pages - 1).as_dict()
+        COUNTER.mark_serving()
+
+    def kernels(self) -> dict:
+        """Triton compiles (before and after the warm-up) and kernel fallbacks so far."""
+        snap = COUNTER.snapshot()
+        return {"warm_up": self.warm_up,
+                "triton_compiles": {"counted": snap["installed"], "warm_up": snap["before_serving"],
+                                    "after_warm_up": snap["while_serving"], "kernels_after_warm_up": snap["serving_kernels"]},
+                "fallbacks": kernel_fallbacks.fallbacks()}
 
     def ids(self, n: int) -> list[int]:
         return torch.randint(100, self.config.vocab_size, (n,), generator=self.rng).tolist()
@@ -219,19 +244,23 @@ def fused_stages(bench: Bench, prefill: int, decode: list[tuple[int, int]], repe
 
 
 def measure(bench: Bench, prefill: int, decode: list[tuple[int, int]], repeats: int, rates: dict,
-            mixed: list[tuple[int, int, int]] = ()) -> dict:
+            mixed: list[tuple[int, int, int]] = (), done: Callable[[str, dict], None] = lambda name, out: None) -> dict:
+    """Every section in turn; `done(name, out)` after each, with the sections measured so far."""
     shape, dev = model_shape(bench.config), bench.device
     elem = torch.empty((), dtype=bench.dtype).element_size()
     chunks = bench.prefill_chunks(prefill)
     seconds = median(wall_seconds(lambda: bench.runner.forward(chunks), dev, max(3, repeats // 2)))
     flops = prefill_flops(shape, prefill)
     out = {"prefill": {"tokens": prefill, "ms": seconds * 1e3, "model_tflop": flops / 1e12,
-                       "tflops": flops / seconds / 1e12, "of_gemm": flops / seconds / rates["gemm_flops"]}, "decode": []}
+                       "tflops": flops / seconds / 1e12, "of_gemm": flops / seconds / rates["gemm_flops"]}}
     print(f"[bench] prefill {prefill}: {seconds * 1e3:.2f} ms, {out['prefill']['of_gemm']:.0%} of the GEMM rate", flush=True)
+    done("prefill", out)
     out["new_lengths"] = new_length_prefills(bench, prefill)
     for backends, r in out["new_lengths"].items():
         print(f"[bench] prefill of a new length ({backends}): first {r['first_ms']:.2f} ms, again "
               f"{r['again_ms']:.2f} ms (medians of {len(r['lengths'])} lengths)", flush=True)
+    done("new_lengths", out)
+    out["decode"] = []
     graphs = bench.graphs()
     for batch, context in decode:
         floor = decode_bytes(shape, batch, context, elem) / rates["copy_bytes_s"]
@@ -248,9 +277,12 @@ def measure(bench: Bench, prefill: int, decode: list[tuple[int, int]], repeats: 
             print(f"[bench] decode {batch}x{context} graphs {mode}: "
                   + (f"{row['ms']:.2f} ms, {row['over_floor']:.2f}x the floor ({row['floor_ms']:.2f} ms)" if "ms" in row
                      else row["error"]), flush=True)
+        done("decode", out)  # after each size: a cap in the middle keeps the sizes done
     graphs.release()
     out["mixed"] = mixed_steps(bench, list(mixed), repeats)
+    done("mixed", out)
     out["fused"] = fused_stages(bench, prefill, decode, repeats)
+    done("fused", out)
     return out
 
 
@@ -277,16 +309,17 @@ def new_length_prefills(bench: Bench, prefill: int, count: int = 4) -> dict:
 
 
 def goals(result: dict) -> list[dict]:
-    """The issue's goals for the steps of their sizes in `result` (none for other sizes)."""
+    """The issue's goals for the steps of their sizes in `result` (none for other sizes, nor for
+    the sections a cut-short run did not reach)."""
     out = []
-    for row in result["decode"]:
+    for row in result.get("decode", []):
         limit = DECODE_GOALS.get((row["batch"], row["context"]))
         if limit is not None and row["graphs"] == "on":
             ratio = row.get("over_floor")
             out.append({"goal": f"decode {row['batch']}x{row['context']}, graphs on", "measured": ratio,
                         "target": f"<= {limit:g}x floor", "met": ratio is not None and ratio <= limit, "unit": "x"})
-    p = result["prefill"]
-    if p["tokens"] == PREFILL_GOAL[1]:
+    p = result.get("prefill")
+    if p and p["tokens"] == PREFILL_GOAL[1]:
         out.append({"goal": f"prefill {p['tokens']} tokens", "measured": p["of_gemm"] * 100,
                     "target": f">= {PREFILL_GOAL[0]:.0%} of GEMM rate", "met": p["of_gemm"] >= PREFILL_GOAL[0], "unit": "%"})
     return out
@@ -310,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("bench_engine_gpu: --device cuda but torch sees no CUDA device (use --device cpu for the tiny run)")
         return 2
-    from artifact.benchmarks.common import machine, print_table, write_results  # deferred: rich, only to report
+    from artifact.benchmarks.common import RESULTS, machine, print_table  # deferred: rich, only to report
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -319,29 +352,39 @@ def main(argv: list[str] | None = None) -> int:
     decode = args.decode or parse_decode(sizes["decode"])
     mixed = args.mixed or parse_mixed(sizes["mixed"])
     repeats = args.repeats or sizes["repeats"]
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    path = args.output or RESULTS / "engine_gpu.json"
+    payload = {"machine": machine(),
+               "config": {"model": args.model_path, "dtype": args.dtype, "device": name, "page_size": PAGE_SIZE,
+                          "repeats": repeats, "threads": torch.get_num_threads()},
+               "model": model_shape(dummy_config(args.model_path)), "sections_done": [], "complete": False,
+               "graphs_note": "" if device.type == "cuda" else
+               "Graphs on, on a CPU: the captured body re-run (no CUDA graph); its time means nothing."}
+    bench = None
+
+    def done(section: str, result: dict) -> None:
+        if section not in payload["sections_done"]:
+            payload["sections_done"].append(section)
+        payload.update(result)
+        payload["goals"] = goals(payload)
+        if bench is not None:
+            payload["kernels"] = bench.kernels()
+        write_atomically(path, payload)
+
     stream = torch.cuda.Stream() if device.type == "cuda" else None  # graphs cannot be captured on the default stream
     with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
         rates = {"copy_bytes_s": copy_bandwidth(device, sizes["copy_mib"] << 20),
                  "gemm_flops": gemm_rate(device, dtype, sizes["gemm_n"])}
         print(f"[bench] copy {rates['copy_bytes_s'] / 1e9:.0f} GB/s, "
               f"{args.dtype} GEMM {rates['gemm_flops'] / 1e12:.1f} TFLOP/s", flush=True)
+        done("rates", {"rates": {"copy_gbs": rates["copy_bytes_s"] / 1e9, "copy_mib": sizes["copy_mib"],
+                                 "gemm_tflops": rates["gemm_flops"] / 1e12, "gemm_n": sizes["gemm_n"]}})
         bench = Bench(args.model_path, dtype, device, prefill, decode, args.seed, mixed)
-        result = measure(bench, prefill, decode, repeats, rates, mixed)
+        done("warm_up", {})
+        result = measure(bench, prefill, decode, repeats, rates, mixed, done)
         synchronize(device)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    payload = {"config": {"model": args.model_path, "dtype": args.dtype, "device": name, "page_size": PAGE_SIZE,
-                          "repeats": repeats, "threads": torch.get_num_threads()},
-               "rates": {"copy_gbs": rates["copy_bytes_s"] / 1e9, "copy_mib": sizes["copy_mib"],
-                         "gemm_tflops": rates["gemm_flops"] / 1e12, "gemm_n": sizes["gemm_n"]},
-               "model": model_shape(bench.config), **result, "goals": goals(result),
-               "graphs_note": "" if device.type == "cuda" else
-               "Graphs on, on a CPU: the captured body re-run (no CUDA graph); its time means nothing."}
-    if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps({"machine": machine(), **payload}, indent=1))
-        path = args.output
-    else:
-        path = write_results("engine_gpu", payload)
+    payload["complete"] = True
+    done("fused", result)
     rows = [{"step": f"prefill {prefill}", "graphs": "-", "ms": result["prefill"]["ms"], "floor ms": "-",
              "ratio": f"{result['prefill']['of_gemm']:.0%} of GEMM"}]
     rows += [{"step": f"decode {r['batch']}x{r['context']}", "graphs": r["graphs"], "ms": r.get("ms", "-"),
@@ -356,7 +399,22 @@ def main(argv: list[str] | None = None) -> int:
     for g in payload["goals"]:
         measured = "-" if g["measured"] is None else f"{g['measured']:.2f} {g['unit']}"
         print(f"[bench] goal {g['goal']}: {measured} ({g['target']}): {'met' if g['met'] else 'NOT met'}")
+    compiles = payload["kernels"]["triton_compiles"]
+    print(f"[bench] Triton compiles: {compiles['warm_up']} in the warm-up, {compiles['after_warm_up']} after it"
+          + (f" ({', '.join(compiles['kernels_after_warm_up'])})" if compiles["kernels_after_warm_up"] else "")
+          + ("" if compiles["counted"] else " (not counted: triton is interpreted or absent)"))
+    for f in payload["kernels"]["fallbacks"]:
+        print(f"[bench] kernel fallback: {f['kernel']} -> {f['instead']} ({f['error']})")
     return 0
+
+
+def write_atomically(path: Path, payload: dict) -> None:
+    """The JSON in a temporary file renamed over `path`: a run killed mid-write leaves the previous
+    version whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(payload, indent=1))
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from artifact.gpu_check import procs
 from artifact.gpu_check.steps import Context, finished, result
+from artifact.served_kernels import served_kernels
+
 
 def replay_command(ctx: Context, out: Path) -> list[str] | str:
     """The sim_validation command for what the run served, or why there is none."""
@@ -51,7 +53,8 @@ def replay_step(ctx: Context, timeout: float) -> dict:
     from artifact.step_costs import step_costs  # deferred: numpy, on the machine's path but not the CLI's concern
 
     timelines = ctx.logs / "timeline"
-    costs = {"step_costs": step_costs(timelines)} if timelines.is_dir() else {}
+    # and, from the same timelines, each worker's Triton compiles while serving and kernel fallbacks
+    costs = {"step_costs": step_costs(timelines), "kernels": served_kernels(timelines)} if timelines.is_dir() else {}
     out = ctx.logs / "validation"
     cmd = replay_command(ctx, out)
     if isinstance(cmd, str):

@@ -49,9 +49,26 @@ def served_goals(results: dict) -> list[dict]:
     return out
 
 
+def compile_goals(results: dict) -> list[dict]:
+    """The issue's "0 Triton compiles while serving": in the engine benchmark's sections after its
+    warm-up, and in every served worker (from their timelines), where counted."""
+    out = []
+    compiles = _step(results, "bench").get("engine", {}).get("kernels", {}).get("triton_compiles", {})
+    if compiles.get("counted"):
+        n = compiles.get("after_warm_up", 0)
+        out.append({"goal": "Triton compiles after the warm-up (engine benchmark)", "measured": n, "target": "0",
+                    "met": n == 0, "unit": ""})
+    served = _step(results, "replay").get("kernels") or {}
+    if served:
+        n = sum(r.get("triton_compiles", 0) for roles in served.values() for r in roles.values())
+        out.append({"goal": "Triton compiles while serving (every served worker)", "measured": n, "target": "0",
+                    "met": n == 0, "unit": ""})
+    return out
+
+
 def goals(results: dict) -> list[dict]:
     engine = _step(results, "bench").get("engine", {})
-    return [*engine.get("goals", []), *served_goals(results)]
+    return [*engine.get("goals", []), *served_goals(results), *compile_goals(results)]
 
 
 def _fmt(x, unit: str = "") -> str:
@@ -94,6 +111,7 @@ def markdown(results: dict) -> str:
                      for name, s in results.get("steps", {}).items()])
     lines += _goals_section(results.get("goals") or goals(results))
     lines += _engine_section(_step(results, "bench"))
+    lines += _kernels_section(_step(results, "bench"), _step(results, "replay"))
     lines += _profile_section(_step(results, "profile"))
     lines += _served_section(_step(results, "serve"))
     lines += _costs_section(_step(results, "replay"))
@@ -159,20 +177,53 @@ def _profile_section(step: dict) -> list[str]:
             "before profiles timed hybrid steps).", "", *(f"- {line}" for line in found), ""]
 
 
+def _kernels_section(bench: dict, replay: dict) -> list[str]:
+    """Triton compiles after the warm-ups and kernels that fell back to torch lines: the engine
+    benchmark's own count and fallbacks, and each served worker's (from its timeline)."""
+    kernels = (bench.get("engine") or {}).get("kernels") or {}
+    served = replay.get("kernels") or {}
+    if not kernels and not served:
+        return []
+    lines = ["## Triton compiles and kernel fallbacks", "",
+             "Every Triton variant a runner can launch is compiled by a warm-up before measuring or serving "
+             "(`engines.kernel_warmup`); a compile after it lands inside a timed or served step. A kernel that "
+             "failed on this GPU runs as torch lines from then on (slower): its numbers above are torch's.", ""]
+    if kernels:
+        warm, compiles = kernels.get("warm_up", {}), kernels.get("triton_compiles", {})
+        counted = compiles.get("counted")
+        lines.append(f"- engine benchmark: warm-up of {warm.get('steps', '-')} steps in {_fmt(warm.get('seconds'))} s "
+                     f"(decode split counts {warm.get('split_counts') or '-'}); Triton compiles "
+                     + (f"{compiles.get('warm_up')} in the warm-up, **{compiles.get('after_warm_up')} after it**"
+                        + (f" ({', '.join(compiles['kernels_after_warm_up'])})" if compiles.get("kernels_after_warm_up")
+                           else "") if counted else "not counted (triton interpreted or absent)"))
+        fallbacks = kernels.get("fallbacks") or []
+        lines += [f"- engine benchmark: **{f['kernel']} fell back** to {f['instead']}: {f['error']}" for f in fallbacks]
+        if not fallbacks:
+            lines.append("- engine benchmark: no kernel fell back")
+    if served:
+        lines += ["", *_table(["system", "worker", "Triton compiles while serving", "kernel fallbacks", "timeline rows"],
+                              [[system, role, r.get("triton_compiles", 0),
+                                "; ".join(r.get("kernel_fallbacks") or []) or "none", r.get("rows", "-")]
+                               for system, roles in served.items() for role, r in roles.items()])]
+    return lines + [""]
+
+
 def _engine_section(step: dict) -> list[str]:
     e = step.get("engine")
-    if not e:
+    if not e or "rates" not in e:
         return _not_measured("Engine micro-benchmark", step)
     r, c = e["rates"], e["config"]
+    cut = "" if e.get("complete", True) else (f" **Cut short**: only {', '.join(e.get('sections_done', []))} "
+                                             "finished; the sections after them were not measured.")
     lines = ["## Engine micro-benchmark", "",
              f"{c['model']} ({c['dtype']}, dummy weights) on {c['device']} through `ModelRunner` / `DecodeGraphs`; "
              f"measured copy bandwidth {r['copy_gbs']:.0f} GB/s (read + write of {r['copy_mib']:.0f} MiB), "
              f"{c['dtype']} GEMM {r['gemm_tflops']:.1f} TFLOP/s ({r['gemm_n']}^3). Floor = (weights + KV read) / bandwidth; "
-             f"prefill against model FLOPs / GEMM rate. {e.get('graphs_note', '')}", ""]
-    p = e["prefill"]
-    rows = [[f"prefill {p['tokens']}", "-", f"{p['ms']:.2f}", f"{p['model_tflop']:.2f} TFLOP", f"{p['tflops']:.1f} TFLOP/s",
-             f"{p['of_gemm']:.0%} of GEMM"]]
-    for d in e["decode"]:
+             f"prefill against model FLOPs / GEMM rate. {e.get('graphs_note', '')}{cut}", ""]
+    p = e.get("prefill")
+    rows = [] if not p else [[f"prefill {p['tokens']}", "-", f"{p['ms']:.2f}", f"{p['model_tflop']:.2f} TFLOP",
+                              f"{p['tflops']:.1f} TFLOP/s", f"{p['of_gemm']:.0%} of GEMM"]]
+    for d in e.get("decode", []):
         rows.append([f"decode {d['batch']}x{d['context']}", d["graphs"], f"{d['ms']:.2f}" if d.get("ms") else d.get("error", "-"),
                      f"{d['floor_ms']:.2f} ms floor", f"{d['tok_s']:.0f} tok/s" if d.get("tok_s") else "-",
                      f"{d['over_floor']:.2f}x floor" if d.get("over_floor") else "-"])

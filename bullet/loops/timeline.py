@@ -8,12 +8,19 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Callable
 
 
 class Timeline:
-    def __init__(self, directory: str | None, role: str, flush_every_s: float = 1.0):
+    """`annotate`: fields added to every row, read when the row is recorded (a worker's counters
+    that should be visible beside its steps, e.g. Triton compiles while serving; an empty dict
+    adds nothing)."""
+
+    def __init__(self, directory: str | None, role: str, flush_every_s: float = 1.0,
+                 annotate: Callable[[], dict] | None = None):
         self.path = Path(directory) / f"{role}.jsonl" if directory else None
         self.role = role
+        self.annotate = annotate
         self._buffer: list[str] = []
         self._last_flush = time.monotonic()
         self.flush_every_s = flush_every_s
@@ -30,8 +37,9 @@ class Timeline:
             return
         changed = units != self.last_units
         self.last_units = units
+        extra = self.annotate() if self.annotate is not None else None
         self._buffer.append(json.dumps({"t": round(t, 6), "role": self.role, "units": units,
-                                        "repartition": changed, **fields}))
+                                        "repartition": changed, **fields, **(extra or {})}))
         if time.monotonic() - self._last_flush >= self.flush_every_s:
             self.flush()
 

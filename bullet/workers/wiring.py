@@ -16,7 +16,7 @@ from bullet.loops.factory import build_core
 from bullet.loops.timeline import Timeline
 from bullet.partition import PartitionBackend
 from bullet.partition.cuda_access import CudaAccess, cuda_access, tensor_device
-from bullet.partition.decode_graphs import GraphedDecode, build_graphed_decode
+from bullet.partition.decode_graphs import GraphedDecode, build_graphed_decode, reserve_scratch_page
 from bullet.partition.graph_policy import decide_for_worker
 from bullet.partition.launch_stream import open_worker_partition
 from bullet.policies.intensity import ridge_token_limit
@@ -27,6 +27,7 @@ from bullet.types.roles import Role
 from bullet.types.worker_state import ControlFlags, WorkerFlags
 from bullet.workers.driver import WorkerDriver
 from bullet.workers.executor import ModelExecutor
+from bullet.workers import kernel_stats
 from bullet.workers.io import WorkerIO
 from bullet.workers.outbox import MessageOutbox
 from bullet.workers.spec import WorkerSpec
@@ -38,6 +39,7 @@ from engines.kv_pool import KVPool
 from engines.model.build import build_model
 from engines.runner import ModelRunner
 from engines.tokenizer import DecodeTokenizer
+from engines.triton_compiles import COUNTER
 from estimator.profile import load_estimator
 
 
@@ -86,6 +88,7 @@ def build_worker(spec: WorkerSpec, stopped: Callable[[], bool], cuda: CudaAccess
     device = require_device(shared.device)
     if device.type == "cuda":
         cuda_access(cuda).make_current(device)
+        COUNTER.install()  # before the first kernel: warm-up and capture compiles count as before serving
     # on a GPU: the worker's own stream, restricted by the backend; every step's kernels launch on it
     partition, stream = open_worker_partition(args.partition_backend, role.partition_side, device,
                                               _backend_options(spec), cuda)
@@ -105,6 +108,9 @@ def build_worker(spec: WorkerSpec, stopped: Callable[[], bool], cuda: CudaAccess
         limit = ridge_token_limit(shared.config, estimator.hardware, estimator.dtype, shared.kv.element_size())
     allocator = SharedPageAllocator.attach(spec.instance_id)
     state = StateBuffer.attach(spec.instance_id)
+    if runner.device.type == "cuda":  # every Triton variant compiled now, on the stream steps run on
+        with stream.step():
+            kernel_stats.warm(runner, reserve_scratch_page(allocator))
     decode = None
     if stream.on_gpu and role is not Role.PREFILL:  # decode steps, and the unified worker's decode-only steps
         # every graph captured now, before the worker reports ready: for each share the decode policy
@@ -118,7 +124,7 @@ def build_worker(spec: WorkerSpec, stopped: Callable[[], bool], cuda: CudaAccess
                 if shared.tokenizer_dir else None)
     executor = ModelExecutor(runner, finish, stream if stream.on_gpu else None, decode, grammars)
     io = WorkerIO(role, spec.endpoints)
-    timeline = Timeline(args.timeline_dir, role.value)
+    timeline = Timeline(args.timeline_dir, role.value, annotate=kernel_stats.timeline_fields)
     env = LoopEnv(role=role, clock=MonotonicClock(), state=state, allocator=allocator, partition=partition,
                   timeline=timeline, executor=executor, outbox=MessageOutbox(io, role.value),
                   pid=os.getpid())
@@ -130,6 +136,7 @@ def build_worker(spec: WorkerSpec, stopped: Callable[[], bool], cuda: CudaAccess
     vet = MessageVetter(shared.config.vocab_size, shared.config.max_position_embeddings, allocator, shared.page_size)
     driver = WorkerDriver(core, io, should_stop, on_idle=release_free_heap, vet=vet,
                           prefetch=grammars.prefetch if grammars is not None else lambda constraint: None)
+    kernel_stats.serving_starts()  # warmed and captured: a compile from here on is one while serving
     return Worker(spec, driver, allocator, state, partition, io, timeline, decode)
 
 

@@ -23,6 +23,8 @@ import os
 import torch
 import torch.nn.functional as F
 
+from engines import kernel_fallbacks
+
 log = logging.getLogger("engines.fused")
 
 FUSED_ENV = "BULLET_FUSED_KERNELS"
@@ -83,6 +85,7 @@ def _guarded(kernel, lines, *args) -> torch.Tensor:
     except Exception as exc:  # e.g. a toolchain this Triton cannot drive; the lines need none
         log.warning("fused %s failed (%s: %s): the layer's stages run as torch lines from now on "
                     "(%s=0 does so from the start)", kernel.__name__, type(exc).__name__, exc, FUSED_ENV)
+        kernel_fallbacks.record(f"fused {kernel.__name__}", "torch lines for every fused stage", exc)
         ENABLED = False
         return lines(*args)
 

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engines import kernel_fallbacks
 from engines.model import fused
 
 log = logging.getLogger("engines.moe")
@@ -83,6 +84,7 @@ def experts_forward(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, g
             log.warning("Triton MoE kernels failed (%s: %s): the experts run grouped in torch from now on",
                         type(exc).__name__, exc)
             _TRITON_FAILED.append(repr(exc))
+            kernel_fallbacks.record("triton MoE experts", "grouped experts in torch", exc)
     return grouped_experts(x, weights, ids, gate_up, down)
 
 

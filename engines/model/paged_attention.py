@@ -29,6 +29,8 @@ from typing import Protocol, Sequence
 import numpy as np
 import torch
 
+from engines import kernel_fallbacks
+
 KERNELS_ENV = "BULLET_ATTENTION_KERNELS"
 log = logging.getLogger("engines.attention")
 
@@ -172,5 +174,6 @@ def kernels_for(device: torch.device | str, q_dtype: torch.dtype | None = None,
             raise RuntimeError(f"{KERNELS_ENV}=triton but triton does not import: {e}") from e
         # the reference still computes the right thing, but slowly and with a host sync per layer
         log.warning("triton does not import (%s): paged attention on %s runs the slow torch reference", e, device)
+        kernel_fallbacks.record("triton paged attention", "the torch reference (a host sync per layer)", e)
         return TorchPagedKernels()
     return TritonPagedKernels()

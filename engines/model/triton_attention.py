@@ -24,6 +24,16 @@ Why these choices (reasoned, not measured: no GPU has timed these kernels yet;
   launch). Each sequence cuts *its own* length into the splits on the device, so a ragged batch
   stays balanced; the count depends only on host ints (batch, KV heads, the page table's width,
   the SM count), as a CUDA graph needs. 4 warps, 2 stages: a [16, 64] score tile is small work.
+* **A finite set of compiled kernels.** `NUM_SPLITS` is a compile-time constant, and an eager
+  step's page table is as wide as its longest context: a count that followed every width would
+  compile a new kernel pair for each new one in the middle of serving (a chunked run on an H200
+  would have needed ~12 counts, ~20 compiles inside served steps). So the count is rounded down to a power
+  of two (`decode_splits`; rounding down keeps every split at least `MIN_SPLIT_TOKENS` long), and
+  Triton is told not to specialise on the table's row stride (`stride_pt`, the width: Triton
+  would otherwise compile apart widths divisible by 16, width 1 and the rest). The kernels a
+  server can launch are then known from its configuration (`split_buckets`: 1, 2, 4, ... up to
+  the count its longest context and its SMs allow), and `engines.kernel_warmup` launches each
+  once before serving.
 * **Extend** (chunks after a cached prefix, and the chunks of mixed prefill/decode steps, whose
   one-token rows the runner sends to decode, `paged_attention.split_mixed`; a step of fresh prompts
   only stays on SDPA, see `engines.model.attention`) is flash attention over pages: one program per
@@ -47,6 +57,7 @@ The first call per configuration compiles: run one eager step before capturing a
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from dataclasses import dataclass, field
@@ -57,6 +68,7 @@ import triton.language as tl
 
 from engines.model import triton_attention_kernels as K
 from engines.model.paged_attention import PagedTables
+from engines.triton_compiles import launch_key
 
 MIN_SPLIT_TOKENS = 128
 MAX_SPLITS = 32
@@ -79,6 +91,10 @@ class Launch:
     def run(self) -> None:
         self.kernel[self.grid](**self.args, **self.constexprs, **self.options)
 
+    def key(self) -> tuple:
+        """The compiled kernel this launch runs, as Triton's JIT cache keys it (`launch_key`)."""
+        return launch_key(self.kernel, {**self.args, **self.constexprs}, self.options)
+
 
 @functools.lru_cache(maxsize=None)
 def _sm_count(device: torch.device) -> int:
@@ -88,10 +104,24 @@ def _sm_count(device: torch.device) -> int:
 
 
 def decode_splits(batch: int, kv_heads: int, max_context: int, sms: int) -> int:
-    """Splits per sequence: about two programs per SM, at least MIN_SPLIT_TOKENS per split."""
+    """Splits per sequence: about two programs per SM, at least MIN_SPLIT_TOKENS per split, rounded
+    down to a power of two (each count is a kernel of its own: a few counts, all warmed at start-up)."""
     want = -(-2 * sms // max(1, batch * kv_heads))
     by_length = -(-max_context // MIN_SPLIT_TOKENS)
-    return max(1, min(want, by_length, MAX_SPLITS))
+    return 1 << (max(1, min(want, by_length, MAX_SPLITS)).bit_length() - 1)
+
+
+def split_buckets(kv_heads: int, max_context: int, sms: int) -> list[int]:
+    """Every split count `decode_splits` can return for a context of at most `max_context` tokens,
+    whatever the batch: the powers of two up to the count of one sequence at that length (it only
+    falls as the batch grows or the context shrinks)."""
+    top = decode_splits(1, kv_heads, max_context, sms)
+    return [1 << i for i in range(top.bit_length())]
+
+
+def device_sms(device: torch.device | str) -> int:
+    """The SM count the split heuristic uses on `device` (a nominal one for CPU tensors)."""
+    return _sm_count(torch.device(device))
 
 
 def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
@@ -187,7 +217,8 @@ def extend_launch(q, k_cache, v_cache, tables: PagedTables, scale: float, out: t
 
 
 class TritonPagedKernels:
-    """`num_splits`: force the decode split count (tests); None picks it per batch shape."""
+    """`num_splits`: force the decode split count (tests, the start-up warm-up through
+    `forced_splits`); None picks it per batch shape."""
 
     name = "triton"
 
@@ -195,6 +226,24 @@ class TritonPagedKernels:
         if num_splits is not None and not 1 <= num_splits <= 256:
             raise ValueError(f"num_splits must be in 1..256, got {num_splits}")
         self.num_splits = num_splits
+
+    def split_buckets(self, kv_heads: int, max_context: int, device: torch.device | str) -> list[int]:
+        """The decode split counts steps on `device` can use (see the module's docstring)."""
+        if self.num_splits is not None:
+            return [self.num_splits]
+        return split_buckets(kv_heads, max_context, device_sms(device))
+
+    @contextlib.contextmanager
+    def forced_splits(self, num_splits: int):
+        """Decode with `num_splits` splits inside the block: how a warm-up compiles each count
+        with a one-token context."""
+        if not 1 <= num_splits <= 256:
+            raise ValueError(f"num_splits must be in 1..256, got {num_splits}")
+        before, self.num_splits = self.num_splits, num_splits
+        try:
+            yield self
+        finally:
+            self.num_splits = before
 
     def decode(self, q, k_cache, v_cache, tables, scale, out=None):
         out = _check(q, k_cache, v_cache, out)

@@ -18,7 +18,9 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+# stride_pt is the page table's width, which differs from step to step in eager steps: Triton would
+# otherwise compile a kernel apart for width 1, widths divisible by 16 and the rest (triton_attention)
+@triton.jit(do_not_specialize=["stride_pt"])
 def decode_split_kernel(
     q_ptr, k_ptr, v_ptr, page_table_ptr, seq_lens_ptr, out_ptr, part_o_ptr, part_lse_ptr, scale_log2,
     stride_qt, stride_qh, stride_kh, stride_ks, stride_vh, stride_vs, stride_pt, stride_ot, stride_oh,
@@ -106,7 +108,7 @@ def decode_reduce_kernel(
     tl.store(out_ptr + b * stride_ot + h * stride_oh + d, res.to(out_ptr.dtype.element_ty), mask=d_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_pt"])  # as decode_split_kernel's
 def extend_kernel(
     q_ptr, k_ptr, v_ptr, page_table_ptr, seq_lens_ptr, q_starts_ptr, out_ptr, scale_log2,
     stride_qt, stride_qh, stride_kh, stride_ks, stride_vh, stride_vs, stride_pt, stride_ot, stride_oh,

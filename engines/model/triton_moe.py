@@ -40,7 +40,9 @@ def align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tens
     return slots, block_expert
 
 
-@triton.jit
+# `rows` (tokens x picks) changes with every step's size: unspecialised, so a step of one row or of a
+# multiple of 16 rows runs the kernel every other size does instead of compiling its own mid-serve
+@triton.jit(do_not_specialize=["rows"])
 def gate_up_kernel(x_ptr, w_ptr, slots_ptr, block_expert_ptr, out_ptr, rows, stride_xt, stride_we, stride_wn,
                    stride_ot, TOP_K: tl.constexpr, HIDDEN: tl.constexpr, WIDTH: tl.constexpr,
                    EXPERTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -76,7 +78,7 @@ def gate_up_kernel(x_ptr, w_ptr, slots_ptr, block_expert_ptr, out_ptr, rows, str
              mask=valid[:, None] & n_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rows"])  # as gate_up_kernel's
 def down_kernel(h_ptr, w_ptr, weights_ptr, slots_ptr, block_expert_ptr, out_ptr, rows, stride_ht, stride_we,
                 stride_wn, stride_ot, HIDDEN: tl.constexpr, WIDTH: tl.constexpr, EXPERTS: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
@@ -109,6 +111,16 @@ def down_kernel(h_ptr, w_ptr, weights_ptr, slots_ptr, block_expert_ptr, out_ptr,
              mask=valid[:, None] & n_ok[None, :])
 
 
+SMALL_BLOCK_MAX_ROWS = 512  # up to this many (token, pick) rows a step takes 16-row blocks
+
+
+def block_rows(rows: int) -> int:
+    """BLOCK_M for a step of `rows` (token, pick) rows: 16 for decode-sized steps (a few rows per
+    expert), 64 beyond. Two compiled variants per kernel, both warmed at start-up
+    (`engines.kernel_warmup`)."""
+    return 16 if rows <= SMALL_BLOCK_MAX_ROWS else 64
+
+
 def fused_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
                   down: torch.Tensor, block_m: int | None = None, block_n: int = 64, block_k: int = 64) -> torch.Tensor:
     """As `moe.grouped_experts`: x [T, H], weights/ids [T, k], gate_up [E, 2I, H], down [E, H, I] -> [T, H]."""
@@ -123,7 +135,7 @@ def fused_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gat
     out = torch.empty((rows, hidden), dtype=x.dtype, device=x.device)
     if rows == 0:
         return out.view(t, top_k, hidden).sum(dim=1)
-    block_m = block_m or (16 if rows <= 512 else 64)  # decode: a few rows per expert
+    block_m = block_m or block_rows(rows)
     slots, block_expert = align(ids, experts, block_m)
     blocks = block_expert.numel()
     h = torch.empty((blocks * block_m, width), dtype=x.dtype, device=x.device)
