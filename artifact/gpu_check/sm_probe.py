@@ -1,0 +1,363 @@
+"""The isolation probe: do two shares of a device really hold disjoint SMs? Counted with SMs, not FLOPs.
+
+Two sides — A (prefill's share, from the low end) and B (decode's, from the high end: the rest of the
+device, so the two shares add up to every unit) — each run a probe workload alone, then both at
+once; each side's rate together over its rate alone says what it kept. The spin probe
+(`sm_probe_loops.SpinLoop`: blocks that hold one SM each for a fixed wall time) decides the verdict
+(`sm_probe_verdict.judge_spin`: disjoint when both keep >= 0.97); the FMA loop (SM clock), the
+streaming copy (HBM) and the doctor's GEMM are measured beside it, and NVML samples clocks, power
+and clock-limit reasons during every phase (`nvml_sampler`).
+
+Configurations (`GPU_CONFIGS`), each skipped with its reason where it cannot run:
+* `green-ctx-1proc`: two green contexts in ONE process — the reference for true disjointness;
+* `green-ctx-2proc`, `green-ctx-2proc-mps`: a green-context share in each of two processes, MPS off
+  (the device time-slices two processes' contexts) and on;
+* `mps-percentage`: two processes under MPS, each capped at half the SMs (caps do not reserve);
+* `libsmctrl-mps`: two processes under MPS, each masking its own stream with libsmctrl (needs a
+  built library: `artifact.gpu_check.libsmctrl`), with the driver opt-in past CUDA 12.8.
+Configurations marked `graph` also replay the spin probe from a CUDA graph captured on each side's
+stream and count its SMs (`judge_graph`): does the restriction hold for graph replays?
+
+On a CPU the same orchestration runs with cores as units (`CPU_CONFIGS`; spin threads pinned to
+the share's cores), which is how the tests check it.
+
+    python -m artifact.gpu_check.sm_probe --device cpu
+    python -m artifact.gpu_check.sm_probe --device cuda --manage-mps --libsmctrl /path/to/libsmctrl.so \\
+        --output sm-probe.json"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from artifact.gpu_check import machine, procs, steps
+from artifact.gpu_check.nvml_sampler import NvmlSampler
+from artifact.gpu_check.sm_probe_verdict import judge_graph, judge_spin, kept_by_kind
+from bullet.doctor.child import JsonLineChild
+from bullet.partition.libsmctrl import LIBRARY_ENV
+from bullet.partition.mps import THREAD_PERCENTAGE_ENV
+from bullet.partition.mps_share import percentage_for
+
+KINDS = ("spin", "fma", "copy", "gemm")
+CPU_KINDS = ("spin", "copy")
+SIDES = ("A", "B")
+ROLE = {"A": "prefill", "B": "decode"}
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    backend: str
+    one_process: bool = False
+    mps: bool | None = None  # the MPS daemon must run (True) or not (False); None: no MPS (a CPU)
+    graph: bool = False
+    about: str = ""
+
+
+GPU_CONFIGS = (
+    Config("green-ctx-1proc", "green-ctx", one_process=True, mps=False, graph=True,
+           about="two green contexts in one process: the reference for disjoint SMs"),
+    Config("green-ctx-2proc", "green-ctx", mps=False, graph=True,
+           about="a green context in each of two processes, MPS off"),
+    Config("green-ctx-2proc-mps", "green-ctx", mps=True, about="a green context in each of two processes, MPS on"),
+    Config("mps-percentage", "mps-percentage", mps=True, about="two MPS clients capped at half the SMs each"),
+    Config("libsmctrl-mps", "libsmctrl", mps=True, graph=True,
+           about="two MPS clients, each masking its own stream with libsmctrl"),
+)
+CPU_CONFIGS = (
+    Config("cpu-2proc", "cpu", about="a core share in each of two processes"),
+    Config("cpu-1proc", "cpu", one_process=True, about="two core shares in one process"),
+)
+
+
+def estimate_s(config: Config, kinds: tuple[str, ...], phase_s: float, rounds: int, start_s: float = 15.0) -> float:
+    """What a configuration takes: process start-up, 3 phases a round a kind, the graph replays."""
+    per_phase = phase_s + 0.3
+    return start_s + len(kinds) * rounds * 3 * per_phase + (2 * (per_phase + 1.0) if config.graph else 0.0)
+
+
+class _Runner:
+    """The sides' processes: one holding both (one_process) or one each."""
+
+    def __init__(self, config: Config, device: str, total: int, kinds: tuple[str, ...], extra: list[str],
+                 env: dict, timeout: float):
+        self.timeout = timeout
+        self.children: dict[str, JsonLineChild] = {}
+        self.ready: dict = {"sides": {}}
+        base = [sys.executable, "-m", "artifact.gpu_check.sm_probe_child", "--device", device,
+                "--kinds", ",".join(kinds), "--total-units", str(total), *extra]
+        half = total // 2
+        try:
+            if config.one_process:
+                child = self._start("AB", base + ["--side", f"B:{config.backend}:decode:{half}",
+                                                  "--side", f"A:{config.backend}:prefill:rest"], env)
+                self.children = {"A": child, "B": child}
+                self.ready = child.ready
+            else:  # B first: A takes what B was not granted, so the shares add up to the device
+                b = self._start("B", base + ["--side", f"B:{config.backend}:decode:{half}"],
+                                {**env, **self._side_env(config, half, total)})
+                units_b = b.ready["sides"]["B"]["units"]
+                a = self._start("A", base + ["--side", f"A:{config.backend}:prefill:{total - units_b}"],
+                                {**env, **self._side_env(config, total - units_b, total)})
+                self.children = {"A": a, "B": b}
+                self.ready = {"sides": {**a.ready["sides"], **b.ready["sides"]},
+                              "kinds": sorted(set(a.ready["kinds"]) & set(b.ready["kinds"])),
+                              "unavailable": {**b.ready.get("unavailable", {}), **a.ready.get("unavailable", {})}}
+        except BaseException:
+            self.close()
+            raise
+
+    @staticmethod
+    def _side_env(config: Config, units: int, total: int) -> dict:
+        if config.backend != "mps-percentage":
+            return {}
+        return {THREAD_PERCENTAGE_ENV: str(percentage_for(units, total))}
+
+    def _start(self, name: str, cmd: list[str], env: dict) -> JsonLineChild:
+        child = JsonLineChild(cmd, timeout=self.timeout, env=env, wait=False)
+        self.children.setdefault(name, child)
+        answer = child.wait_ready()
+        if "error" in answer:
+            raise RuntimeError(f"side {name}: {answer['error']}")
+        return child
+
+    def run(self, command: str, names: tuple[str, ...], seconds: float) -> dict:
+        """`command` ("run KIND" or "graph") for `names` at once; side -> its result."""
+        answer_s = seconds + self.timeout
+        if len(names) > 1 and self.children[names[0]] is self.children[names[1]]:
+            replies = [self.children[names[0]].send(f"{command} {seconds} {','.join(names)}", answer_s)]
+        else:
+            for n in names:
+                self.children[n].post(f"{command} {seconds} {n}")
+            replies = [self.children[n].read(answer_s) for n in names]
+        out: dict = {}
+        for reply in replies:
+            if "error" in reply:
+                raise RuntimeError(reply["error"])
+            out.update(reply["sides"])
+        for n in names:
+            if "error" in out.get(n, {"error": "no answer"}):
+                raise RuntimeError(f"side {n}: {out.get(n, {}).get('error', 'no answer')}")
+        return out
+
+    def close(self) -> None:
+        for child in {id(c): c for c in self.children.values()}.values():
+            child.close()
+
+
+def measure(config: Config, device: str, total: int, kinds: tuple[str, ...] = KINDS, phase_s: float = 0.4,
+            rounds: int = 2, sampler: NvmlSampler | None = None, extra: list[str] | None = None,
+            env: dict | None = None, timeout: float = 120.0) -> dict:
+    """One configuration: both sides alone and together, `rounds` times per kind; never raises for
+    a side that fails (the result's outcome is then "failed", with the error)."""
+    sampler = sampler or NvmlSampler(nvml=_NoNvml())
+    began = time.monotonic()
+    out: dict = {"config": config.name, "about": config.about, "backend": config.backend,
+                 "one_process": config.one_process, "mps": config.mps, "phase_s": phase_s, "rounds": rounds}
+    runner = None
+    try:
+        runner = _Runner(config, device, total, kinds, extra or [], dict(os.environ if env is None else env), timeout)
+        sides = runner.ready["sides"]
+        units = {n: sides[n]["units"] for n in SIDES}
+        out.update(units=units, total=total, unit_sets={n: sides[n].get("unit_set") for n in SIDES},
+                   unavailable=runner.ready.get("unavailable", {}))
+        ran = [k for k in kinds if k in runner.ready.get("kinds", [])]
+        rates: dict = {}
+        for kind in ran:
+            alone, together = {n: [] for n in SIDES}, {n: [] for n in SIDES}
+            effective = {f"{w}_{n}": [] for w in ("alone", "together") for n in SIDES}
+            for r in range(rounds):
+                for n in (SIDES if r % 2 == 0 else SIDES[::-1]):  # alternate who goes first
+                    with sampler.phase(f"{config.name}/{kind}/alone-{n}"):
+                        res = runner.run(f"run {kind}", (n,), phase_s)[n]
+                    alone[n].append(res["rate"])
+                    effective[f"alone_{n}"].append(res.get("effective_units"))
+                with sampler.phase(f"{config.name}/{kind}/together"):
+                    both = runner.run(f"run {kind}", SIDES, phase_s)
+                for n in SIDES:
+                    together[n].append(both[n]["rate"])
+                    effective[f"together_{n}"].append(both[n].get("effective_units"))
+            rates[kind] = {"unit": res["unit"], "alone": alone, "together": together,
+                           "kept": kept_by_kind(alone, together)}
+            if kind == "spin":
+                rates[kind]["effective_units"] = {k: statistics.median(v) for k, v in effective.items() if v}
+                out["verdict"] = judge_spin(alone, together, units)
+        out["rates"] = rates
+        if config.graph and "spin" in ran:
+            out["graph"] = {}
+            for n in SIDES:
+                with sampler.phase(f"{config.name}/spin-graph/alone-{n}"):
+                    res = runner.run("graph", (n,), phase_s)[n]
+                out["graph"][n] = judge_graph(rates["spin"]["effective_units"].get(f"alone_{n}"),
+                                              res.get("effective_units"), units[n], total)
+        if "verdict" not in out:
+            out["verdict"] = {"outcome": "failed", "summary": f"the spin probe did not run ({out['unavailable']})"}
+    except (RuntimeError, OSError, ValueError, KeyError) as e:
+        out["verdict"] = {"outcome": "failed", "summary": f"{type(e).__name__}: {e}"[:600]}
+    finally:
+        if runner is not None:
+            runner.close()
+    out["nvml"] = {label.split("/", 1)[1]: s for label, s in sampler.phases.items()
+                   if label.startswith(config.name + "/")}
+    out["seconds"] = round(time.monotonic() - began, 1)
+    return out
+
+
+class _NoNvml:
+    """Stands in for pynvml where nobody asked for sampling (the CPU): every phase says so."""
+
+    def nvmlInit(self):
+        raise RuntimeError("not sampled on this device")
+
+
+def skip_reason(config: Config, library: str | None, mps_available: bool, mps_running: bool,
+                manage_mps: bool) -> str | None:
+    """Why `config` cannot run here (None: it can)."""
+    if config.backend == "libsmctrl" and not library:
+        return f"no libsmctrl library (build it: python -m artifact.gpu_check.libsmctrl, or set {LIBRARY_ENV})"
+    if config.backend == "libsmctrl" and not os.path.isfile(library):
+        return f"libsmctrl library {library} does not exist"
+    if config.mps is True and not mps_available:
+        return f"needs MPS, and {machine.MPS_CONTROL} is not installed"
+    if config.mps is not None and config.mps != mps_running and not manage_mps:
+        return f"needs MPS {'on' if config.mps else 'off'}, and it is {'on' if mps_running else 'off'} " \
+               "(--manage-mps starts and stops it)"
+    return None
+
+
+def _set_mps(want: bool) -> tuple[bool, str]:
+    ok, how = machine.mps_start() if want else machine.mps_stop()
+    return ok and machine.mps_running() == want, how
+
+
+def run_configs(configs: tuple[Config, ...], device: str, total: int, *, kinds: tuple[str, ...], phase_s: float,
+                rounds: int, library: str | None = None, manage_mps: bool = False, deadline: float | None = None,
+                env: dict | None = None, sampler: NvmlSampler | None = None, log=print) -> dict:
+    """Every configuration that can run (MPS-off ones first, then MPS-on ones), the rest skipped with
+    their reason; MPS is left as it was found."""
+    mps_before = machine.mps_running() if device == "cuda" else False
+    mps_available = device == "cuda" and shutil.which(machine.MPS_CONTROL) is not None
+    extra = ["--library", library, "--allow-untested-driver"] if library else []
+    results = []
+    try:
+        for config in sorted(configs, key=lambda c: bool(c.mps)):
+            mps_now = machine.mps_running() if device == "cuda" else False
+            why = skip_reason(config, library, mps_available, mps_now, manage_mps)
+            need = estimate_s(config, kinds, phase_s, rounds)
+            if why is None and deadline is not None and time.monotonic() + need > deadline:
+                why = f"no time left (needs ~{need:.0f} s)"
+            if why is None and config.mps is not None and config.mps != mps_now:
+                ok, how = _set_mps(config.mps)
+                if not ok:
+                    why = f"could not turn MPS {'on' if config.mps else 'off'}: {how}"
+            if why is not None:
+                results.append({"config": config.name, "about": config.about, "skipped": why})
+                log(f"sm probe: {config.name}: skipped ({why})")
+                continue
+            log(f"sm probe: {config.name} ...")
+            res = measure(config, device, total, kinds, phase_s, rounds, sampler,
+                          extra if config.backend == "libsmctrl" else [], env)
+            results.append(res)
+            log(f"sm probe: {config.name}: {res['verdict']['summary']}")
+    finally:
+        if device == "cuda" and machine.mps_running() != mps_before:
+            _set_mps(mps_before)
+    return {"device": device, "total_units": total, "kinds": list(kinds), "phase_s": phase_s, "rounds": rounds,
+            "nvml_missing": sampler.missing if sampler is not None else "not sampled", "configs": results}
+
+
+def summary_line(report: dict) -> str:
+    parts = []
+    for c in report["configs"]:
+        if "skipped" in c:
+            parts.append(f"{c['config']}: skipped")
+            continue
+        v = c["verdict"]
+        kept = v.get("kept") or {}
+        parts.append(f"{c['config']}: {v['outcome']}" + (f" ({'/'.join(f'{x:.3f}' for x in kept.values())})"
+                                                         if kept else ""))
+    return "; ".join(parts)
+
+
+def device_sms(env: dict | None = None) -> int | None:
+    """The device's SM count, asked in a child (this process never initialises CUDA: a context made
+    here before MPS starts would sit outside it)."""
+    code = "import torch; print(torch.cuda.get_device_properties(0).multi_processor_count)"
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+        return int(done.stdout.strip()) if done.returncode == 0 else None
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+
+
+def probe_step(ctx: "steps.Context", timeout: float) -> dict:
+    """The device run's step: every GPU configuration within `timeout`, written to logs/sm-probe.json."""
+    deadline = time.monotonic() + timeout - 10.0
+    total = (ctx.info.get("torch") or {}).get("sms") or device_sms(ctx.env)
+    if not total:
+        return steps.result("error", "no CUDA device's SM count (torch sees no GPU)")
+    library = ctx.env.get(LIBRARY_ENV)
+    sampler = NvmlSampler()
+    try:
+        report = run_configs(GPU_CONFIGS, "cuda", int(total), kinds=KINDS, phase_s=0.4, rounds=2, library=library,
+                             manage_mps=True, deadline=deadline, env=ctx.env, sampler=sampler,
+                             log=procs.progress)
+    finally:
+        sampler.close()
+    ctx.mps_on = machine.mps_running()
+    path = ctx.logs / "sm-probe.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2))
+    measured = [c for c in report["configs"] if "verdict" in c]
+    status = "pass" if measured and any(c["verdict"]["outcome"] != "failed" for c in measured) else "error"
+    return steps.result(status, summary_line(report)[:600], log=path.name, **report)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
+    parser.add_argument("--configs", help="comma-separated configuration names (default: all of the device's)")
+    parser.add_argument("--kinds", help=f"probe kinds (default: {','.join(KINDS)} on a GPU, "
+                                        f"{','.join(CPU_KINDS)} on a CPU)")
+    parser.add_argument("--phase-s", type=float, default=0.4)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--units", type=int, default=0, help="units to divide (default: the device's SMs, or "
+                                                             "the cores this process may use)")
+    parser.add_argument("--libsmctrl", default=os.environ.get(LIBRARY_ENV), help=f"libsmctrl.so (default: ${LIBRARY_ENV})")
+    parser.add_argument("--manage-mps", action="store_true", help="start/stop the MPS daemon as configurations need")
+    parser.add_argument("--output", type=Path)
+    args = parser.parse_args(argv)
+    gpu = args.device == "cuda"
+    available = GPU_CONFIGS if gpu else CPU_CONFIGS
+    wanted = args.configs.split(",") if args.configs else [c.name for c in available]
+    unknown = set(wanted) - {c.name for c in available}
+    if unknown:
+        parser.error(f"unknown configurations {sorted(unknown)}; choose from {[c.name for c in available]}")
+    total = args.units or (device_sms() if gpu else len(os.sched_getaffinity(0)))
+    if not total or total < 2:
+        parser.error(f"need at least 2 units to divide, have {total}")
+    kinds = tuple(args.kinds.split(",")) if args.kinds else (KINDS if gpu else CPU_KINDS)
+    sampler = NvmlSampler() if gpu else None
+    report = run_configs(tuple(c for c in available if c.name in wanted), args.device, total, kinds=kinds,
+                         phase_s=args.phase_s, rounds=args.rounds, library=args.libsmctrl,
+                         manage_mps=args.manage_mps, sampler=sampler, log=lambda m: print(m, file=sys.stderr))
+    if sampler is not None:
+        sampler.close()
+    text = json.dumps(report, indent=2)
+    if args.output:
+        args.output.write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
