@@ -49,6 +49,8 @@ from bullet.partition.mps_share import percentage_for
 KINDS = ("spin", "fma", "copy", "gemm")
 CPU_KINDS = ("spin", "copy")
 SIDES = ("A", "B")
+PHASE_S = 0.4  # one timed phase: ~500 spin launches, long beside a side's start-up skew (~1 ms)
+ROUNDS = 2
 ROLE = {"A": "prefill", "B": "decode"}
 
 
@@ -82,6 +84,13 @@ def estimate_s(config: Config, kinds: tuple[str, ...], phase_s: float, rounds: i
     """What a configuration takes: process start-up, 3 phases a round a kind, the graph replays."""
     per_phase = phase_s + 0.3
     return start_s + len(kinds) * rounds * 3 * per_phase + (2 * (per_phase + 1.0) if config.graph else 0.0)
+
+
+def expected_seconds(configs: tuple[Config, ...] = GPU_CONFIGS, kinds: tuple[str, ...] = KINDS,
+                     phase_s: float = PHASE_S, rounds: int = ROUNDS, mps_switch_s: float = 3.0) -> float:
+    """What `probe_step` expects to take with every configuration (for a plan's budget): each
+    configuration's estimate and two MPS switches (off -> on, and back)."""
+    return sum(estimate_s(c, kinds, phase_s, rounds) for c in configs) + 2 * mps_switch_s
 
 
 class _Runner:
@@ -153,8 +162,8 @@ class _Runner:
             child.close()
 
 
-def measure(config: Config, device: str, total: int, kinds: tuple[str, ...] = KINDS, phase_s: float = 0.4,
-            rounds: int = 2, sampler: NvmlSampler | None = None, extra: list[str] | None = None,
+def measure(config: Config, device: str, total: int, kinds: tuple[str, ...] = KINDS, phase_s: float = PHASE_S,
+            rounds: int = ROUNDS, sampler: NvmlSampler | None = None, extra: list[str] | None = None,
             env: dict | None = None, timeout: float = 120.0) -> dict:
     """One configuration: both sides alone and together, `rounds` times per kind; never raises for
     a side that fails (the result's outcome is then "failed", with the error)."""
@@ -307,7 +316,8 @@ def probe_step(ctx: "steps.Context", timeout: float) -> dict:
     library = ctx.env.get(LIBRARY_ENV)
     sampler = NvmlSampler()
     try:
-        report = run_configs(GPU_CONFIGS, "cuda", int(total), kinds=KINDS, phase_s=0.4, rounds=2, library=library,
+        report = run_configs(GPU_CONFIGS, "cuda", int(total), kinds=KINDS, phase_s=PHASE_S, rounds=ROUNDS,
+                             library=library,
                              manage_mps=True, deadline=deadline, env=ctx.env, sampler=sampler,
                              log=procs.progress)
     finally:
@@ -328,11 +338,12 @@ def main(argv=None) -> int:
     parser.add_argument("--configs", help="comma-separated configuration names (default: all of the device's)")
     parser.add_argument("--kinds", help=f"probe kinds (default: {','.join(KINDS)} on a GPU, "
                                         f"{','.join(CPU_KINDS)} on a CPU)")
-    parser.add_argument("--phase-s", type=float, default=0.4)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--phase-s", type=float, default=PHASE_S)
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--units", type=int, default=0, help="units to divide (default: the device's SMs, or "
                                                              "the cores this process may use)")
-    parser.add_argument("--libsmctrl", default=os.environ.get(LIBRARY_ENV), help=f"libsmctrl.so (default: ${LIBRARY_ENV})")
+    parser.add_argument("--libsmctrl", default=os.environ.get(LIBRARY_ENV),
+                        help=f"libsmctrl.so (default: ${LIBRARY_ENV})")
     parser.add_argument("--manage-mps", action="store_true", help="start/stop the MPS daemon as configurations need")
     parser.add_argument("--output", type=Path)
     args = parser.parse_args(argv)

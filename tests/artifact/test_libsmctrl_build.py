@@ -40,7 +40,8 @@ void libsmctrl_set_stream_mask(void *stream, uint64_t mask) { (void)stream; (voi
 void libsmctrl_set_stream_mask_ext(void *stream, unsigned __int128 mask) { (void)stream; (void)mask; }
 void libsmctrl_set_global_mask(uint64_t mask) { (void)mask; }
 """
-STAND_IN_H = "/**\n * Copyright 2026 Stand In\n */\n#include <stdint.h>\nvoid libsmctrl_set_global_mask(uint64_t mask);\n"
+STAND_IN_H = ("/**\n * Copyright 2026 Stand In\n */\n#include <stdint.h>\n"
+              "void libsmctrl_set_global_mask(uint64_t mask);\n")
 
 
 def stand_in(folder: Path, licence: bool = True) -> Path:
@@ -67,7 +68,8 @@ def test_the_dry_run_of_a_present_source_has_no_problems_and_states_its_licence(
     if not HAVE_CC or find_cuda_include() is None:
         pytest.skip("no C compiler or cuda.h: the plan names that instead")
     assert work["problems"] == []
-    assert work["licence"]["files"] == ["LICENSE"] and work["licence"]["first_line"] == "Stand-in licence, for the test only"
+    assert work["licence"]["files"] == ["LICENSE"]
+    assert work["licence"]["first_line"] == "Stand-in licence, for the test only"
     assert work["licence"]["copyright"] == ["Copyright 2026 Stand In"]
     assert "no licence file" in libsmctrl.licence(stand_in(tmp_path / "bare", licence=False))["note"]
 

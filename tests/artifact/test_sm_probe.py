@@ -4,6 +4,7 @@ with cores as units — two processes, or one, spin threads pinned to disjoint c
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -157,13 +158,15 @@ def _quiet_enough(result: dict) -> bool:
 @pytest.mark.skipif(len(CORES) < 2, reason="needs two cores")
 @pytest.mark.parametrize("config", sm_probe.CPU_CONFIGS, ids=lambda c: c.name)
 def test_one_core_each_comes_out_disjoint(config):
-    result = sm_probe.measure(config, "cpu", 2, kinds=("spin",), phase_s=0.25, rounds=3,
-                              extra=["--cores", f"{CORES[0]},{CORES[1]}"])
+    # graph=True walks the graph-replay phase too (a CPU has no graphs: the replay is the same spin)
+    result = sm_probe.measure(dataclasses.replace(config, graph=True), "cpu", 2, kinds=("spin",), phase_s=0.25,
+                              rounds=3, extra=["--cores", f"{CORES[0]},{CORES[1]}"])
     assert "rates" in result, result["verdict"]
     assert result["units"] == {"A": 1, "B": 1}
     assert result["unit_sets"] == {"A": str(CORES[0]), "B": str(CORES[1])}
     spin = result["rates"]["spin"]
     assert all(len(spin[w][n]) == 3 for w in ("alone", "together") for n in "AB")
+    assert set(result["graph"]) == {"A", "B"} and all(g["share"] == 1 for g in result["graph"].values())
     if not _quiet_enough(result):  # other processes took the cores: they, not the shares, set the rates
         pytest.skip(f"machine busy: alone each side got {spin['effective_units']} cores "
                     f"(< {QUIET}); verdict {result['verdict']['summary']}")
@@ -178,7 +181,10 @@ def test_two_sides_on_one_core_are_not_disjoint():
                               extra=["--cores", str(CORES[0])])
     assert result["unit_sets"] == {"A": str(CORES[0]), "B": str(CORES[0])}
     v = result["verdict"]
-    assert v["outcome"] in ("shared", "partial", "noisy") and sum(v["kept"].values()) < 1.3, v
+    if not _quiet_enough(result):
+        pytest.skip(f"machine busy: alone each side got {result['rates']['spin']['effective_units']} cores "
+                    f"(< {QUIET}); verdict {v['summary']}")
+    assert v["outcome"] == "shared" and sum(v["kept"].values()) < 1.15, v
 
 
 def test_a_side_that_cannot_start_fails_the_configuration_not_the_run():
@@ -195,7 +201,8 @@ def test_gpu_configurations_are_skipped_with_their_reasons():
     assert "no libsmctrl library" in why["libsmctrl-mps"]
     assert "needs MPS" in why["mps-percentage"] and "no time left" in why["green-ctx-1proc"]
     names = [c.name for c in sm_probe.GPU_CONFIGS]
-    assert {"green-ctx-1proc", "green-ctx-2proc", "green-ctx-2proc-mps", "mps-percentage", "libsmctrl-mps"} == set(names)
+    assert set(names) == {"green-ctx-1proc", "green-ctx-2proc", "green-ctx-2proc-mps", "mps-percentage",
+                          "libsmctrl-mps"}
     assert sm_probe.skip_reason(sm_probe.GPU_CONFIGS[2], None, True, False, manage_mps=False).startswith("needs MPS on")
     assert sm_probe.skip_reason(sm_probe.GPU_CONFIGS[2], None, True, False, manage_mps=True) is None
 
