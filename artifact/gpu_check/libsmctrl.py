@@ -179,6 +179,7 @@ def build(source: Path, out_dir: Path, cc: str | None = None, timeout: float = 1
 def build_step(ctx, timeout: float) -> dict:
     """The device run's step: build libsmctrl into <work>/libsmctrl/ and hand its path to the steps
     after it ($BULLET_LIBSMCTRL in the run's environment). Skipped when no source was carried."""
+    # deferred: steps imports the plan, and a plan that names this step imports this module
     from artifact.gpu_check import steps
 
     source = source_dir(ctx.env.get(SOURCE_ENV), ctx.root)

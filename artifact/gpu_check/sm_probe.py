@@ -14,7 +14,9 @@ Configurations (`GPU_CONFIGS`), each skipped with its reason where it cannot run
   (the device time-slices two processes' contexts) and on;
 * `mps-percentage`: two processes under MPS, each capped at half the SMs (caps do not reserve);
 * `libsmctrl-mps`: two processes under MPS, each masking its own stream with libsmctrl (needs a
-  built library: `artifact.gpu_check.libsmctrl`), with the driver opt-in past CUDA 12.8.
+  built library: `artifact.gpu_check.libsmctrl`), with the driver opt-in past CUDA 12.8;
+* `none-1proc`: no partition at all, both sides on every SM — the control: the probe must call it
+  shared (each side keeps about half), or it cannot tell anything.
 Configurations marked `graph` also replay the spin probe from a CUDA graph captured on each side's
 stream and count its SMs (`judge_graph`): does the restriction hold for graph replays?
 
@@ -38,7 +40,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from artifact.gpu_check import machine, procs, steps
+from artifact.gpu_check import machine, procs
 from artifact.gpu_check.nvml_sampler import NvmlSampler
 from artifact.gpu_check.sm_probe_verdict import judge_graph, judge_spin, kept_by_kind
 from bullet.doctor.child import JsonLineChild
@@ -73,6 +75,8 @@ GPU_CONFIGS = (
     Config("mps-percentage", "mps-percentage", mps=True, about="two MPS clients capped at half the SMs each"),
     Config("libsmctrl-mps", "libsmctrl", mps=True, graph=True,
            about="two MPS clients, each masking its own stream with libsmctrl"),
+    Config("none-1proc", "none", one_process=True, mps=False,
+           about="no partition: both sides on every SM, the probe's control (must come out shared)"),
 )
 CPU_CONFIGS = (
     Config("cpu-2proc", "cpu", about="a core share in each of two processes"),
@@ -104,18 +108,24 @@ class _Runner:
         base = [sys.executable, "-m", "artifact.gpu_check.sm_probe_child", "--device", device,
                 "--kinds", ",".join(kinds), "--total-units", str(total), *extra]
         half = total // 2
+        # A takes what B was granted less than the device; without a partition B is granted every
+        # unit, so A asks for the other half instead (and gets every unit too)
+        def rest(granted: int) -> int:
+            return total - half if config.backend == "none" else total - granted
+
         try:
             if config.one_process:
+                a_units = "rest" if config.backend != "none" else str(rest(total))
                 child = self._start("AB", base + ["--side", f"B:{config.backend}:decode:{half}",
-                                                  "--side", f"A:{config.backend}:prefill:rest"], env)
+                                                  "--side", f"A:{config.backend}:prefill:{a_units}"], env)
                 self.children = {"A": child, "B": child}
                 self.ready = child.ready
             else:  # B first: A takes what B was not granted, so the shares add up to the device
                 b = self._start("B", base + ["--side", f"B:{config.backend}:decode:{half}"],
                                 {**env, **self._side_env(config, half, total)})
-                units_b = b.ready["sides"]["B"]["units"]
-                a = self._start("A", base + ["--side", f"A:{config.backend}:prefill:{total - units_b}"],
-                                {**env, **self._side_env(config, total - units_b, total)})
+                units_a = rest(b.ready["sides"]["B"]["units"])
+                a = self._start("A", base + ["--side", f"A:{config.backend}:prefill:{units_a}"],
+                                {**env, **self._side_env(config, units_a, total)})
                 self.children = {"A": a, "B": b}
                 self.ready = {"sides": {**a.ready["sides"], **b.ready["sides"]},
                               "kinds": sorted(set(a.ready["kinds"]) & set(b.ready["kinds"])),
@@ -307,8 +317,12 @@ def device_sms(env: dict | None = None) -> int | None:
         return None
 
 
-def probe_step(ctx: "steps.Context", timeout: float) -> dict:
-    """The device run's step: every GPU configuration within `timeout`, written to logs/sm-probe.json."""
+def probe_step(ctx, timeout: float) -> dict:
+    """The device run's step (`ctx`: a `steps.Context`): every GPU configuration within `timeout`,
+    written to logs/sm-probe.json."""
+    # deferred: steps imports the plan, and a plan that names this step imports this module
+    from artifact.gpu_check import steps
+
     deadline = time.monotonic() + timeout - 10.0
     total = (ctx.info.get("torch") or {}).get("sms") or device_sms(ctx.env)
     if not total:

@@ -27,6 +27,8 @@ import sys
 import threading
 from dataclasses import dataclass, field
 
+from artifact.gpu_check import sm_probe_loops as loops
+from artifact.gpu_check.sm_probe_kernels import load_for_current_device
 from bullet.partition import BACKENDS, PartitionUnavailable, parse_id_list
 
 KINDS = ("spin", "fma", "copy", "gemm")
@@ -84,8 +86,6 @@ def _options(backend: str, args, units: int) -> dict:
 
 
 def _make_loop(kind: str, side: Side, torch, device, kernels, graph: bool = False):
-    from artifact.gpu_check import sm_probe_loops as loops
-
     units = side.backend.current_units
     if device.type == "cpu":
         if kind == "spin":
@@ -93,7 +93,7 @@ def _make_loop(kind: str, side: Side, torch, device, kernels, graph: bool = Fals
         if kind == "copy":
             return loops.TorchCopyLoop(torch)
         if kind == "gemm":
-            from bullet.doctor.isolation_child import GemmLoop
+            from bullet.doctor.isolation_child import GemmLoop  # deferred: it imports torch
 
             return GemmLoop(torch, device, side.stream, 192)
         raise ValueError(f"{kind}: a GPU probe (no CPU counterpart)")
@@ -105,7 +105,7 @@ def _make_loop(kind: str, side: Side, torch, device, kernels, graph: bool = Fals
         if kind == "copy":
             return loops.CopyLoop(kernels, torch, side.handle, units)
         if kind == "gemm":
-            from bullet.doctor.isolation_child import GemmLoop
+            from bullet.doctor.isolation_child import GemmLoop  # deferred: it imports torch
 
             return GemmLoop(torch, device, side.stream, 4096)
     raise ValueError(f"unknown probe kind {kind!r}")
@@ -147,6 +147,7 @@ def main(argv=None) -> int:
         return 1
     import torch
 
+    # deferred: torch (which it imports) loads only once the arguments are checked
     from bullet.partition.launch_stream import open_worker_partition
 
     if not args.cores:
@@ -172,8 +173,6 @@ def main(argv=None) -> int:
             granted += backend.current_units
         kernels = None
         if device.type == "cuda":
-            from artifact.gpu_check.sm_probe_kernels import load_for_current_device
-
             kernels = load_for_current_device()
         unavailable = {}
         for kind in args.kinds.split(","):

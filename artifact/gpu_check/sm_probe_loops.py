@@ -21,6 +21,8 @@ import os
 import threading
 import time
 
+from artifact.gpu_check.sm_probe_kernels import FMA_CHAINS
+
 SPIN_NS = 200_000  # one block's spin: long beside the µs a block takes to start
 WAVES = 4  # blocks per unit of the share per launch: the launch runs WAVES spins back to back
 BURST_S = 0.01  # launches queued between two synchronisations: about this long
@@ -79,8 +81,6 @@ class FmaLoop:
     THREADS = 256
 
     def __init__(self, kernels, torch, stream_handle, units: int, iters: int = 4096):
-        from artifact.gpu_check.sm_probe_kernels import FMA_CHAINS
-
         self.k, self.handle, self.iters = kernels, stream_handle, iters
         self.blocks = max(1, units) * 8
         self.sink = torch.zeros(1, dtype=torch.float32, device="cuda")

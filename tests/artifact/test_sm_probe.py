@@ -202,7 +202,7 @@ def test_gpu_configurations_are_skipped_with_their_reasons():
     assert "needs MPS" in why["mps-percentage"] and "no time left" in why["green-ctx-1proc"]
     names = [c.name for c in sm_probe.GPU_CONFIGS]
     assert set(names) == {"green-ctx-1proc", "green-ctx-2proc", "green-ctx-2proc-mps", "mps-percentage",
-                          "libsmctrl-mps"}
+                          "libsmctrl-mps", "none-1proc"}
     assert sm_probe.skip_reason(sm_probe.GPU_CONFIGS[2], None, True, False, manage_mps=False).startswith("needs MPS on")
     assert sm_probe.skip_reason(sm_probe.GPU_CONFIGS[2], None, True, False, manage_mps=True) is None
 
@@ -214,6 +214,7 @@ def test_the_probe_step_without_a_gpu_is_an_error_not_a_crash(tmp_path):
     assert out["status"] == "error" and "SM count" in out["summary"]
 
 
+@pytest.mark.slow  # a process that starts the probe's process: ~5-12 s on two busy cores
 def test_the_cli_runs_the_cpu_configurations(tmp_path):
     out = tmp_path / "probe.json"
     done = subprocess.run([sys.executable, "-m", "artifact.gpu_check.sm_probe", "--device", "cpu", "--kinds", "spin",
