@@ -190,31 +190,26 @@ def measure(config: Config, device: str, total: int, kinds: tuple[str, ...] = KI
                    unavailable=runner.ready.get("unavailable", {}))
         ran = [k for k in kinds if k in runner.ready.get("kinds", [])]
         rates: dict = {}
-        for kind in ran:
-            alone, together = {n: [] for n in SIDES}, {n: [] for n in SIDES}
-            effective = {f"{w}_{n}": [] for w in ("alone", "together") for n in SIDES}
-            for r in range(rounds):
-                for n in (SIDES if r % 2 == 0 else SIDES[::-1]):  # alternate who goes first
-                    with sampler.phase(f"{config.name}/{kind}/alone-{n}"):
-                        res = runner.run(f"run {kind}", (n,), phase_s)[n]
-                    alone[n].append(res["rate"])
-                    effective[f"alone_{n}"].append(res.get("effective_units"))
-                with sampler.phase(f"{config.name}/{kind}/together"):
-                    both = runner.run(f"run {kind}", SIDES, phase_s)
-                for n in SIDES:
-                    together[n].append(both[n]["rate"])
-                    effective[f"together_{n}"].append(both[n].get("effective_units"))
-            rates[kind] = {"unit": res["unit"], "alone": alone, "together": together,
-                           "kept": kept_by_kind(alone, together)}
-            if kind == "spin":
-                rates[kind]["effective_units"] = {k: statistics.median(v) for k, v in effective.items() if v}
-                out["verdict"] = judge_spin(alone, together, units)
         out["rates"] = rates
-        if config.graph and "spin" in ran:
+        for kind in ran:
+            try:
+                rates[kind] = _measure_kind(runner, sampler, f"{config.name}/{kind}", kind, phase_s, rounds)
+            except (RuntimeError, OSError, ValueError, KeyError) as e:  # the other kinds still run
+                rates[kind] = {"error": f"{type(e).__name__}: {e}"[:600]}
+                continue
+            if kind == "spin":
+                eff = rates[kind].get("effective_units", {})
+                out["verdict"] = judge_spin(rates[kind]["alone"], rates[kind]["together"], units,
+                                            effective_alone={n: eff.get(f"alone_{n}") for n in SIDES})
+        if config.graph and "effective_units" in rates.get("spin", {}):
             out["graph"] = {}
             for n in SIDES:
-                with sampler.phase(f"{config.name}/spin-graph/alone-{n}"):
-                    res = runner.run("graph", (n,), phase_s)[n]
+                try:
+                    with sampler.phase(f"{config.name}/spin-graph/alone-{n}"):
+                        res = runner.run("graph", (n,), phase_s)[n]
+                except (RuntimeError, OSError, ValueError, KeyError) as e:
+                    out["graph"][n] = {"outcome": "failed", "summary": f"{type(e).__name__}: {e}"[:600]}
+                    continue
                 out["graph"][n] = judge_graph(rates["spin"]["effective_units"].get(f"alone_{n}"),
                                               res.get("effective_units"), units[n], total)
         if "verdict" not in out:
@@ -227,6 +222,29 @@ def measure(config: Config, device: str, total: int, kinds: tuple[str, ...] = KI
     out["nvml"] = {label.split("/", 1)[1]: s for label, s in sampler.phases.items()
                    if label.startswith(config.name + "/")}
     out["seconds"] = round(time.monotonic() - began, 1)
+    return out
+
+
+def _measure_kind(runner: _Runner, sampler: NvmlSampler, label: str, kind: str, phase_s: float, rounds: int) -> dict:
+    """`rounds` rounds of: each side alone (who goes first alternates), then both together."""
+    alone, together = {n: [] for n in SIDES}, {n: [] for n in SIDES}
+    effective: dict[str, list[float]] = {f"{w}_{n}": [] for w in ("alone", "together") for n in SIDES}
+    unit = None
+    for r in range(rounds):
+        for n in (SIDES if r % 2 == 0 else SIDES[::-1]):
+            with sampler.phase(f"{label}/alone-{n}"):
+                res = runner.run(f"run {kind}", (n,), phase_s)[n]
+            alone[n].append(res["rate"])
+            effective[f"alone_{n}"].append(res.get("effective_units"))
+            unit = res["unit"]
+        with sampler.phase(f"{label}/together"):
+            both = runner.run(f"run {kind}", SIDES, phase_s)
+        for n in SIDES:
+            together[n].append(both[n]["rate"])
+            effective[f"together_{n}"].append(both[n].get("effective_units"))
+    out = {"unit": unit, "alone": alone, "together": together, "kept": kept_by_kind(alone, together)}
+    if any(v is not None for vs in effective.values() for v in vs):
+        out["effective_units"] = {k: statistics.median(v) for k, v in effective.items() if v and None not in v}
     return out
 
 

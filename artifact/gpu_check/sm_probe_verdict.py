@@ -11,7 +11,11 @@ side, over its rate alone, is the fraction of its SMs nobody else took:
 * **partial**: in between. If a side's S SMs include `o` that the other side also uses, and both
   keep every SM busy, each gets about half of those: kept = (S - o / 2) / S, so the overlap fraction
   of its share is o / S = 2 (1 - kept) (clipped to 0..1), `overlap_units` = that x S.
-* **noisy**: one side's alone rounds differ by more than `NOISE_LIMIT`: the machine was too busy.
+* **noisy**: one side's alone rounds differ by more than `NOISE_LIMIT`, or a side alone counted fewer
+  than `BUSY_FLOOR` of the units it was granted (something else held them: other work on the device,
+  other processes on the cores) — the rates then say nothing about the two shares.
+A side that alone counts more units than it was granted (by `GRAPH_HOLD`) was not restricted at all;
+the summary says so.
 
 The FMA (SM clock), copy (HBM) and GEMM rates are reported as kept fractions beside it: with a
 disjoint spin verdict, an FMA that keeps less says clocks fell (power), a copy that keeps less says
@@ -30,6 +34,7 @@ DISJOINT_KEEP = 0.97
 SHARED_SUM = 1.15
 NOISE_LIMIT = 0.10
 GRAPH_HOLD = 1.05
+BUSY_FLOOR = 0.8
 
 DISJOINT, SHARED, PARTIAL, NOISY, FAILED = "disjoint", "shared", "partial", "noisy", "failed"
 
@@ -51,8 +56,10 @@ def overlap_fraction(kept_fraction: float) -> float:
 
 
 def judge_spin(alone: dict[str, Sequence[float]], together: dict[str, Sequence[float]], units: dict[str, int],
-               keep: float = DISJOINT_KEEP, shared_sum: float = SHARED_SUM, noise_limit: float = NOISE_LIMIT) -> dict:
-    """The verdict over two sides' spin rates (`alone`/`together`: side -> rates, one a round)."""
+               keep: float = DISJOINT_KEEP, shared_sum: float = SHARED_SUM, noise_limit: float = NOISE_LIMIT,
+               effective_alone: dict[str, float] | None = None) -> dict:
+    """The verdict over two sides' spin rates (`alone`/`together`: side -> rates, one a round;
+    `effective_alone`: side -> units it counted alone, checked against `units` when given)."""
     names = sorted(alone)
     if len(names) != 2 or any(not alone.get(n) or not together.get(n) for n in names):
         return {"outcome": FAILED, "summary": "each of two sides needs spin rates alone and together"}
@@ -64,6 +71,17 @@ def judge_spin(alone: dict[str, Sequence[float]], together: dict[str, Sequence[f
     out = {"kept": k, "spread": noise, "overlap_fraction": overlap,
            "overlap_units": {n: round(overlap[n] * units.get(n, 0), 1) for n in names}, "threshold": keep}
     shown = ", ".join(f"{n} keeps {k[n]:.3f}" for n in names)
+    counted = {n: (effective_alone or {}).get(n) for n in names}
+    short = [n for n in names if counted[n] is not None and units.get(n) and counted[n] < BUSY_FLOOR * units[n]]
+    loose = [n for n in names if counted[n] is not None and units.get(n) and counted[n] > GRAPH_HOLD * units[n]]
+    if loose:
+        shown += "; " + ", ".join(f"{n} alone counted {counted[n]:.1f} units, more than its {units[n]}: "
+                                  "not restricted" for n in loose)
+    if short:
+        return {**out, "outcome": NOISY,
+                "summary": f"{shown}, but " + ", ".join(f"{n} alone counted {counted[n]:.2f} of its {units[n]} units"
+                                                        for n in short)
+                           + ": something else holds them, too busy to judge"}
     if noise > noise_limit:
         return {**out, "outcome": NOISY,
                 "summary": f"{shown}, but alone rounds differ by {noise:.0%} (> {noise_limit:.0%}): too noisy to judge"}

@@ -74,6 +74,13 @@ def test_noisy_alone_rounds_and_missing_rates_are_named():
     assert judge_spin({"A": [0], "B": [1]}, {"A": [1], "B": [1]}, UNITS)["outcome"] == "failed"
 
 
+def test_a_side_that_alone_counts_far_fewer_units_than_granted_cannot_be_judged():
+    v = judge_spin({"A": [100], "B": [100]}, {"A": [100], "B": [100]}, UNITS, effective_alone={"A": 40.0, "B": 65.0})
+    assert v["outcome"] == "noisy" and "A alone counted 40.00 of its 66 units" in v["summary"]
+    loose = judge_spin({"A": [100], "B": [100]}, {"A": [50], "B": [50]}, UNITS, effective_alone={"A": 131.0, "B": 130.0})
+    assert loose["outcome"] == "shared" and "not restricted" in loose["summary"]
+
+
 def test_a_graph_replay_counting_more_sms_than_the_share_escaped_it():
     assert judge_graph(65.0, 65.5, 66, 132)["outcome"] == "held"
     escaped = judge_graph(65.0, 131.0, 66, 132)
