@@ -42,6 +42,7 @@ from pathlib import Path
 
 from artifact.gpu_check import machine, procs
 from artifact.gpu_check.nvml_sampler import NvmlSampler
+from artifact.gpu_check.sm_probe_report import markdown
 from artifact.gpu_check.sm_probe_verdict import judge_graph, judge_spin, kept_by_kind
 from bullet.doctor.child import JsonLineChild
 from bullet.partition.libsmctrl import LIBRARY_ENV
@@ -358,9 +359,10 @@ def probe_step(ctx, timeout: float) -> dict:
     path = ctx.logs / "sm-probe.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2))
+    (ctx.logs / "sm-probe.md").write_text(markdown(report))
     measured = [c for c in report["configs"] if "verdict" in c]
     status = "pass" if measured and any(c["verdict"]["outcome"] != "failed" for c in measured) else "error"
-    return steps.result(status, summary_line(report)[:600], log=path.name, **report)
+    return steps.result(status, summary_line(report)[:600], log=path.name, markdown=markdown(report), **report)
 
 
 def main(argv=None) -> int:
@@ -377,7 +379,8 @@ def main(argv=None) -> int:
     parser.add_argument("--libsmctrl", default=os.environ.get(LIBRARY_ENV),
                         help=f"libsmctrl.so (default: ${LIBRARY_ENV})")
     parser.add_argument("--manage-mps", action="store_true", help="start/stop the MPS daemon as configurations need")
-    parser.add_argument("--output", type=Path)
+    parser.add_argument("--output", type=Path, help="write the result as JSON here")
+    parser.add_argument("--markdown", type=Path, help="write the result as a Markdown table here")
     args = parser.parse_args(argv)
     gpu = args.device == "cuda"
     available = GPU_CONFIGS if gpu else CPU_CONFIGS
@@ -398,6 +401,8 @@ def main(argv=None) -> int:
     text = json.dumps(report, indent=2)
     if args.output:
         args.output.write_text(text)
+    if args.markdown:
+        args.markdown.write_text(markdown(report))
     print(text)
     return 0
 

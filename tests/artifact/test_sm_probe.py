@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from artifact.gpu_check import sm_probe, sm_probe_kernels, wheels
+from artifact.gpu_check import sm_probe, sm_probe_kernels, sm_probe_report, wheels
 from artifact.gpu_check.nvml_sampler import NvmlSampler, reason_names, summarise
 from artifact.gpu_check.plan import GPU
 from artifact.gpu_check.sm_probe_verdict import DISJOINT_KEEP, judge_graph, judge_spin, overlap_fraction
@@ -86,6 +86,21 @@ def test_a_graph_replay_counting_more_sms_than_the_share_escaped_it():
     escaped = judge_graph(65.0, 131.0, 66, 132)
     assert escaped["outcome"] == "escaped" and "131.0 of 132" in escaped["summary"]
     assert judge_graph(None, 60.0, 66, 132)["outcome"] == "failed"
+
+
+def test_the_markdown_section_shows_verdicts_counts_clocks_graphs_and_skips():
+    report = {"nvml_missing": None, "configs": [
+        {"config": "green-ctx-1proc", "units": {"A": 68, "B": 64},
+         "verdict": {"outcome": "disjoint", "kept": {"A": 0.995, "B": 0.991}, "summary": "..."},
+         "rates": {"spin": {"effective_units": {"alone_A": 67.2, "alone_B": 63.4}},
+                   "fma": {"kept": {"A": 0.93, "B": 0.94}}, "copy": {"error": "boom"}},
+         "nvml": {"spin/together": summarise([{"sm_mhz": 1755, "power_w": 612.0, "reasons": 0x4}])},
+         "graph": {"A": judge_graph(67.2, 131.0, 68, 132)}},
+        {"config": "libsmctrl-mps", "skipped": "no libsmctrl library"}]}
+    text = sm_probe_report.markdown(report)
+    assert "| green-ctx-1proc | **disjoint** | 0.995 / 0.991 | 67.2 / 63.4 (68 / 64) | 0.930 / 0.940 | error |" in text
+    assert "1755 (1755-1755) | 612 | sw_power_cap 100% |" in text
+    assert "side A: **escaped**" in text and "| libsmctrl-mps | skipped: no libsmctrl library |" in text
 
 
 # -- NVML -------------------------------------------------------------------------------------------
@@ -174,6 +189,7 @@ def test_one_core_each_comes_out_disjoint(config):
     spin = result["rates"]["spin"]
     assert all(len(spin[w][n]) == 3 for w in ("alone", "together") for n in "AB")
     assert set(result["graph"]) == {"A", "B"} and all(g["share"] == 1 for g in result["graph"].values())
+    assert f"| {config.name} | **{result['verdict']['outcome']}** |" in sm_probe_report.markdown({"configs": [result]})
     if not _quiet_enough(result):  # other processes took the cores: they, not the shares, set the rates
         pytest.skip(f"machine busy: alone each side got {spin['effective_units']} cores "
                     f"(< {QUIET}); verdict {result['verdict']['summary']}")
