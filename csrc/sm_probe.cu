@@ -16,7 +16,7 @@
  * Build: nvcc -shared -Xcompiler -fPIC -O2 -gencode arch=compute_XY,code=sm_XY sm_probe.cu */
 #include <cuda_runtime.h>
 
-#define SM_PROBE_ABI_VERSION 1
+#define SM_PROBE_ABI_VERSION 2
 #define FMA_CHAINS 8
 
 static __device__ __forceinline__ unsigned long long global_ns(void) {
@@ -34,13 +34,16 @@ static __device__ __forceinline__ unsigned current_smid(void) {
 /* Only the size of this allocation matters: it keeps a second block off the SM. */
 extern __shared__ unsigned char sm_probe_hold[];
 
-static __global__ void spin_kernel(unsigned long long spin_ns, unsigned *smids) {
+/* `smids`/`starts` (optional): each block's SM and start time, so the caller can check that no two
+ * blocks ever shared an SM (the probe's premise). */
+static __global__ void spin_kernel(unsigned long long spin_ns, unsigned *smids, unsigned long long *starts) {
     if (threadIdx.x != 0) return;
     sm_probe_hold[0] = 1;
     unsigned long long start = global_ns();
     while (global_ns() - start < spin_ns) {
     }
     if (smids) smids[blockIdx.x] = current_smid();
+    if (starts) starts[blockIdx.x] = start;
 }
 
 static __global__ void fma_kernel(int iters, float *sink) {
@@ -85,10 +88,11 @@ extern "C" int sm_probe_init(int device, int *shared_bytes) {
     return 0;
 }
 
-/* `smids`: NULL, or `blocks` unsigned ints on the device (each block's SM id). */
-extern "C" int sm_probe_spin(void *stream, unsigned blocks, unsigned long long spin_ns, unsigned *smids) {
+/* `smids`, `starts`: NULL, or `blocks` slots on the device (each block's SM id, start in ns). */
+extern "C" int sm_probe_spin(void *stream, unsigned blocks, unsigned long long spin_ns, unsigned *smids,
+                             unsigned long long *starts) {
     if (blocks == 0 || spin_shared_bytes == 0) return (int)cudaErrorInvalidValue;
-    spin_kernel<<<blocks, 32, spin_shared_bytes, (cudaStream_t)stream>>>(spin_ns, smids);
+    spin_kernel<<<blocks, 32, spin_shared_bytes, (cudaStream_t)stream>>>(spin_ns, smids, starts);
     return (int)cudaGetLastError();
 }
 
@@ -109,14 +113,14 @@ extern "C" int sm_probe_sync(void *stream) { return (int)cudaStreamSynchronize((
 
 /* Capture `launches` spin launches on `stream` into a graph; *exec_out receives the executable. */
 extern "C" int sm_probe_graph_capture(void *stream, unsigned blocks, unsigned long long spin_ns, unsigned *smids,
-                                      int launches, void **exec_out) {
+                                      unsigned long long *starts, int launches, void **exec_out) {
     cudaStream_t s = (cudaStream_t)stream;
     cudaGraph_t graph = 0;
     cudaGraphExec_t exec = 0;
     cudaError_t err = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
     if (err != cudaSuccess) return (int)err;
     int launch_err = 0;
-    for (int i = 0; i < launches && !launch_err; i++) launch_err = sm_probe_spin(stream, blocks, spin_ns, smids);
+    for (int i = 0; i < launches && !launch_err; i++) launch_err = sm_probe_spin(stream, blocks, spin_ns, smids, starts);
     err = cudaStreamEndCapture(s, &graph);
     if (launch_err) {
         if (graph) cudaGraphDestroy(graph);

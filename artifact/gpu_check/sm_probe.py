@@ -201,7 +201,8 @@ def measure(config: Config, device: str, total: int, kinds: tuple[str, ...] = KI
             if kind == "spin":
                 eff = rates[kind].get("effective_units", {})
                 out["verdict"] = judge_spin(rates[kind]["alone"], rates[kind]["together"], units,
-                                            effective_alone={n: eff.get(f"alone_{n}") for n in SIDES})
+                                            effective_alone={n: eff.get(f"alone_{n}") for n in SIDES},
+                                            shared_sm_blocks=rates[kind]["shared_sm_blocks"])
         if config.graph and "effective_units" in rates.get("spin", {}):
             out["graph"] = {}
             for n in SIDES:
@@ -230,20 +231,22 @@ def _measure_kind(runner: _Runner, sampler: NvmlSampler, label: str, kind: str, 
     """`rounds` rounds of: each side alone (who goes first alternates), then both together."""
     alone, together = {n: [] for n in SIDES}, {n: [] for n in SIDES}
     effective: dict[str, list[float]] = {f"{w}_{n}": [] for w in ("alone", "together") for n in SIDES}
-    unit = None
+    unit, shared = None, 0
     for r in range(rounds):
         for n in (SIDES if r % 2 == 0 else SIDES[::-1]):
             with sampler.phase(f"{label}/alone-{n}"):
                 res = runner.run(f"run {kind}", (n,), phase_s)[n]
             alone[n].append(res["rate"])
             effective[f"alone_{n}"].append(res.get("effective_units"))
-            unit = res["unit"]
+            unit, shared = res["unit"], max(shared, res.get("shared_sm_blocks") or 0)
         with sampler.phase(f"{label}/together"):
             both = runner.run(f"run {kind}", SIDES, phase_s)
         for n in SIDES:
             together[n].append(both[n]["rate"])
             effective[f"together_{n}"].append(both[n].get("effective_units"))
-    out = {"unit": unit, "alone": alone, "together": together, "kept": kept_by_kind(alone, together)}
+            shared = max(shared, both[n].get("shared_sm_blocks") or 0)
+    out = {"unit": unit, "alone": alone, "together": together, "kept": kept_by_kind(alone, together),
+           "shared_sm_blocks": shared}
     if any(v is not None for vs in effective.values() for v in vs):
         out["effective_units"] = {k: statistics.median(v) for k, v in effective.items() if v and None not in v}
     return out

@@ -17,7 +17,7 @@ from bullet.doctor.smid_probe import find_nvcc
 from bullet.partition.gpu_helper import cache_dir
 
 SOURCE = Path(__file__).resolve().parents[2] / "csrc" / "sm_probe.cu"
-ABI_VERSION = 1
+ABI_VERSION = 2
 FMA_CHAINS = 8  # independent FMA chains per thread in the kernel (flop count)
 
 
@@ -62,10 +62,10 @@ class Kernels:
         if lib.sm_probe_abi_version() != ABI_VERSION:
             raise KernelsUnavailable(f"{path}: probe ABI mismatch (rebuild it)")
         vp, u, ull, i = ctypes.c_void_p, ctypes.c_uint, ctypes.c_ulonglong, ctypes.c_int
-        for name, args in {"sm_probe_init": [i, ctypes.POINTER(i)], "sm_probe_spin": [vp, u, ull, vp],
+        for name, args in {"sm_probe_init": [i, ctypes.POINTER(i)], "sm_probe_spin": [vp, u, ull, vp, vp],
                            "sm_probe_fma": [vp, u, u, i, vp], "sm_probe_copy": [vp, u, vp, vp, ctypes.c_size_t],
                            "sm_probe_sync": [vp],
-                           "sm_probe_graph_capture": [vp, u, ull, vp, i, ctypes.POINTER(vp)],
+                           "sm_probe_graph_capture": [vp, u, ull, vp, vp, i, ctypes.POINTER(vp)],
                            "sm_probe_graph_launch": [vp, vp], "sm_probe_graph_destroy": [vp]}.items():
             fn = getattr(lib, name)
             fn.argtypes, fn.restype = args, i
@@ -78,8 +78,9 @@ class Kernels:
         if rc != 0:
             raise KernelsUnavailable(f"sm_probe {what} failed with cudaError {rc}")
 
-    def spin(self, stream: int, blocks: int, spin_ns: int, smids: int | None = None) -> None:
-        self._check(self._lib.sm_probe_spin(stream, blocks, spin_ns, smids), "spin")
+    def spin(self, stream: int, blocks: int, spin_ns: int, smids: int | None = None,
+             starts: int | None = None) -> None:
+        self._check(self._lib.sm_probe_spin(stream, blocks, spin_ns, smids, starts), "spin")
 
     def fma(self, stream: int, blocks: int, threads: int, iters: int, sink: int) -> None:
         self._check(self._lib.sm_probe_fma(stream, blocks, threads, iters, sink), "fma")
@@ -90,10 +91,11 @@ class Kernels:
     def sync(self, stream: int) -> None:
         self._check(self._lib.sm_probe_sync(stream), "sync")
 
-    def graph_capture(self, stream: int, blocks: int, spin_ns: int, smids: int | None, launches: int) -> int:
+    def graph_capture(self, stream: int, blocks: int, spin_ns: int, smids: int | None, starts: int | None,
+                      launches: int) -> int:
         exec_ = ctypes.c_void_p(0)
-        self._check(self._lib.sm_probe_graph_capture(stream, blocks, spin_ns, smids, launches, ctypes.byref(exec_)),
-                    "graph capture")
+        self._check(self._lib.sm_probe_graph_capture(stream, blocks, spin_ns, smids, starts, launches,
+                                                     ctypes.byref(exec_)), "graph capture")
         return int(exec_.value)
 
     def graph_launch(self, exec_: int, stream: int) -> None:

@@ -40,13 +40,14 @@ class SpinLoop:
         self.handle = stream_handle  # a callable: the share's current stream
         self.blocks = max(1, units) * WAVES
         self.smids = torch.full((self.blocks,), -1, dtype=torch.int32, device="cuda")
+        self.starts = torch.zeros((self.blocks,), dtype=torch.int64, device="cuda")
         torch.cuda.synchronize()  # the fill ran on torch's stream; the spins run on another one
         self.per_launch_s = WAVES * SPIN_NS / 1e9
         self.launches = max(1, round(BURST_S / self.per_launch_s))
         self._exec = None
         if graph:
             self._exec = kernels.graph_capture(self.handle(), self.blocks, SPIN_NS, self.smids.data_ptr(),
-                                               self.launches)
+                                               self.starts.data_ptr(), self.launches)
         self._burst()  # warm-up: module load, first launch
 
     def _burst(self) -> None:
@@ -55,7 +56,7 @@ class SpinLoop:
             self.k.graph_launch(self._exec, stream)
         else:
             for _ in range(self.launches):
-                self.k.spin(stream, self.blocks, SPIN_NS, self.smids.data_ptr())
+                self.k.spin(stream, self.blocks, SPIN_NS, self.smids.data_ptr(), self.starts.data_ptr())
         self.k.sync(stream)
 
     def run(self, seconds: float) -> dict:
@@ -67,14 +68,26 @@ class SpinLoop:
             if elapsed >= seconds:
                 break
         blocks = n * self.blocks
-        ids = {int(s) for s in self.smids.cpu().tolist() if s >= 0}
+        smids, starts = self.smids.cpu().tolist(), self.starts.cpu().tolist()
         return _result(blocks, elapsed, "blocks", effective_units=blocks / elapsed * SPIN_NS / 1e9,
-                       smids_seen=len(ids), graph=self.graph)
+                       smids_seen=len({s for s in smids if s >= 0}), graph=self.graph,
+                       shared_sm_blocks=overlapping_blocks(smids, starts, SPIN_NS))
 
     def close(self) -> None:
         if self._exec is not None:
             self.k.graph_destroy(self._exec)
             self._exec = None
+
+
+def overlapping_blocks(smids: list[int], starts: list[int], spin_ns: int, slack: float = 0.9) -> int:
+    """Blocks of one launch that started on an SM while another block still held it: 0 when the
+    shared-memory request kept every SM to one block (the probe's premise; %smid ids as the
+    process sees them, which under MPS are its own numbering, consistent within the process)."""
+    by_sm: dict[int, list[int]] = {}
+    for sm, t in zip(smids, starts):
+        if sm >= 0 and t > 0:
+            by_sm.setdefault(sm, []).append(t)
+    return sum(1 for ts in by_sm.values() for a, b in zip(sorted(ts), sorted(ts)[1:]) if b - a < slack * spin_ns)
 
 
 class FmaLoop:

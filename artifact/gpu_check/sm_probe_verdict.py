@@ -57,9 +57,14 @@ def overlap_fraction(kept_fraction: float) -> float:
 
 def judge_spin(alone: dict[str, Sequence[float]], together: dict[str, Sequence[float]], units: dict[str, int],
                keep: float = DISJOINT_KEEP, shared_sum: float = SHARED_SUM, noise_limit: float = NOISE_LIMIT,
-               effective_alone: dict[str, float] | None = None) -> dict:
+               effective_alone: dict[str, float] | None = None, shared_sm_blocks: int = 0) -> dict:
     """The verdict over two sides' spin rates (`alone`/`together`: side -> rates, one a round;
-    `effective_alone`: side -> units it counted alone, checked against `units` when given)."""
+    `effective_alone`: side -> units it counted alone, checked against `units` when given;
+    `shared_sm_blocks`: blocks seen starting on an SM another of the side's blocks still held)."""
+    if shared_sm_blocks:
+        return {"outcome": FAILED, "shared_sm_blocks": shared_sm_blocks,
+                "summary": f"{shared_sm_blocks} spin blocks started on an SM another block still held: the "
+                           "shared-memory request did not keep one block per SM, so the rates do not count SMs"}
     names = sorted(alone)
     if len(names) != 2 or any(not alone.get(n) or not together.get(n) for n in names):
         return {"outcome": FAILED, "summary": "each of two sides needs spin rates alone and together"}

@@ -16,6 +16,7 @@ import pytest
 from artifact.gpu_check import sm_probe, sm_probe_kernels, sm_probe_report, wheels
 from artifact.gpu_check.nvml_sampler import NvmlSampler, reason_names, summarise
 from artifact.gpu_check.plan import GPU
+from artifact.gpu_check.sm_probe_loops import overlapping_blocks
 from artifact.gpu_check.sm_probe_verdict import DISJOINT_KEEP, judge_graph, judge_spin, overlap_fraction
 from artifact.gpu_check.steps import Context
 
@@ -79,6 +80,13 @@ def test_a_side_that_alone_counts_far_fewer_units_than_granted_cannot_be_judged(
     assert v["outcome"] == "noisy" and "A alone counted 40.00 of its 66 units" in v["summary"]
     loose = judge_spin({"A": [100], "B": [100]}, {"A": [50], "B": [50]}, UNITS, effective_alone={"A": 131.0, "B": 130.0})
     assert loose["outcome"] == "shared" and "not restricted" in loose["summary"]
+
+
+def test_blocks_sharing_an_sm_break_the_probes_premise():
+    assert overlapping_blocks([0, 0, 1, 1], [1_000, 201_000, 5_000, 205_000], 200_000) == 0
+    assert overlapping_blocks([0, 0, 1, -1], [1_000, 3_000, 5_000, 0], 200_000) == 1
+    v = judge_spin({"A": [100], "B": [100]}, {"A": [100], "B": [100]}, UNITS, shared_sm_blocks=3)
+    assert v["outcome"] == "failed" and "one block per SM" in v["summary"]
 
 
 def test_a_graph_replay_counting_more_sms_than_the_share_escaped_it():
