@@ -375,8 +375,9 @@ def main(argv=None) -> int:
     parser.add_argument("--configs", help="comma-separated configuration names (default: all of the device's)")
     parser.add_argument("--kinds", help=f"probe kinds (default: {','.join(KINDS)} on a GPU, "
                                         f"{','.join(CPU_KINDS)} on a CPU)")
-    parser.add_argument("--phase-s", type=float, default=PHASE_S)
-    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--phase-s", type=float, default=PHASE_S, help="seconds of one timed phase")
+    parser.add_argument("--rounds", type=int, default=ROUNDS,
+                        help="rounds of (A alone, B alone, both) per probe kind")
     parser.add_argument("--units", type=int, default=0, help="units to divide (default: the device's SMs, or "
                                                              "the cores this process may use)")
     parser.add_argument("--libsmctrl", default=os.environ.get(LIBRARY_ENV),
