@@ -45,7 +45,7 @@ from artifact.gpu_check.nvml_sampler import NvmlSampler
 from artifact.gpu_check.sm_probe_report import markdown
 from artifact.gpu_check.sm_probe_verdict import judge_graph, judge_spin, kept_by_kind
 from bullet.doctor.child import JsonLineChild
-from bullet.partition.libsmctrl import LIBRARY_ENV
+from bullet.partition.libsmctrl import ALLOW_UNTESTED_ENV, LIBRARY_ENV
 from bullet.partition.mps import THREAD_PERCENTAGE_ENV
 from bullet.partition.mps_share import percentage_for
 
@@ -363,9 +363,24 @@ def probe_step(ctx, timeout: float) -> dict:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2))
     (ctx.logs / "sm-probe.md").write_text(markdown(report))
+    report["libsmctrl_opt_in"] = _opt_in_libsmctrl(report, ctx.env)
     measured = [c for c in report["configs"] if "verdict" in c]
     status = "pass" if measured and any(c["verdict"]["outcome"] != "failed" for c in measured) else "error"
     return steps.result(status, summary_line(report)[:600], log=path.name, markdown=markdown(report), **report)
+
+
+def _opt_in_libsmctrl(report: dict, env: dict) -> str:
+    """libsmctrl on a driver past its known range is opted into (`ALLOW_UNTESTED_ENV` in the
+    environment of the steps after this one: the doctor's mask checks, the served runs) only where
+    this probe found its masks disjoint across two processes on this machine."""
+    result = next((c for c in report["configs"] if c["config"] == "libsmctrl-mps"), None)
+    if result is None or "verdict" not in result:
+        return "not set: libsmctrl-mps did not run" + (f" ({result['skipped']})" if result else "")
+    outcome = result["verdict"]["outcome"]
+    if outcome != "disjoint":
+        return f"not set: libsmctrl-mps came out {outcome}"
+    env[ALLOW_UNTESTED_ENV] = "1"
+    return f"set ({ALLOW_UNTESTED_ENV}=1): libsmctrl-mps came out disjoint on this machine"
 
 
 def main(argv=None) -> int:

@@ -19,6 +19,7 @@ from artifact.gpu_check.plan import GPU
 from artifact.gpu_check.sm_probe_loops import overlapping_blocks
 from artifact.gpu_check.sm_probe_verdict import DISJOINT_KEEP, judge_graph, judge_spin, overlap_fraction
 from artifact.gpu_check.steps import Context
+from bullet.partition.libsmctrl import ALLOW_UNTESTED_ENV
 
 CORES = sorted(os.sched_getaffinity(0))
 QUIET = 0.9  # a side alone got at least this much of its core: other load did not decide the rates
@@ -236,6 +237,16 @@ def test_gpu_configurations_are_skipped_with_their_reasons():
                           "libsmctrl-mps", "none-1proc"}
     assert sm_probe.skip_reason(sm_probe.GPU_CONFIGS[2], None, True, False, manage_mps=False).startswith("needs MPS on")
     assert sm_probe.skip_reason(sm_probe.GPU_CONFIGS[2], None, True, False, manage_mps=True) is None
+
+
+def test_libsmctrl_is_opted_into_only_after_its_masks_came_out_disjoint():
+    env: dict = {}
+    skipped = {"configs": [{"config": "libsmctrl-mps", "skipped": "no libsmctrl library"}]}
+    assert sm_probe._opt_in_libsmctrl(skipped, env).startswith("not set") and not env
+    partial = {"configs": [{"config": "libsmctrl-mps", "verdict": {"outcome": "partial"}}]}
+    assert "came out partial" in sm_probe._opt_in_libsmctrl(partial, env) and not env
+    disjoint = {"configs": [{"config": "libsmctrl-mps", "verdict": {"outcome": "disjoint"}}]}
+    assert sm_probe._opt_in_libsmctrl(disjoint, env).startswith("set") and env == {ALLOW_UNTESTED_ENV: "1"}
 
 
 def test_the_probe_step_without_a_gpu_is_an_error_not_a_crash(tmp_path):
