@@ -171,11 +171,15 @@ def main(argv=None) -> int:
             backend.apply(units)
             sides.append(Side(spec, backend, stream))
             granted += backend.current_units
-        kernels = None
+        kernels, unavailable = None, {}
         if device.type == "cuda":
-            kernels = load_for_current_device()
-        unavailable = {}
+            try:
+                kernels = load_for_current_device()
+            except (RuntimeError, OSError) as e:  # no nvcc, a launch error: the GEMM can still run
+                unavailable.update({k: f"probe kernels: {type(e).__name__}: {e}" for k in ("spin", "fma", "copy")})
         for kind in args.kinds.split(","):
+            if kind in unavailable:
+                continue
             for side in sides:
                 try:
                     side.loops[kind] = _make_loop(kind, side, torch, device, kernels)
@@ -210,6 +214,8 @@ def main(argv=None) -> int:
                     _reply(sides=_run_together(chosen, cmd[1], float(cmd[2])))
                 elif cmd[0] == "graph" and len(cmd) == 3:
                     side = by_name[cmd[2]]
+                    if "spin" not in side.loops:
+                        raise ValueError(f"spin is not available ({unavailable.get('spin', 'not asked for')})")
                     if "graph" not in side.loops:
                         side.loops["graph"] = _make_loop("spin", side, torch, device, kernels, graph=True)
                     _reply(sides={side.spec.name: side.loops["graph"].run(float(cmd[1]))})
