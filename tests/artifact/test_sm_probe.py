@@ -79,7 +79,8 @@ def test_noisy_alone_rounds_and_missing_rates_are_named():
 def test_a_side_that_alone_counts_far_fewer_units_than_granted_cannot_be_judged():
     v = judge_spin({"A": [100], "B": [100]}, {"A": [100], "B": [100]}, UNITS, effective_alone={"A": 40.0, "B": 65.0})
     assert v["outcome"] == "noisy" and "A alone counted 40.00 of its 66 units" in v["summary"]
-    loose = judge_spin({"A": [100], "B": [100]}, {"A": [50], "B": [50]}, UNITS, effective_alone={"A": 131.0, "B": 130.0})
+    loose = judge_spin({"A": [100], "B": [100]}, {"A": [50], "B": [50]}, UNITS,
+                       effective_alone={"A": 131.0, "B": 130.0})
     assert loose["outcome"] == "shared" and "not restricted" in loose["summary"]
 
 
