@@ -1,6 +1,6 @@
 """The isolation probe: do two shares of a device really hold disjoint SMs? Counted with SMs, not FLOPs.
 
-Two sides — A (prefill's share, from the low end) and B (decode's, from the high end: the rest of the
+Two sides (`sm_probe_run` runs one configuration) — A (prefill's share, from the low end) and B (decode's, from the high end: the rest of the
 device, so the two shares add up to every unit) — each run a probe workload alone, then both at
 once; each side's rate together over its rate alone says what it kept. The spin probe
 (`sm_probe_loops.SpinLoop`: blocks that hold one SM each for a fixed wall time) decides the verdict
