@@ -28,8 +28,9 @@ def _together_clocks(result: dict, kind: str) -> tuple[str, str, str]:
 
 
 def markdown(report: dict) -> str:
-    lines = ["| configuration | verdict | spin kept A / B | units (SMs, cores) counted alone A / B (granted) | FMA kept | copy kept "
-             "| GEMM kept | SM MHz together (spin) | W together (spin) | clock limits (spin together) |",
+    lines = ["| configuration | verdict | spin kept A / B | units (SMs, cores) counted alone A / B (granted) "
+             "| FMA kept | copy kept | GEMM kept | SM MHz together (spin) | W together (spin) "
+             "| clock limits (spin together) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     graphs = []
     for c in report.get("configs", []):
