@@ -23,13 +23,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from multiprocessing import Pool
 from pathlib import Path
 
+from artifact.sim_plots import plot_normalized_latency
 from bullet.commands.simulate import TABLE4_SLOS
 from bullet.sim import SimConfig, Simulation
 from bullet.sim.report import SIMULATED_NOTE
+from bullet.workloads.traces import build_workload
 from estimator.interconnect import LINKS
 
 MODEL, HARDWARE, TP = "llama-3.1-70b", "a100", 8
@@ -70,8 +73,6 @@ def sim_config(system: str, workload: str, seed: int, link: str, variant: int = 
 
 def simulate(job: tuple) -> tuple:
     """One point: (workload, system, rate, seed, duration, link, variant) -> that and its summary."""
-    from bullet.workloads.traces import build_workload
-
     workload, system, rate, seed, duration, link, variant = job
     result = Simulation(sim_config(system, workload, seed, link, variant), build_workload(workload, rate, duration,
                                                                                          seed)).run()
@@ -177,8 +178,6 @@ def markdown(data: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import sys
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", nargs="+", default=list(RATES), choices=list(RATES))
     ap.add_argument("--systems", nargs="+", default=list(SYSTEMS))
@@ -206,8 +205,6 @@ def main(argv: list[str] | None = None) -> None:
     report = markdown(data)
     (out / "results.md").write_text(report)
     print(report)
-    from artifact.sim_plots import plot_normalized_latency
-
     print(f"[fig17] figure: {plot_normalized_latency(data, out / 'fig17.png')}")
 
 
