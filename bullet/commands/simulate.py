@@ -121,6 +121,7 @@ ROLES = tuple(r.value for r in Role)
 
 
 def positive_int(text: str) -> int:
+    """An integer >= 1 (a device count)."""
     try:
         value = int(text)
     except ValueError:

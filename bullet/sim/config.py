@@ -15,9 +15,9 @@ from estimator import Estimator
 from estimator.analytic_contention import DEFAULT_FLOOR, DEFAULT_PREFILL_SLOWDOWN, AnalyticContention
 from estimator.hardware import DTYPE_BYTES, HardwareSpec
 from estimator.interconnect import Interconnect
-from estimator.tensor_parallel import TensorParallel, shard_model
 from estimator.profile import EstimatorProfile
 from estimator.reference.profiles import H200_PROFILE, SHIPPED_PROFILE
+from estimator.tensor_parallel import TensorParallel, shard_model
 
 # calibrated profiles shipped with the estimator, per built-in hardware name
 # the A100 from public kernel measurements; the H200 measured by `bullet profile --device cuda` on a
