@@ -62,3 +62,33 @@ def plot_chunked_timeline(directory: Path, path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_normalized_latency(data: dict, path: Path) -> Path:
+    """Fig. 17 style: mean normalized latency against rate, one panel per workload, one line per
+    system, the paper's quoted points as crosses in the same colour (`artifact.fig17`'s results)."""
+    curves = data["curves"]
+    fig, axes = plt.subplots(1, len(curves), figsize=(6 * len(curves), 4), squeeze=False)
+    setup = data["setup"]
+    for ax, (wl, by_system) in zip(axes[0], curves.items()):
+        for system, per_rate in by_system.items():
+            draw_series(ax, f"{system} (simulated)", per_rate, "mean_norm_latency_s", 1e3)
+            color = ax.get_lines()[-1].get_color()
+            quoted = [p for p in data["paper"] if p["workload"] == wl and p["system"] == system]
+            if quoted:
+                ax.plot([p["rate"] for p in quoted], [p["mean_norm_latency_s"] * 1e3 for p in quoted], "X",
+                        color=color, ms=10, label=f"{quoted[0].get('name', system)}: paper §4.2.2")
+        ax.set_title(f"{wl} (TTFT {setup['slos'][wl][0]}, TPOT {setup['slos'][wl][1]})", fontsize=10, loc="left")
+        ax.set_xlabel("request rate (req/s)")
+        ax.set_ylabel("mean normalized latency (ms/token)")
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    link = setup["link"]
+    fig.suptitle(f"SIMULATED {setup['model']} on {setup['tp_size']}x A100, tensor-parallel over "
+                 f"{link['bus_bandwidth'] / 1e9:g} GB/s (roofline device model; crosses: the paper's quoted numbers)",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -25,6 +25,7 @@ from estimator.contention import ContentionModel
 from estimator.hardware import DTYPE_BYTES, HardwareSpec
 from estimator.kernel_model import KernelModel
 from estimator.ops import ExecutionState, head_ops, layer_ops
+from estimator.tensor_parallel import TensorParallel
 
 _MEMO_LIMIT = 1 << 16  # predictions remembered per phase before the memo starts afresh
 
@@ -36,9 +37,11 @@ class Estimator:
     `observe_decode` (online); change `contention` or `calibration.samples` directly, then `refit()`."""
 
     def __init__(self, model: ModelConfig, hardware: HardwareSpec, calibration: Calibration | None = None,
-                 contention: ContentionModel | None = None, dtype: str = "bf16", weight_dtype: str | None = None):
+                 contention: ContentionModel | None = None, dtype: str = "bf16", weight_dtype: str | None = None,
+                 tensor_parallel: TensorParallel | None = None):
         """`weight_dtype`: what the projection weights are stored in, where not `dtype` (fp8: a byte
-        each; the GEMMs are still priced at `dtype`'s rate)."""
+        each; the GEMMs are still priced at `dtype`'s rate). `tensor_parallel`: `model` is one rank's
+        shard (`estimator.tensor_parallel.shard_model`) and each step also pays these collectives."""
         self.model = model
         self.hardware = hardware
         self.calibration = calibration if calibration is not None else Calibration()
@@ -46,7 +49,8 @@ class Estimator:
         self.dtype = dtype
         self.weight_dtype = weight_dtype if weight_dtype != dtype else None
         weight_bytes = DTYPE_BYTES[self.weight_dtype] if self.weight_dtype else None
-        self.kernels = KernelModel(model, hardware, DTYPE_BYTES[dtype], dtype, weight_bytes)
+        self.tensor_parallel = tensor_parallel
+        self.kernels = KernelModel(model, hardware, DTYPE_BYTES[dtype], dtype, weight_bytes, tensor_parallel)
         self._refits = 0
         self.refit()
 
@@ -305,6 +309,10 @@ class Estimator:
         layer = sum(self.kernels.op_time(op, units) for op in rows)
         head = sum(self.kernels.op_time(op, units) for op in head_ops(self.model, state, self.kernels.dtype_bytes,
                                                                           self.kernels.tiling))
+        tp = self.kernels.tp
+        if tp is not None:
+            layer += tp.layer_time(state.tokens, units)
+            head += tp.head_time(state.tokens, state.output_rows, units)
         return layer * self.model.num_hidden_layers + head
 
     def hybrid_step_time(self, chunks: Sequence[tuple[int, int]], decode_batch: int = 0, decode_context: int = 0,
@@ -348,12 +356,20 @@ class Estimator:
         return layer * self.model.num_hidden_layers + k.head_time(rows, len(new) + batch, units, 1.0)
 
     def breakdown(self, state: ExecutionState, units: int, bandwidth_scale: float = 1.0) -> list[tuple[str, float, float]]:
-        """(kernel, SRM seconds, calibrated seconds) of one layer then the head ops, kernel by kernel."""
+        """(kernel, SRM seconds, calibrated seconds) of one layer then the head ops, kernel by kernel;
+        under tensor parallelism the layer's rows end with its all-reduces ("tp_all_reduce") and the
+        head's with its collectives ("tp_head_collectives")."""
         k = self.kernels
         ops = (layer_ops(self.model, state, k.dtype_bytes, k.tiling, self.hardware.prefill_attention_per_sequence,
                          k.weight_bytes)
                + head_ops(self.model, state, k.dtype_bytes, k.tiling))
-        return [(op.name, k.srm(op, units, bandwidth_scale), k.op_time(op, units, bandwidth_scale)) for op in ops]
+        rows = [(op.name, k.srm(op, units, bandwidth_scale), k.op_time(op, units, bandwidth_scale)) for op in ops]
+        if k.tp is not None:  # the collectives, after the layer's kernels and after the head's
+            layer, head = k.tp.layer_time(state.tokens, units), k.tp.head_time(state.tokens, state.output_rows, units)
+            n = len(ops) - 3
+            rows[n:n] = [("tp_all_reduce", layer, layer)]
+            rows.append(("tp_head_collectives", head, head))
+        return rows
 
     # ---- online refinement ------------------------------------------------------------------
 
@@ -374,7 +390,10 @@ class Estimator:
     def __repr__(self) -> str:
         kinds = ", ".join(sorted(self.calibration.kinds())) or "none"
         weights = f", {self.weight_dtype} weights" if self.weight_dtype else ""
-        return f"Estimator({self.model.name} on {self.hardware.name}, {self.dtype}{weights}, calibrated: {kinds})"
+        tp = self.kernels.tp
+        ranks = f", one of {tp.ranks} tensor-parallel ranks over {tp.link.name}" if tp is not None else ""
+        return (f"Estimator({self.model.name} on {self.hardware.name}, {self.dtype}{weights}{ranks}, "
+                f"calibrated: {kinds})")
 
 
 def _monotone(seconds: float, at_fewer: float, at_more: float) -> float:

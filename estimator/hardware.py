@@ -1,7 +1,8 @@
 """What the estimator needs to know about a device: how many compute units it has, how fast they
 compute and move memory, and how many units it takes to saturate memory bandwidth (Bullet §3.2.2).
 
-GPUs are described from public spec sheets (see `BUILTIN`); the local CPU is described by
+GPUs are described from public spec sheets (see `BUILTIN`), each with the link an 8-GPU server of
+its kind has (`estimator.interconnect`: the SXM boards' NVLink through NVSwitch); the local CPU is described by
 measurement (`estimator.profiler.cpu_probe`), with units = cores. Either can be written to and read from
 JSON, and is embedded in an estimator profile."""
 
@@ -12,7 +13,9 @@ import math
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
+
+from estimator.interconnect import Interconnect
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
 
@@ -47,6 +50,18 @@ class HardwareSpec(BaseModel):
     measured_bandwidth: list[float] = Field(default_factory=list)
     source: str = ""
     assumptions: tuple[str, ...] = ()
+    # the link between this GPU and its peers in a multi-GPU server (tensor parallelism's collectives);
+    # None: a device used alone (a CPU, or a profile written before links were described)
+    interconnect: Interconnect | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_absent_link(self, handler):
+        # a device without a link dumps exactly as before links existed: profiles written and shipped
+        # earlier stay byte-for-byte what a rewrite gives
+        data = handler(self)
+        if data.get("interconnect", 0) is None:
+            del data["interconnect"]
+        return data
 
     def model_post_init(self, _context) -> None:
         for name, table in [("measured_bandwidth", self.measured_bandwidth), *self.measured_flops.items()]:
@@ -119,14 +134,14 @@ _SPEC_SOURCE = "public spec sheets (dense, no sparsity); shared/reference/number
 
 
 def _gpu(name: str, sms: int, bf16_tflops: float, fp32_tflops: float, tb_s: float, mem_gb: float,
-         n_d: float, assumptions: tuple[str, ...]) -> HardwareSpec:
+         n_d: float, assumptions: tuple[str, ...], link: str) -> HardwareSpec:
     return HardwareSpec(
         name=name, kind="gpu", units=sms, unit_name="SM",
         peak_flops={"bf16": bf16_tflops * 1e12, "fp16": bf16_tflops * 1e12, "fp32": fp32_tflops * 1e12},
         peak_bandwidth=round(tb_s * 1e12), bandwidth_inflection=n_d,
         partition_step=2, min_partition=2,  # masks act on TPCs of 2 SMs
         blocks_per_unit=1, wave_quantization=True, kernel_overhead_s=_GPU_LAUNCH_S,
-        memory_bytes=mem_gb * 1e9, source=_SPEC_SOURCE,
+        memory_bytes=mem_gb * 1e9, source=_SPEC_SOURCE, interconnect=Interconnect.builtin(link),
         assumptions=assumptions + (f"kernel overhead {_GPU_LAUNCH_S * 1e6:.0f} us per launch (not measured)",),
     )
 
@@ -137,11 +152,11 @@ def _hopper_inflection(tb_s: float, sms: int) -> float:
 
 BUILTIN: dict[str, HardwareSpec] = {
     "a100": _gpu("A100-SXM4-80GB", 108, 312, 19.5, 2.039, 80, 30.0,
-                 ("N_d = 30 SMs read off Bullet Fig. 8b",)),
+                 ("N_d = 30 SMs read off Bullet Fig. 8b",), "nvlink3"),
     "h100": _gpu("H100-SXM5-80GB", 132, 989, 67, 3.35, 80, _hopper_inflection(3.35, 132),
-                 ("N_d assumed from DuetServe's ~60 % of peak bandwidth at ~20 % of SMs",)),
+                 ("N_d assumed from DuetServe's ~60 % of peak bandwidth at ~20 % of SMs",), "nvlink4"),
     "h200": _gpu("H200-SXM-141GB", 132, 989, 67, 4.8, 141, _hopper_inflection(4.8, 132),
-                 ("N_d assumed: H100's bandwidth per SM, scaled to 4.8 TB/s",)),
+                 ("N_d assumed: H100's bandwidth per SM, scaled to 4.8 TB/s",), "nvlink4"),
     "h20": _gpu("H20", 78, 148, 44, 4.0, 96, _hopper_inflection(4.0, 78),
-                ("N_d assumed: H100's bandwidth per SM, scaled to 4.0 TB/s",)),
+                ("N_d assumed: H100's bandwidth per SM, scaled to 4.0 TB/s",), "nvlink4"),
 }

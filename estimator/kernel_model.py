@@ -18,6 +18,7 @@ from estimator.ops import (
     prefill_attention,
 )
 from estimator.srm import srm_time
+from estimator.tensor_parallel import TensorParallel
 from estimator.tiling import ATTN_QUERY_TILE, FixedTiling, HeuristicTiling, decode_attention_grid
 
 _CACHE_LIMIT = 8192  # distinct row counts (or calls) remembered per kernel group (or memo)
@@ -118,12 +119,16 @@ class _CurveSet:
 
 
 class KernelModel:
-    """`weight_bytes`: the size of a projection weight where it is not `dtype_bytes` (FP8 weights: 1)."""
+    """`weight_bytes`: the size of a projection weight where it is not `dtype_bytes` (FP8 weights: 1).
+    `tensor_parallel`: `model` is one rank's shard, and every layer (and the head) also pays these
+    collectives (`estimator.tensor_parallel`); None: one device runs the whole model."""
 
     def __init__(self, model: ModelConfig, hw: HardwareSpec, dtype_bytes: int = 2, dtype: str = "bf16",
-                 weight_bytes: int | None = None):
+                 weight_bytes: int | None = None, tensor_parallel: TensorParallel | None = None):
         self.model, self.hw, self.dtype_bytes, self.dtype = model, hw, dtype_bytes, dtype
         self.weight_bytes = weight_bytes
+        # one rank alone exchanges nothing: left out, so its times are the single-device ones to the bit
+        self.tp = tensor_parallel if tensor_parallel is not None and tensor_parallel.ranks > 1 else None
         self.waves = hw.wave_quantization
         self.blocks_per_unit = hw.blocks_per_unit
         self.overhead = hw.kernel_overhead_s
@@ -199,7 +204,8 @@ class KernelModel:
     # decode step's per-token kernels do not depend on its context. `fit` forgets them.
 
     def token_ops_time(self, rows: int, units: int, bandwidth_scale: float = 1.0) -> float:
-        """One layer's per-token kernels (everything but attention) over `rows` rows."""
+        """One layer's per-token kernels (everything but attention) over `rows` rows, and under tensor
+        parallelism its collectives."""
         key = (rows, units, bandwidth_scale)
         seconds = self._layer_memo.get(key)
         if seconds is None:
@@ -208,6 +214,8 @@ class KernelModel:
                 seconds = blend[0][0].layer.time(rows, units, bandwidth_scale)
             else:
                 seconds = sum(w * s.layer.time(rows, units, bandwidth_scale) for s, w in blend)
+            if self.tp is not None:  # the layer's all-reduces, in series with its kernels
+                seconds += self.tp.layer_time(rows, units)
             if len(self._layer_memo) >= _CACHE_LIMIT:
                 self._layer_memo.clear()
             self._layer_memo[key] = seconds
@@ -225,6 +233,8 @@ class KernelModel:
             else:
                 seconds = sum(w * (s.head_rows.time(rows, units, bandwidth_scale)
                                    + s.lm_head.time(output_rows, units, bandwidth_scale)) for s, w in blend)
+            if self.tp is not None:
+                seconds += self.tp.head_time(rows, output_rows, units)
             if len(self._head_memo) >= _CACHE_LIMIT:
                 self._head_memo.clear()
             self._head_memo[key] = seconds

@@ -12,6 +12,7 @@ from bullet.sim.config import SimConfig
 from bullet.sim.report import result_dict, summary_lines
 from bullet.types.roles import Role
 from bullet.workloads.traces import build_workload
+from estimator.interconnect import LINKS
 
 NAME = "simulate"
 HELP = "SIMULATED run: a workload on a virtual GPU (A100/H100...) with the real scheduling policies"
@@ -40,6 +41,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantization", default=d.quantization, choices=["none", "fp8"],
                    help="the weights' storage: none (bf16) | fp8 (the projections a byte each, as an FP8 checkpoint "
                         "stores them; GEMMs priced at bf16's rate; built-in --hardware only)")
+    p.add_argument("--tp-size", type=positive_int, default=d.tp_size,
+                   help="tensor parallelism (SGLang's flag): the model split over this many devices of --hardware, "
+                        "both workers on every device with the same SM split; each device is priced as one rank "
+                        "(its shard's kernels, weights and KV cache, two all-reduces per layer over --tp-link, not "
+                        "overlapped with compute). Built-in --hardware only, roofline-priced")
+    p.add_argument("--tp-link", default=None, choices=sorted(LINKS),
+                   help="the link between the devices under --tp-size: nvlink3 (A100 SXM4) | nvlink4 "
+                        "(H100/H200/H20) | pcie4 | bullet-a100 (the 20 GB/s of the Bullet paper's 8xA100 server, "
+                        "its Table 3); spec-sheet rates with assumed efficiency and latency "
+                        "(estimator/interconnect.py); unset: the --hardware's own (NVLink)")
+    p.add_argument("--tp-link-busbw-gbps", type=float, default=None,
+                   help="the link's all-reduce bus bandwidth in GB/s (NCCL-tests' busbw, e.g. as all_reduce_perf "
+                        "measured it on your server), in place of --tp-link's")
+    p.add_argument("--tp-link-latency-us", type=float, default=None,
+                   help="the link's time per collective in microseconds, in place of --tp-link's")
     p.add_argument("--estimator-profile", default=None,
                    help="simulate the device this profile measured (`bullet profile`, e.g. --device cuda: its "
                         "SM-share rates, kernel and step times, contention); shipped: "
@@ -104,6 +120,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 ROLES = tuple(r.value for r in Role)
 
 
+def positive_int(text: str) -> int:
+    """An integer >= 1 (a device count)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 1")
+    return value
+
+
 def milliseconds(text: str) -> float:
     """A duration in ms, >= 0."""
     try:
@@ -134,7 +161,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         ttft_slo=args.ttft_slo or ttft, tpot_slo=args.tpot_slo or tpot, tbt_slo=args.tbt_slo,
         prefill_layers_per_step=args.layers_per_step, max_prefill_tokens=args.max_prefill_tokens,
         max_running_requests=args.max_running_requests, page_size=args.page_size, kv_memory_gb=args.kv_memory_gb,
-        quantization=args.quantization,
+        quantization=args.quantization, tp_size=args.tp_size, tp_link=args.tp_link,
+        tp_link_busbw_gbps=args.tp_link_busbw_gbps, tp_link_latency_us=args.tp_link_latency_us,
         max_total_tokens=args.max_total_tokens,
         step_overhead_s=None if args.step_overhead_ms is None else args.step_overhead_ms / 1e3,
         step_time_scale=args.step_time_scale, role_step_times=dict(args.role_step_time),
@@ -157,7 +185,9 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError, ValidationError) as exc:
         print(f"bullet simulate: {exc}", file=sys.stderr)
         return 2
-    log(f"[sim] SIMULATED {sim.device_estimator.model.name} on a virtual {sim.device_estimator.hardware.name}, policy {config.policy}, "
+    devices = f"{config.tp_size}x " if config.tp_size > 1 else ""
+    log(f"[sim] SIMULATED {sim.device_estimator.model.name} on {devices}virtual {sim.device_estimator.hardware.name}, "
+        f"policy {config.policy}, "
         f"{args.workload} at {rate if rate else 'trace'} req/s for {args.duration:g}s: {len(requests)} requests")
 
     def progress(info: dict) -> None:

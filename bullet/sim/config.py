@@ -14,8 +14,10 @@ from engines.model_config import ModelConfig
 from estimator import Estimator
 from estimator.analytic_contention import DEFAULT_FLOOR, DEFAULT_PREFILL_SLOWDOWN, AnalyticContention
 from estimator.hardware import DTYPE_BYTES, HardwareSpec
+from estimator.interconnect import Interconnect
 from estimator.profile import EstimatorProfile
 from estimator.reference.profiles import H200_PROFILE, SHIPPED_PROFILE
+from estimator.tensor_parallel import TensorParallel, shard_model
 
 # calibrated profiles shipped with the estimator, per built-in hardware name
 # the A100 from public kernel measurements; the H200 measured by `bullet profile --device cuda` on a
@@ -44,6 +46,13 @@ class SimConfig:
     # checkpoint stores them; GEMMs still priced at bf16's rate)
     quantization: str = "none"
     max_total_tokens: int | None = None  # the KV pool in tokens (SGLang's --max-total-tokens); beats kv_memory_gb
+    # tensor parallelism (SGLang's --tp-size): the model split over this many devices of `hardware`, both
+    # workers on every device with the same SM split; the device is priced as one rank (its shard, its
+    # weights and KV cache, its collectives over `tp_link`). 1: one device runs the whole model
+    tp_size: int = 1
+    tp_link: str | None = None  # the devices' link (estimator.interconnect.LINKS); default: the hardware's own
+    tp_link_busbw_gbps: float | None = None  # the link's all-reduce bus bandwidth, in place of the link's own
+    tp_link_latency_us: float | None = None  # its latency per collective, in place of the link's own
     noise: float = 0.05  # each step's latency x U[1-noise, 1+noise]
     contention_model: bool = True  # charge memory contention between the workers (estimator.analytic_contention)
     contention_floor: float = DEFAULT_FLOOR
@@ -107,7 +116,13 @@ def device_estimator(config: SimConfig) -> Estimator:
     calibration) when `estimator_profile` is given, else a built-in GPU and its shipped profile.
     A calibration holds whole steps timed on its profile's model, so it describes only models of
     that shape: another --model is refused with a given profile, and gets the roofline alone on a
-    built-in device (the shipped A100 profile would otherwise charge Llama-8B's times to any model)."""
+    built-in device (the shipped A100 profile would otherwise charge Llama-8B's times to any model).
+    With `tp_size` > 1 the estimator prices one rank: the model's shard on a built-in device (its
+    roofline: no profile measured a shard), plus the collectives over the link."""
+    if config.tp_size < 1:
+        raise ValueError(f"tp_size must be >= 1, got {config.tp_size}")
+    if config.tp_size > 1:
+        return rank_estimator(config)
     model = ModelConfig.builtin(config.model) if config.model else None
     if config.quantization not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {config.quantization!r}; choose {', '.join(QUANTIZATIONS)}")
@@ -140,6 +155,32 @@ def device_estimator(config: SimConfig) -> Estimator:
     # a measured device is named as its profile says (e.g. "NVIDIA H200 (green-ctx)"): its shipped
     # profile is that device by construction
     return profile.estimator(model)
+
+
+def rank_estimator(config: SimConfig) -> Estimator:
+    """One of `tp_size` tensor-parallel ranks on a built-in device: its shard's kernels on the
+    device's spec-sheet rates, and its collectives over `tp_link` (default the device's own link)."""
+    if config.estimator_profile:
+        raise ValueError(f"{config.estimator_profile} measured one device running the whole model; --tp-size "
+                         f"{config.tp_size} prices one rank's shard on a built-in --hardware: "
+                         "leave --estimator-profile out")
+    model = ModelConfig.builtin(config.model or DEFAULT_MODEL)
+    if config.quantization not in QUANTIZATIONS:
+        raise ValueError(f"unknown quantization {config.quantization!r}; choose {', '.join(QUANTIZATIONS)}")
+    hardware = HardwareSpec.builtin(config.hardware or DEFAULT_HARDWARE)
+    if config.tp_link:
+        link = Interconnect.builtin(config.tp_link)
+    elif hardware.interconnect is not None:
+        link = hardware.interconnect
+    else:
+        raise ValueError(f"{hardware.name} has no link to its peers: give tp_link")
+    busbw, latency = config.tp_link_busbw_gbps, config.tp_link_latency_us
+    if (busbw is not None and not busbw > 0) or (latency is not None and not latency >= 0):
+        raise ValueError(f"the link needs busbw > 0 and latency >= 0, got {busbw} GB/s, {latency} us")
+    link = link.with_rates(None if busbw is None else busbw * GB, None if latency is None else latency / 1e6)
+    return Estimator(shard_model(model, config.tp_size), hardware,
+                     weight_dtype="fp8" if config.quantization == "fp8" else None,
+                     tensor_parallel=TensorParallel.of(model, config.tp_size, link))
 
 
 def measures_steps(estimator: Estimator) -> bool:
@@ -178,7 +219,7 @@ def policy_estimator(config: SimConfig, device: Estimator, role: str = "policy")
     elif config.policy_contention and config.contention_model and measured_contention(device):
         table = device.contention.model_copy(deep=True)  # the profile's own, as a worker would load it
     est = Estimator(device.model, device.hardware, device.calibration.model_copy(deep=True), table, device.dtype,
-                    device.weight_dtype)
+                    device.weight_dtype, device.tensor_parallel)
     return PerturbedPredictor(est, config.policy_error, seed=f"{config.seed}|{role}",
                               learnable=config.policy_error_learnable)
 
@@ -200,7 +241,10 @@ def kv_bytes_per_token(model: ModelConfig, dtype_bytes: int = 2) -> int:
 
 
 def kv_pool_pages(config: SimConfig, model: ModelConfig, hardware: HardwareSpec) -> int:
-    """Pages of the KV pool: `max_total_tokens`, else the device's memory minus the weights (or `kv_memory_gb`)."""
+    """Pages of the KV pool: `max_total_tokens`, else the device's memory minus the weights (or
+    `kv_memory_gb`). Under tensor parallelism `model` is one rank's shard: each device holds its
+    weights and its KV heads of every token, so the pool's tokens are what one device's memory
+    left after the shard holds."""
     if config.max_total_tokens is not None:
         if config.max_total_tokens < config.page_size:
             raise ValueError(f"max_total_tokens {config.max_total_tokens} holds no page of {config.page_size} tokens")
@@ -212,7 +256,7 @@ def kv_pool_pages(config: SimConfig, model: ModelConfig, hardware: HardwareSpec)
             raise ValueError(f"{hardware.name} has no memory size: give kv_memory_gb")
         weights = weight_bytes(model, quantization=config.quantization)
         if weights >= hardware.memory_bytes:
-            raise ValueError(does_not_fit(model, hardware, config.quantization))
+            raise ValueError(does_not_fit(model, hardware, config.quantization, config.tp_size))
         pool = hardware.memory_bytes - weights
     pages = int(pool // (kv_bytes_per_token(model) * config.page_size))
     if pages < 1:
@@ -220,15 +264,21 @@ def kv_pool_pages(config: SimConfig, model: ModelConfig, hardware: HardwareSpec)
     return pages
 
 
-def does_not_fit(model: ModelConfig, hardware: HardwareSpec, quantization: str) -> str:
-    """Why the weights alone overflow one device, and what would hold them."""
+def does_not_fit(model: ModelConfig, hardware: HardwareSpec, quantization: str, tp_size: int = 1) -> str:
+    """Why the weights alone overflow one device, and what would hold them (`model`: one rank's
+    shard when `tp_size` > 1)."""
     memory = hardware.memory_bytes
     sizes = {q: weight_bytes(model, quantization=q) for q in QUANTIZATIONS}
     need = sizes[quantization]
+    dtype = 'bf16' if quantization == 'none' else 'FP8 (projections) + bf16'
+    if tp_size > 1:
+        return (f"{model.name} does not fit: one of {tp_size} tensor-parallel ranks holds "
+                f"{model.num_parameters() / 1e9:.1f}B parameters, {need / GB:.0f} GB in {dtype}, more than one "
+                f"{hardware.name}'s {memory / GB:.0f} GB; give a larger --tp-size")
     line = (f"{model.name} does not fit on one {hardware.name}: its {model.num_parameters() / 1e9:.1f}B parameters take "
-            f"{need / GB:.0f} GB in {'bf16' if quantization == 'none' else 'FP8 (projections) + bf16'}, more than its "
-            f"{memory / GB:.0f} GB; the weights alone need {-(-need // memory):.0f} such devices, and the simulator "
-            "models one")
+            f"{need / GB:.0f} GB in {dtype}, more than its "
+            f"{memory / GB:.0f} GB; the weights alone need {-(-need // memory):.0f} such devices "
+            "(--tp-size splits the model over several)")
     if quantization == "none" and sizes["fp8"] < memory:
         line += f" (with --quantization fp8 they take {sizes['fp8'] / GB:.0f} GB)"
     elif quantization == "none":

@@ -24,7 +24,8 @@ def result_dict(result: SimResult, sim: Simulation, **workload) -> dict:
         "device": {"hardware": est.hardware.name, "units": est.hardware.units, "unit": est.hardware.unit_name,
                    "calibrated": is_calibrated(est), "kv_pages": sim.allocator.total_pages,
                    "page_size": sim.allocator.page_size, "model": est.model.name,
-                   "step_overhead_s": step_overhead(cfg, est)},
+                   "step_overhead_s": step_overhead(cfg, est), "tp_size": cfg.tp_size,
+                   "tp_link": est.tensor_parallel.link.name if est.tensor_parallel is not None else None},
         "slo": {"ttft": cfg.ttft_slo, "tpot": cfg.tpot_slo, "tbt": cfg.tbt_slo},
         "summary": result.summary,
         "run": {"virtual_s": result.end_time, "wall_s": result.wall_s, "events": result.events,
@@ -37,7 +38,7 @@ def summary_lines(data: dict) -> list[str]:
     s, run, cfg = data["summary"], data["run"], data["config"]
     wl = data["workload"]
     lines = [
-        f"=== SIMULATED result (not a measurement) — {cfg['policy']} on {data['device']['hardware']}"
+        f"=== SIMULATED result (not a measurement) — {cfg['policy']} on {device_label(data['device'])}"
         f"{'' if data['device']['calibrated'] else ' (UNCALIBRATED roofline)'}, {wl.get('workload')} "
         f"at {wl.get('rate')} req/s ===",
         f"SLO {data['slo']['ttft']} TTFT, {data['slo']['tpot']} TPOT"
@@ -66,6 +67,14 @@ def summary_lines(data: dict) -> list[str]:
     if "ledger" in run:
         lines[-1:-1] = ledger_lines(run["ledger"])
     return lines
+
+
+def device_label(device: dict) -> str:
+    """The device's name; of a tensor-parallel run, how many and over which link."""
+    ranks = device.get("tp_size", 1)
+    if ranks > 1:
+        return f"{ranks}x {device['hardware']} (tensor-parallel over {device['tp_link']})"
+    return device["hardware"]
 
 
 def ledger_lines(ledger: dict) -> list[str]:
