@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from bullet.types.slo import parse_duration
+from engines.chat_templates import read_template
 from engines.cpuset import parse_id_list
 
 
@@ -142,8 +143,6 @@ class ServerArgs(BaseModel):
     @classmethod
     def _chat_template(cls, v):
         if v is not None:
-            from engines.chat_templates import read_template
-
             read_template(v)  # a missing file is an error at start-up, not at the first chat request
         return v
 

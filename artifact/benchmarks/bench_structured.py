@@ -26,14 +26,18 @@ import argparse
 import concurrent.futures as futures
 import json
 import re
+import shlex
 import statistics
+import sys
 import time
 from pathlib import Path
 
 from tqdm import tqdm
 
+from artifact.benchmarks.bench_llamacpp import cpu_flags
 from artifact.benchmarks.common import machine
 from artifact.server import BulletServer, system_launch
+from engines.grammar import Grammars
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -213,9 +217,7 @@ def served_compile(server: BulletServer, fresh_tag: str) -> dict:
 
 def local_compile(tokenizer_dir: str) -> dict:
     """xgrammar's compile time per schema with the model's tokenizer, and the cache's hit time."""
-    from transformers import AutoTokenizer
-
-    from engines.grammar import Grammars
+    from transformers import AutoTokenizer  # deferred: only this part needs it (and it takes seconds)
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     grammars = Grammars.for_tokenizer_dir(tokenizer_dir, len(tok), [tok.eos_token_id])
@@ -260,11 +262,6 @@ def markdown(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import shlex
-    import sys
-
-    from artifact.benchmarks.bench_llamacpp import cpu_flags
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--systems", nargs="+", default=["bullet", "chunked:256"])
     ap.add_argument("--requests", type=int, default=240, help="constrained requests per system (validity)")
