@@ -44,7 +44,9 @@ ARCHS = [LLAMA, MISTRAL, QWEN2, QWEN3, MOE]
 TOL = 1e-4
 NEW_TOKENS = 32
 PAGE = 16
-SEED = 2  # weights under which no greedy step of any reference is a near-tie (seed 0's MoE has one of 7e-5)
+# weights under which no greedy step of a reference is a near-tie (seed 0's MoE has one of 7e-5)
+SEEDS = {MISTRAL: 3}
+SEED = 2
 # one token per byte: 5, 22, 40 and 71 tokens
 PROMPTS = ["Hello", "def fibonacci(n):\n    ", "Once upon a time, in a small village at ",
            "The quick brown fox jumps over the lazy dog, and then it runs far away."]
@@ -71,7 +73,7 @@ def _forward(model, ids: list[int]) -> torch.Tensor:
 
 
 def _reference(arch: str, path: Path) -> Reference:
-    model = tiny.save(arch, path, seed=SEED)
+    model = tiny.save(arch, path, seed=SEEDS.get(arch, SEED))
     tok = tiny.byte_tokenizer()
     ids = [tok.encode(p) for p in PROMPTS]
     assert [len(i) for i in ids] == [len(p.encode()) for p in PROMPTS]
@@ -127,7 +129,8 @@ def _runner(ref: Reference, mode: str) -> ModelRunner:
 
 
 def _scattered_pages(seed: int = 0):
-    """Pages handed out in a shuffled order, so no sequence's pages are contiguous or in order."""
+    """Pages handed out in a shuffled order (as a pool that has served a while hands them out), so a
+    sequence's pages are neither in order nor side by side."""
     order = list(range(64))
     random.Random(seed).shuffle(order)
     return iter(order)
@@ -213,6 +216,7 @@ def test_offline_greedy_32_tokens_and_a_cache_hit(arch, refs):
     for o, i, logits in zip(outs, ref.ids, ref.logits):
         want = _logprobs(logits[len(i) - 1 : len(i) - 1 + NEW_TOKENS]).gather(1, torch.tensor(o.output_ids)[:, None])[:, 0]
         err = float((torch.tensor(o.output_logprobs, dtype=torch.float64) - want).abs().max())
+        print(f"{arch} offline: {len(o.output_ids)} greedy tokens equal, log-probabilities within {err:.3g}")
         assert err <= TOL, f"{arch}: chosen tokens' log-probabilities differ by {err:.3g}"
     (hit,) = llm.generate([CACHED], params)
     assert hit.cached_tokens == SHARED_PREFIX
@@ -257,8 +261,9 @@ def test_moe_routing_equals_transformers(refs):
         ranked = logits.sort(-1, descending=True).values  # the softmax keeps the logits' order
         assert float((ranked[:, k - 1] - ranked[:, k]).min()) > 2 * TOL, f"layer {n}: a near-tie among the picks"
         assert torch.equal(our_ids, ids), f"layer {n}: {int((our_ids != ids).any(-1).sum())} tokens routed differently"
-        assert float((our_weights - weights).abs().max()) <= TOL
-        assert float((our_logits - logits).abs().max()) <= TOL
+        d_weights, d_logits = float((our_weights - weights).abs().max()), float((our_logits - logits).abs().max())
+        print(f"layer {n}: {len(ids)} tokens routed alike; router logits within {d_logits:.3g}, weights {d_weights:.3g}")
+        assert d_weights <= TOL and d_logits <= TOL
         assert set(ids.flatten().tolist()) == set(range(experts))  # every expert in play: not a trivial check
 
 
@@ -294,4 +299,5 @@ def test_served_moe_tokens_and_log_probabilities(refs):
             values = [v for v, _, _ in top]
             worst = max(worst, max(abs(float(want[t]) - v) for v, t, _ in top),
                         float((torch.tensor(values, dtype=torch.float64) - want.topk(20).values).abs().max()))
+    print(f"served Qwen3-MoE log-probabilities vs transformers': max |difference| {worst:.3g}")
     assert worst <= TOL, f"served log-probabilities differ from transformers' by {worst:.3g}"

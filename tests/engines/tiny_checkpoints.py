@@ -41,8 +41,9 @@ def config(architecture: str, **overrides):
                                               "moe_intermediate_size": 32, "norm_topk_prob": True, **overrides})
     if architecture == "LlamaForCausalLM":
         return transformers.LlamaConfig(**{**SHAPE, **overrides})
-    if architecture == "MistralForCausalLM":  # Llama's layer; transformers' default window (4096) spans the context
-        return transformers.MistralConfig(**{**SHAPE, **overrides})
+    if architecture == "MistralForCausalLM":  # Llama's layer; transformers' default window (4096) spans the
+        # context; head_dim 32 as Mistral-Nemo's (q wider than the hidden size), so not Llama's tensors
+        return transformers.MistralConfig(**{**SHAPE, "head_dim": 32, **overrides})
     raise ValueError(architecture)
 
 
