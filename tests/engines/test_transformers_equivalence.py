@@ -213,14 +213,15 @@ def test_offline_greedy_32_tokens_and_a_cache_hit(arch, refs):
     outs = llm.generate(PROMPTS, params)
     assert [o.prompt_ids for o in outs] == ref.ids
     assert [o.output_ids for o in outs] == ref.greedy
-    for o, i, logits in zip(outs, ref.ids, ref.logits):
-        want = _logprobs(logits[len(i) - 1 : len(i) - 1 + NEW_TOKENS]).gather(1, torch.tensor(o.output_ids)[:, None])[:, 0]
-        err = float((torch.tensor(o.output_logprobs, dtype=torch.float64) - want).abs().max())
-        print(f"{arch} offline: {len(o.output_ids)} greedy tokens equal, log-probabilities within {err:.3g}")
-        assert err <= TOL, f"{arch}: chosen tokens' log-probabilities differ by {err:.3g}"
     (hit,) = llm.generate([CACHED], params)
     assert hit.cached_tokens == SHARED_PREFIX
     assert hit.output_ids == ref.cached_greedy
+    for o, i, logits in [*zip(outs, ref.ids, ref.logits), (hit, ref.cached_ids, ref.cached_logits)]:
+        want = _logprobs(logits[len(i) - 1 : len(i) - 1 + NEW_TOKENS]).gather(1, torch.tensor(o.output_ids)[:, None])[:, 0]
+        err = float((torch.tensor(o.output_logprobs, dtype=torch.float64) - want).abs().max())
+        print(f"{arch} offline ({o.cached_tokens} tokens cached): {len(o.output_ids)} greedy tokens equal, "
+              f"log-probabilities within {err:.3g}")
+        assert err <= TOL, f"{arch}: chosen tokens' log-probabilities differ by {err:.3g}"
 
 
 # -- Qwen3-MoE: the router's picks, and both worker processes -------------------------------------
