@@ -14,7 +14,7 @@ import torch
 
 from engines.kv_pool import KVPool
 from engines.model.build import build_model
-from engines.quant.fp8 import Fp8Linear
+from engines.quant.fp8 import Fp8Linear, dequantize_rows, quantize_rows_dynamic
 from engines.runner import ModelRunner, SeqChunk
 from engines.weights import ModelLoadError, load_weights
 from tests.engines import tiny_checkpoints as tiny
@@ -25,7 +25,7 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 MOE = "Qwen3MoeForCausalLM"
 E4M3 = torch.float8_e4m3fn
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n    "]
-NEW_TOKENS = 20
+NEW_TOKENS = 32
 BLOCKS = {"block128": [128, 128], "block32x16": [32, 16], "per-tensor": None}
 
 
@@ -110,7 +110,7 @@ def test_greedy_equals_transformers_on_the_dequantized_weights(source, tmp_path)
     ref = transformers.AutoModelForCausalLM.from_pretrained(str(deq_dir), dtype=torch.float32).eval()
     tok = tiny.byte_tokenizer()
     outs = llm.generate(PROMPTS, {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True})
-    assert [o.output_ids for o in outs] == [tiny.greedy(ref, tok.encode(p), NEW_TOKENS) for p in PROMPTS]
+    assert [o.output_ids for o in outs] == tiny.greedy_batch(ref, [tok.encode(p) for p in PROMPTS], NEW_TOKENS)
 
 
 @pytest.mark.parametrize("scheme", list(BLOCKS))
@@ -176,3 +176,59 @@ def test_fp8_is_kept_on_cuda_and_dequantized_on_a_cpu():
     assert resolve_quantization("fp8", cpu, False, source_fp8=True) == "fp8"
     with pytest.raises(ValueError, match="quantizing a float checkpoint to FP8 at load is not implemented"):
         resolve_quantization("fp8", cuda, False, source_fp8=False)
+
+
+# e4m3 keeps 3 mantissa bits: rounding to nearest moves a normal value by at most half a step, 2^-4 of
+# it; below 2^-6 (subnormal) the step is fixed, 2^-9, so the move is at most 2^-10 (of the row's scale)
+E4M3_UNIT_ROUNDOFF, E4M3_SUBNORMAL_HALF_STEP = 2.0**-4, 2.0**-10
+
+
+def e4m3_product_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The most x @ w.T can move when each row of x is scaled to e4m3's range (amax -> 448), rounded
+    to e4m3 and scaled back (what `Fp8Linear` does before `torch._scaled_mm`), the weight w already
+    what the FP8 checkpoint holds: |dx| <= 2^-4 |x| + 2^-10 s per element (s = amax / 448), so
+    |dy| <= (2^-4 |x| + 2^-10 s) @ |w|.T; plus float32 summation over K terms (K 2^-24 of the same sum)."""
+    x, w = x.double(), w.double()
+    scale = x.abs().amax(dim=1, keepdim=True) / 448.0
+    moved = E4M3_UNIT_ROUNDOFF * x.abs() + E4M3_SUBNORMAL_HALF_STEP * scale
+    return moved @ w.abs().T + x.shape[1] * 2.0**-24 * (x.abs() @ w.abs().T)
+
+
+def test_fp8_products_stay_within_e4m3_rounding_of_their_activations(source, tmp_path):
+    """Per-tensor scales: every `Fp8Linear` multiplies in FP8 (`torch._scaled_mm`, the activations
+    quantized per row on the fly). Its only departure from the dequantized model is that rounding of
+    the activations, so on the activations each projection sees in a real forward, its output lies
+    within `e4m3_product_bound` of the dequantized product. The per-element bound under it is checked
+    on the runtime's own rounding: attained within a factor of two, and failed by e5m2 (2 mantissa
+    bits). (The product bound adds worst cases over K terms, which random signs rarely line up:
+    measured errors are a fraction of it.)"""
+    fp8_dir, deq_dir = fp8_checkpoint(source, tmp_path, BLOCKS["per-tensor"])
+    kept, reference = load_weights(str(fp8_dir), quantization="fp8"), load_weights(str(deq_dir))
+    model = build_model(kept.config, kept.state)
+    seen: dict[str, torch.Tensor] = {}
+    linears = {n: m for n, m in model.named_modules() if isinstance(m, Fp8Linear)}
+    assert len(linears) == 6 and all(m.rowwise for m in linears.values())
+    for name, module in linears.items():
+        module.register_forward_pre_hook(lambda m, args, name=name: seen.setdefault(name, args[0].detach().clone()))
+    ids = tiny.byte_tokenizer().encode(PROMPTS[0] + " Paris, and the capital of Italy is")
+    ModelRunner(model, KVPool(kept.config, 8, 16, torch.float32)).forward([SeqChunk(ids, 0, [0, 1, 2, 3])])
+    assert seen.keys() == linears.keys()
+    worst = 0.0
+    for name, module in linears.items():
+        x = seen[name].reshape(-1, module.in_features)
+        w = reference.state[name + ".weight"]  # the dequantized checkpoint's weight, fused alike
+        assert torch.equal(dequantize_rows(module.weight, module.weight_scale_inv, module.bk, torch.float32), w)
+        want = x.double() @ w.double().T
+        err = (module(x).double() - want).abs()
+        bound = e4m3_product_bound(x, w)
+        assert bool((err <= bound).all()), f"{name}: FP8 product off by {float((err - bound).max()):.3g} beyond e4m3's bound"
+        assert float(err.max()) > 0  # the activations were rounded: the check is not of an exact product
+        worst = max(worst, float((err / bound).max()))
+        # the per-element rounding under the bound, the runtime's own: tight (attained within a
+        # factor of two) and failed by a format of two mantissa bits (e5m2)
+        q, scale = quantize_rows_dynamic(x)
+        moved, allowed = (q.double() * scale - x).abs(), E4M3_UNIT_ROUNDOFF * x.abs() + E4M3_SUBNORMAL_HALF_STEP * scale
+        assert bool((moved <= allowed).all()) and float((moved / allowed).max()) > 0.5
+        coarse = (x.double() / scale).to(torch.float8_e5m2).double() * scale
+        assert bool(((coarse - x).abs() > allowed).any()), f"{name}: e4m3's bound would pass e5m2 activations"
+    print(f"FP8 x FP8 products vs the dequantized ones: at most {worst:.2f} of e4m3's bound")

@@ -41,6 +41,9 @@ def config(architecture: str, **overrides):
                                               "moe_intermediate_size": 32, "norm_topk_prob": True, **overrides})
     if architecture == "LlamaForCausalLM":
         return transformers.LlamaConfig(**{**SHAPE, **overrides})
+    if architecture == "MistralForCausalLM":  # Llama's layer; transformers' default window (4096) spans the
+        # context; head_dim 32 as Mistral-Nemo's (q wider than the hidden size), so not Llama's tensors
+        return transformers.MistralConfig(**{**SHAPE, "head_dim": 32, **overrides})
     raise ValueError(architecture)
 
 
@@ -70,3 +73,15 @@ def greedy(model, prompt_ids: list[int], n: int) -> list[int]:
         out = model.generate(torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
                              max_new_tokens=n, min_new_tokens=n, do_sample=False)
     return out[0, len(prompt_ids):].tolist()
+
+
+def greedy_batch(model, prompts: list[list[int]], n: int) -> list[list[int]]:
+    """transformers' greedy continuations of n tokens for several prompts in one generate() call
+    (left-padded, the padding masked out): n steps instead of n per prompt."""
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                             pad_token_id=0)
+    return out[:, width:].tolist()
