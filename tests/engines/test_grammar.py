@@ -204,3 +204,24 @@ def test_xgrammars_mask_kernel_equals_the_unpacked_bits(rows, vocab, words):
     for dtype in (torch.float32, torch.float64):
         res = sample(logits.to(dtype), [SampleRow(SamplingParams(temperature=0), allowed=packed[i]) for i in range(rows)])
         assert res.token_ids == best
+
+
+@pytest.mark.parametrize("schema, where", [
+    ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "/uniqueItems"),
+    ({"type": "object", "properties": {"a": {"not": {"type": "integer"}}}}, "/properties/a/not"),
+    ({"anyOf": [{"type": "object", "dependentRequired": {"a": ["b"]}}]}, "/anyOf/0/dependentRequired"),
+    ({"type": "array", "items": {"if": {"type": "integer"}, "then": {"minimum": 10}}}, "/items/if"),
+])
+def test_keywords_xgrammar_does_not_enforce_are_refused(schema, where):
+    """xgrammar compiles these keywords but lets output break them (checked with each one): such a
+    schema is a GrammarError naming the keyword and where it is, never output that may break it."""
+    with pytest.raises(GrammarError, match="does not enforce") as err:
+        check("json_schema", json.dumps(schema))
+    assert where in str(err.value)
+
+
+def test_keyword_names_used_as_property_names_are_fine():
+    schema = {"type": "object", "properties": {"not": {"type": "string"}, "if": {"type": "integer"},
+                                               "uniqueItems": {"type": "boolean"}},
+              "$defs": {"then": {"type": "string"}}, "items": {"uniqueItems": False}}
+    check("json_schema", json.dumps(schema))
