@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engines.grammar import apply_bitmask
 from engines.sampling_params import SamplingParams
 
 
@@ -99,15 +100,21 @@ def _apply_allowed(logits: torch.Tensor, raw: torch.Tensor, rows: list[SampleRow
         return logits
     if logits is raw:
         logits = logits.clone()
-    allowed = unpack_bitmask(torch.stack([rows[i].allowed for i in idx]).to(logits.device), logits.shape[-1])
-    masked = logits[idx].masked_fill(~allowed, float("-inf"))
+    packed = torch.stack([rows[i].allowed for i in idx])
+    allowed = None
+    if logits.dtype == torch.float32 and logits.device.type == "cpu":
+        masked = apply_bitmask(logits[idx], packed)  # logits[idx] is a copy: masked in place
+    else:
+        allowed = unpack_bitmask(packed.to(logits.device), logits.shape[-1])
+        masked = logits[idx].masked_fill(~allowed, float("-inf"))
     # (a banned token holds the lowest finite value, not -inf: `_finite_top`)
     dead = (masked.max(dim=-1).values <= torch.finfo(masked.dtype).min).tolist()
     if any(dead):  # bans left the grammar nothing: the grammar wins over them
         for j in (j for j, d in enumerate(dead) if d):
             i = idx[j]
             row = _apply_penalties(raw[i:i + 1], [rows[i]], bans=False)[0]
-            masked[j] = row.masked_fill(~allowed[j], float("-inf"))
+            keep = unpack_bitmask(packed[j:j + 1].to(logits.device), logits.shape[-1])[0] if allowed is None else allowed[j]
+            masked[j] = row.masked_fill(~keep, float("-inf"))
     logits[idx] = masked
     return logits
 

@@ -75,7 +75,7 @@ SCHEMAS = {
                                                                                                  "confidence"]},
     "user_profile": {"type": "object", "properties": {"username": {"type": "string", "pattern": "^[a-z][a-z0-9_]{2,11}$"},
                      "roles": {"type": "array", "items": {"enum": ["admin", "editor", "viewer"]}, "minItems": 1,
-                               "maxItems": 3, "uniqueItems": True}, "active": {"type": "boolean"}},
+                               "maxItems": 3}, "active": {"type": "boolean"}},
                      "required": ["username", "roles", "active"]},
     "invoice": {"type": "object", "properties": {"number": {"type": "string", "pattern": "^INV-[0-9]{6}$"},
                 "total": {"type": "number", "minimum": 0, "maximum": 1000000}, "currency": {"enum": ["EUR", "USD", "JPY"]}, "paid": {"type": "boolean"}},

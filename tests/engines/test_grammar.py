@@ -185,3 +185,43 @@ def test_sampler_masks_and_logit_bias():
         SamplingParams(logit_bias={1: 500})
     with pytest.raises(ValueError, match="at most one"):
         SamplingParams(regex="a", json_schema="{}")
+
+
+@pytest.mark.parametrize("rows, vocab, words", [(1, 40, 2), (16, 49152, 1536), (3, 100, 3), (2, 100, 2)])
+def test_xgrammars_mask_kernel_equals_the_unpacked_bits(rows, vocab, words):
+    """The packed mask applied by xgrammar's CPU kernel (what sampling uses for float32 CPU logits) and
+    by unpacking the bits with torch (every other case) give the same logits, also for a mask narrower
+    than the logits (the extra tokens are disallowed) and a vocabulary not a multiple of 32."""
+    from engines.grammar import apply_bitmask
+
+    g = torch.Generator().manual_seed(rows * vocab)
+    packed = torch.randint(-2**31, 2**31 - 1, (rows, words), dtype=torch.int32, generator=g)
+    logits = torch.randn(rows, vocab, generator=g)
+    expected = logits.masked_fill(~unpack_bitmask(packed, vocab), float("-inf"))
+    assert torch.equal(apply_bitmask(logits.clone(), packed), expected)
+    # through the sampler: greedy picks the best allowed token of each row, on both paths
+    best = expected.argmax(dim=-1).tolist()
+    for dtype in (torch.float32, torch.float64):
+        res = sample(logits.to(dtype), [SampleRow(SamplingParams(temperature=0), allowed=packed[i]) for i in range(rows)])
+        assert res.token_ids == best
+
+
+@pytest.mark.parametrize("schema, where", [
+    ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "/uniqueItems"),
+    ({"type": "object", "properties": {"a": {"not": {"type": "integer"}}}}, "/properties/a/not"),
+    ({"anyOf": [{"type": "object", "dependentRequired": {"a": ["b"]}}]}, "/anyOf/0/dependentRequired"),
+    ({"type": "array", "items": {"if": {"type": "integer"}, "then": {"minimum": 10}}}, "/items/if"),
+])
+def test_keywords_xgrammar_does_not_enforce_are_refused(schema, where):
+    """xgrammar compiles these keywords but lets output break them (checked with each one): such a
+    schema is a GrammarError naming the keyword and where it is, never output that may break it."""
+    with pytest.raises(GrammarError, match="does not enforce") as err:
+        check("json_schema", json.dumps(schema))
+    assert where in str(err.value)
+
+
+def test_keyword_names_used_as_property_names_are_fine():
+    schema = {"type": "object", "properties": {"not": {"type": "string"}, "if": {"type": "integer"},
+                                               "uniqueItems": {"type": "boolean"}},
+              "$defs": {"then": {"type": "string"}}, "items": {"uniqueItems": False}}
+    check("json_schema", json.dumps(schema))
