@@ -1,7 +1,7 @@
 """Where an SGLang user would notice a difference (issue 16): /generate with n > 1 (also through the
 real frontend's fork and the openai client's n), real input_top_logprobs, /abort_request by rid,
-`priority` accepted at its default (null or 0) and refused otherwise without --enable-priority-scheduling,
-each process's role."""
+`priority` accepted at its default (null or 0) and refused otherwise without
+--enable-priority-scheduling, and process titles that name each process's role."""
 
 from __future__ import annotations
 
