@@ -146,3 +146,21 @@ def test_the_chunked_scheduler_resumes_a_preempted_request_behind_higher_priorit
     sched.add(_req("waiting-high", 4))
     assert sched._preempt_newest(keep=None)
     assert [r.rid for r in sched.waiting] == ["waiting-high", "running"]
+
+
+def test_a_lower_priority_does_not_preempt_ahead_of_a_higher_one():
+    """Bullet's layer-boundary preemption lets a short prompt that would miss its TTFT run ahead of
+    the batch in flight — but not ahead of a waiting request of higher priority (which can wait)."""
+    from tests.policies.fakes import inflight, prefill_view, req
+    from tests.policies.test_bullet_policies import K, policy
+
+    batch = inflight([req("long", 2000, 0.0)], layers_done=K)
+    short = req("short", 50, 0.04)  # misses its 150 ms target behind the long batch: it would preempt
+    assert policy(ttft="3ms/token").decide(prefill_view(0.05, [short], inflight=batch)).admit == [short]
+    queue: list = []
+    for r, p in ((req("short", 50, 0.04), 0), (req("patient", 50, 0.045), 1)):
+        r.priority = p
+        enqueue(queue, r)
+    patient = queue[0]
+    d = policy(ttft="3ms/token").decide(prefill_view(0.05, queue, inflight=batch))
+    assert patient.rid == "patient" and "short" not in [r.rid for r in d.admit]
