@@ -173,6 +173,13 @@ def test_a_batch_field_is_refused_when_one_prompt_asks(server):
     assert status == 400 and named(out, "lora_path"), out
 
 
+def test_logprob_switches_inside_sampling_params_are_refused(server):
+    """/generate's log-probability options are top-level fields; the same names inside
+    sampling_params would be overruled by them, so they are refused rather than ignored."""
+    status, out = server.post("/generate", {"text": PROMPT, "sampling_params": {"max_new_tokens": 1, "logprobs": True}})
+    assert status == 400 and "return_logprob" in named(out, "logprobs"), out
+
+
 @pytest.mark.parametrize("body", ["generate", "chat", "completion"])
 def test_unset_refused_fields_and_harmless_fields_are_accepted(server, body):
     """What SGLang's clients send for fields they do not use (null, false, ...) together with the

@@ -30,6 +30,10 @@ def build_sampling_params(fields: dict[str, Any] | None, *, where: str = "sampli
         fields = {}
     if not isinstance(fields, dict):
         raise APIError(f"{where} must be a JSON object")
+    clash = sorted(k for k in overrides if k in fields)
+    if clash:  # these are the request's (return_logprob, ...): a value here would be overruled unseen
+        raise APIError(f"{where}.{clash[0]}: not a sampling parameter here; it is set by the request's own "
+                       "fields (return_logprob, top_logprobs_num, logprob_start_len)", param=clash[0])
     fields = {**fields, **overrides}
     refuse(fields, "sampling_params", f"{where}.")
     fields = {k: v for k, v in fields.items() if k not in REFUSED_SAMPLING}
