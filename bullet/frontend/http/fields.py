@@ -30,7 +30,7 @@ class Kind(enum.Enum):
 @dataclass(frozen=True)
 class Rule:
     kind: Kind
-    why: str = ""  # REFUSED: what is not supported; NO_OUTPUT_EFFECT: why accepting it is harmless
+    why: str = ""  # REFUSED: why it is refused (what the server does instead); NO_OUTPUT_EFFECT: why accepting it is harmless
     accepted: tuple = (None,)  # REFUSED: the values that ask for nothing (compared with their type)
 
 
@@ -46,30 +46,30 @@ def harmless(why: str, *names: str) -> dict[str, Rule]:
     return {name: Rule(Kind.NO_OUTPUT_EFFECT, why) for name in names}
 
 
-_DISAGG = "prefill-decode disaggregation across servers is not supported (both phases run on one device here)"
-_LORA = "LoRA adapters are not supported by this server"
-_HIDDEN = "returning hidden states is not supported"
-_SESSION = "sessions (session_params) are not supported: send the whole prompt each time"
-_NO_STOP_TRIM = "only false is supported: the output always ends before a matched stop string"
+_DISAGG = "prefill and decode run on one device here, not on disaggregated servers"
+_LORA = "no LoRA adapters are served"
+_HIDDEN = "hidden states are never returned"
+_SESSION = "there are no sessions: send the whole prompt each time"
+_NO_STOP_TRIM = "the output always ends before a matched stop string"
 
 # SGLang's /generate body (GenerateReqInput)
 GENERATE: dict[str, Rule] = {
     **honoured("text", "input_ids", "sampling_params", "rid", "return_logprob", "logprob_start_len",
                "top_logprobs_num", "return_text_in_logprobs", "stream", "priority"),
-    **refused("prompts given as embeddings are not supported: send text or input_ids", "input_embeds"),
+    **refused("a prompt is text or input_ids, not embeddings", "input_embeds"),
     **refused("the served models take text only", "image_data", "video_data", "audio_data", "modalities",
               accepted=(None, [])),
-    **refused("log-probabilities of chosen token ids are not supported (top_logprobs_num gives the most likely)",
+    **refused("log-probabilities of chosen token ids are not computed (top_logprobs_num gives the most likely ones)",
               "token_ids_logprob", accepted=(None, [])),
     **refused(_HIDDEN, "return_hidden_states", accepted=(None, False)),
     **refused(_SESSION, "session_params", accepted=(None, {})),
     **refused(_LORA, "lora_path", "lora_id", accepted=(None, "")),
-    **refused("custom logit processors are not supported by this server", "custom_logit_processor",
+    **refused("custom logit processors are never run", "custom_logit_processor",
               accepted=(None, "")),
     **refused(_DISAGG, "bootstrap_host", "bootstrap_port", "bootstrap_room", "bootstrap_pair_key"),
     # one engine: rank 0 is the only one there is
     **refused("there is one data-parallel rank (0)", "data_parallel_rank", accepted=(None, 0)),
-    **refused("background responses are not supported: the reply comes on this connection", "background",
+    **refused("the reply always comes on this connection", "background",
               accepted=(None, False)),
     **refused("only JSON replies are served", "return_bytes", accepted=(None, False)),
     # SGLang's own switch for its metrics log (its /health_generate turns it off); the reply is the same
@@ -82,11 +82,11 @@ SAMPLING: dict[str, Rule] = {
     **honoured("max_new_tokens", "min_new_tokens", "stop", "stop_token_ids", "temperature", "top_p", "top_k",
                "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty", "n", "json_schema",
                "regex", "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens", "logit_bias", "seed"),
-    **refused("only true (the default) is supported", "spaces_between_special_tokens", accepted=(None, True)),
+    **refused("only true, the default, is implemented", "spaces_between_special_tokens", accepted=(None, True)),
     **refused(_NO_STOP_TRIM, "no_stop_trim", accepted=(None, False)),
-    **refused("custom logit processors (custom_params) are not supported by this server", "custom_params",
+    **refused("custom logit processors are never run", "custom_params",
               accepted=(None, {})),
-    **refused("only 1 is supported (every token is streamed as it comes)", "stream_interval", accepted=(None, 1)),
+    **refused("every token is streamed as it comes", "stream_interval", accepted=(None, 1)),
 }
 
 # what both OpenAI bodies take, with SGLang's extensions
@@ -108,15 +108,15 @@ _OPENAI_COMMON: dict[str, Rule] = {
 CHAT: dict[str, Rule] = {
     **_OPENAI_COMMON,
     **honoured("messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls"),
-    **refused("audio output is not supported (text only)", "audio"),
-    **refused("only text output is supported", "modalities", accepted=(None, ["text"])),
-    **refused("the deprecated functions API is not supported: send tools and tool_choice", "functions",
+    **refused("replies are text only", "audio"),
+    **refused("replies are text only", "modalities", accepted=(None, ["text"])),
+    **refused("the deprecated functions API: send tools and tool_choice", "functions",
               "function_call"),
     **refused("moderation is not run by this server", "moderation"),
     **refused("the model takes no reasoning effort or verbosity setting", "reasoning_effort", "verbosity"),
-    **refused("web search is not supported", "web_search_options"),
-    **refused("extra chat template variables are not supported", "chat_template_kwargs", accepted=(None, {})),
-    **refused("continuing the last assistant message is not supported: the reply starts a new one",
+    **refused("there is no web search", "web_search_options"),
+    **refused("the chat template takes no extra variables", "chat_template_kwargs", accepted=(None, {})),
+    **refused("the reply always starts a new assistant message",
               "continue_final_message", accepted=(None, False)),
     # there is no reasoning parser: a reply's reasoning stays in its content (what false asks)
     **refused("there is no reasoning parser: reasoning stays in the content", "separate_reasoning",
@@ -140,7 +140,7 @@ CHAT: dict[str, Rule] = {
 COMPLETION: dict[str, Rule] = {
     **_OPENAI_COMMON,
     **honoured("prompt", "best_of", "echo"),
-    **refused("a suffix after the completion (fill-in-the-middle) is not supported", "suffix", accepted=(None, "")),
+    **refused("there is no fill-in-the-middle (text after the completion)", "suffix", accepted=(None, "")),
 }
 
 BODIES: dict[str, dict[str, Rule]] = {"generate": GENERATE, "sampling_params": SAMPLING, "chat": CHAT,
@@ -161,7 +161,7 @@ def refuse(data: dict, body: str, where: str = "") -> None:
     for name, rule in BODIES[body].items():
         if rule.kind is Kind.REFUSED and name in data and not asks_for_nothing(data[name], rule, per_item):
             unset = " or ".join(map(_json, rule.accepted))
-            raise APIError(f"{where}{name}: {rule.why} (not supported by this server; leave it out or send {unset})",
+            raise APIError(f"{where}{name}: not supported by this server; {rule.why} (leave it out, or send {unset})",
                            param=name)
 
 
