@@ -62,6 +62,10 @@ class ServerArgs(BaseModel):
                         "(decodes and prefill chunks fused in each step) | sglang:<token budget> (SGLang's default: "
                         "prefill chunks first, decode otherwise) | partition-only / scheduler-only (Bullet's "
                         "dynamic split alone / its request scheduling alone: the paper's ablation)")
+    enable_priority_scheduling: bool = Field(
+        False, description="serve requests by their `priority` field: a higher value is admitted and prefilled first "
+        "under every policy, equal priorities in arrival order (SGLang's flag; off: every request in arrival order, "
+        "and a request with a priority other than null or 0 is refused)")
     prefill_layers_per_step: int = Field(4, ge=1, description="layers a prefill step runs before the scheduler runs again")
     partition_backend: Literal["auto", "cpu", "libsmctrl", "green-ctx", "mps-percentage", "none"] = Field(
         "auto", description="how compute units are divided between the workers: auto (cpu on a CPU; on a GPU the "

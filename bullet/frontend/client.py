@@ -110,7 +110,7 @@ class RuntimeClient:
 
     # -- requests ------------------------------------------------------------------------------
     async def submit(self, input_ids: list[int], params: SamplingParams, rid: str | None = None,
-                     group: str | None = None) -> RequestState:
+                     group: str | None = None, priority: int = 0) -> RequestState:
         validate_prompt(input_ids, params, self.vocab_size, self.max_context, self.pool_tokens)
         rid = rid or f"r{next(self._rids)}-{int(time.time() * 1000) % 10**8}"
         if rid in self.inflight:
@@ -121,7 +121,8 @@ class RuntimeClient:
         self.by_uid[state.uid] = state
         try:
             await self._to_prefill.send(encode(GenerateRequest(rid=rid, uid=state.uid, input_ids=state.prompt_ids,
-                                                               params=params, arrival=state.arrival)))
+                                                               params=params, arrival=state.arrival,
+                                                               priority=priority)))
         except BaseException:  # cancelled (the client went away) or the socket failed: forget it, leak nothing
             self._finish(state, Abort(message="not submitted"))
             raise

@@ -12,7 +12,7 @@ from bullet.loops.base import LoopCore, LoopEnv, Wake
 from bullet.policies.views import InflightPrefill, PrefillDecision, PrefillPolicy, PrefillView
 from bullet.shm.page_allocator import OutOfPages, PageAllocator
 from bullet.types.finish import Abort, Length
-from bullet.types.request import Request, Status
+from bullet.types.request import Request, Status, enqueue
 
 HANDOFF_SEEN_S = 1.0  # a live decode worker publishes many times a second
 
@@ -67,7 +67,7 @@ class PrefillCore(LoopCore):
         if self.cache is not None:
             self.cache.unpin(req.uid)  # handed back: the pin of its first admission goes
             self.cache.match(req)
-        self.queue.append(req)
+        enqueue(self.queue, req)  # by priority, then arrival: the order every prefill policy starts from
 
     def abort(self, uid: int, message: str) -> None:
         for req in self.queue:

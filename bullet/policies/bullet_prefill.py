@@ -30,7 +30,7 @@ from __future__ import annotations
 import bisect
 from typing import Callable
 
-from bullet.types.request import Request
+from bullet.types.request import Request, priority_first
 from bullet.types.slo import SLO
 from bullet.types.worker_state import Predictions
 from bullet.policies.predict import (
@@ -172,6 +172,9 @@ class BulletPrefillPolicy(PrefillPolicy):
         if not self.preemption or view.suspended is not None or not order:
             return []
         reserve = view.peer.batch_size + view.peer.queued_requests  # as `batch`: decode's next pages
+        # only the highest priority waiting may jump ahead: a lower one must not start before it
+        top = order[0].priority
+        order = [r for r in order if r.priority == top] if order[-1].priority != top else order
         chosen = choose_preemptors(view.now, inflight, remaining, order, ttfts, self.est, self.slo, units,
                                    view.peer.batch_size, self.max_tokens, view.free_pages - reserve, view.page_size)
         return chosen[:view.free_slots]  # fewer of them run sooner still: each still makes its target
@@ -202,7 +205,7 @@ class BulletPrefillPolicy(PrefillPolicy):
                   or (in_sjf[r] > self.slo.ttft_target(len(r.prompt_ids))
                       and in_fcfs[r] <= self.slo.ttft_target(len(r.prompt_ids)))]
         taken = set(urgent)  # requests hash by identity; a set keeps a long queue linear
-        return urgent + [r for r in sjf if r not in taken]
+        return priority_first(urgent + [r for r in sjf if r not in taken])
 
     # -- lines 10-13: batch until the arithmetic-intensity limit ---------------------------------
     def batch(self, order: list[Request], view: PrefillView) -> list[Request]:

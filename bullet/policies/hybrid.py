@@ -2,7 +2,7 @@
 
 * mixed (`chunked:<budget>`, Sarathi-Serve, SGLang with `--enable-mixed-chunk`, and the offline
   `bullet.LLM`): every step takes all running decodes first (one token each), then fills the rest of
-  a fixed token budget with prefill chunks in arrival order;
+  a fixed token budget with prefill chunks in arrival order (higher `priority` first);
 * prefill first (`sglang:<budget>`, SGLang's default): a step runs prefill chunks only — the
   continuation of a chunked prompt, then new prompts — up to the budget whenever there are any, and
   a decode-only step otherwise.
@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 from bullet.cache.prefix_cache import PrefixCache
 from bullet.shm.page_allocator import OutOfPages, PageAllocator
-from bullet.types.request import Request, Status
+from bullet.types.request import Request, Status, enqueue
 
 
 class Scheduled(NamedTuple):
@@ -46,7 +46,7 @@ class HybridScheduler:
     def add(self, req: Request) -> None:
         if self.cache is not None:
             self.cache.match(req)
-        self.waiting.append(req)
+        enqueue(self.waiting, req)  # by priority, then arrival (admission takes the head)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -75,7 +75,7 @@ class HybridScheduler:
             if victim is not keep:
                 self.release(victim, keep=False)
                 victim.reset_for_recompute()
-                self.waiting.appendleft(victim)
+                enqueue(self.waiting, victim, front=True)
                 self.preemptions += 1
                 return True
         return False
@@ -129,7 +129,7 @@ class HybridScheduler:
                             raise
             batch.append(make(Scheduled, (req, n)))  # Scheduled(req, n)
             budget -= n
-        # 2. new prompts, first come first served, while budget and memory last
+        # 2. new prompts, in queue order (priority, then first come first served), while budget and memory last
         while admit and self.waiting and budget > 0 and len(self.running) < self.max_running:
             req = self.waiting[0]
             if self.cache is not None:

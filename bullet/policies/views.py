@@ -48,7 +48,7 @@ class InflightPrefill:
 @dataclass
 class PrefillView:
     now: float
-    queue: Sequence[Request]  # waiting, in arrival order
+    queue: Sequence[Request]  # waiting: higher priority first, then in arrival order (types.request.enqueue)
     inflight: InflightPrefill | None
     peer: WorkerState  # the decode worker's last published state
     total_units: int

@@ -34,6 +34,7 @@ class GenerateRequest(Message):
     input_ids: list[int]
     params: SamplingParams
     arrival: float  # time.monotonic() at the frontend (CLOCK_MONOTONIC is system-wide on Linux)
+    priority: int = Field(0, ge=-(1 << 30), le=1 << 30)  # higher is prefilled first (Request.priority)
 
 
 class AbortRequest(Message):
@@ -56,6 +57,7 @@ class Handoff(Message):
     first_token_time: float
     output_logprobs: list[float | None] = []
     output_top_logprobs: list[list[tuple[int, float]] | None] = []
+    priority: int = Field(0, ge=-(1 << 30), le=1 << 30)  # kept should decode hand it back (Recompute)
     shared_pages: int = Field(0, ge=0)  # the first pages of page_table are the prefix cache's: never freed by decode
 
 
@@ -98,6 +100,7 @@ class Recompute(Message):
     output_logprobs: list[float | None] = []
     output_top_logprobs: list[list[tuple[int, float]] | None] = []
     reported: int = Field(0, ge=0)  # output tokens the frontend already has
+    priority: int = Field(0, ge=-(1 << 30), le=1 << 30)
 
 
 class RequestOutput(BaseModel):

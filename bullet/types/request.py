@@ -34,6 +34,7 @@ class Request:
     params: SamplingParams
     uid: int = field(default_factory=lambda: next(_uids))  # the server's id: unique per instance, owns pages
     arrival: float = field(default_factory=time.monotonic)
+    priority: int = 0  # higher is admitted and prefilled first (`enqueue`); equal ones in arrival order
     output_ids: list[int] = field(default_factory=list)
     page_table: list[int] = field(default_factory=list)
     num_cached: int = 0
@@ -82,6 +83,34 @@ class Request:
         """After preemption: its pages are gone, everything is recomputed on re-admission."""
         self.page_table, self.num_cached, self.status = [], 0, Status.WAITING
         self.shared_pages = 0
+
+
+def enqueue(queue, req: Request, front: bool = False) -> None:
+    """Put `req` in a waiting queue (a list or a deque) that every policy takes new requests from in
+    order: higher `priority` first, and among equal priorities in the order they were queued — or,
+    with `front`, ahead of its equals (a preempted request resumes before newer ones). With every
+    priority equal (the default, 0) this is append / appendleft: today's first come, first served."""
+    p = req.priority
+    if front:
+        i = 0
+        while i < len(queue) and queue[i].priority > p:
+            i += 1
+    else:
+        i = len(queue)
+        while i and queue[i - 1].priority < p:
+            i -= 1
+    if i == len(queue):
+        queue.append(req)
+    else:
+        queue.insert(i, req)
+
+
+def priority_first(order: list[Request]) -> list[Request]:
+    """A policy's own order of waiting requests (least predicted latency, ...) under the priority
+    order: higher priorities first, the policy's order among equals (a stable sort)."""
+    if len(order) < 2 or all(r.priority == order[0].priority for r in order):
+        return order
+    return sorted(order, key=lambda r: -r.priority)
 
 
 _prompts, _outputs = attrgetter("prompt_ids"), attrgetter("output_ids")

@@ -12,7 +12,8 @@ from bullet.workers.io import WorkerIO
 
 
 def request_from_generate(msg: GenerateRequest) -> Request:
-    return Request(rid=msg.rid, prompt_ids=msg.input_ids, params=msg.params, uid=msg.uid, arrival=msg.arrival)
+    return Request(rid=msg.rid, prompt_ids=msg.input_ids, params=msg.params, uid=msg.uid, arrival=msg.arrival,
+                   priority=msg.priority)
 
 
 def request_from_recompute(msg: Recompute) -> Request:
@@ -20,7 +21,7 @@ def request_from_recompute(msg: Recompute) -> Request:
     return Request(rid=msg.rid, prompt_ids=msg.prompt_ids, params=msg.params, uid=msg.uid, arrival=msg.arrival,
                    output_ids=list(msg.output_ids), output_logprobs=list(msg.output_logprobs),
                    output_top_logprobs=list(msg.output_top_logprobs), first_token_time=msg.first_token_time,
-                   reported=msg.reported)
+                   reported=msg.reported, priority=msg.priority)
 
 
 def request_from_handoff(msg: Handoff) -> Request:
@@ -30,7 +31,7 @@ def request_from_handoff(msg: Handoff) -> Request:
                    num_cached=len(msg.prompt_ids) + len(msg.output_ids) - 1,  # all but the token just sampled
                    shared_pages=msg.shared_pages, status=Status.RUNNING, output_logprobs=list(msg.output_logprobs),
                    output_top_logprobs=list(msg.output_top_logprobs), first_token_time=msg.first_token_time,
-                   reported=len(msg.output_ids))
+                   reported=len(msg.output_ids), priority=msg.priority)
 
 
 class MessageOutbox:
@@ -54,7 +55,7 @@ class MessageOutbox:
             rid=req.rid, uid=req.uid, prompt_ids=req.prompt_ids, output_ids=req.output_ids,
             page_table=req.page_table, params=req.params, arrival=req.arrival,
             first_token_time=req.first_token_time, output_logprobs=req.output_logprobs,
-            output_top_logprobs=req.output_top_logprobs, shared_pages=req.shared_pages))
+            output_top_logprobs=req.output_top_logprobs, shared_pages=req.shared_pages, priority=req.priority))
         self.io.send_outputs([self.output(req)])
 
     def tokens(self, reqs: Sequence[Request]) -> None:
@@ -67,7 +68,7 @@ class MessageOutbox:
         self.io.send_recompute(Recompute(
             rid=req.rid, uid=req.uid, prompt_ids=req.prompt_ids, output_ids=req.output_ids, params=req.params,
             arrival=req.arrival, first_token_time=req.first_token_time, output_logprobs=req.output_logprobs,
-            output_top_logprobs=req.output_top_logprobs, reported=req.reported))
+            output_top_logprobs=req.output_top_logprobs, reported=req.reported, priority=req.priority))
 
     def release(self, req: Request) -> None:
         self.io.send_to_prefill(Release(uid=req.uid, token_ids=req.all_ids[:req.num_cached], page_table=req.page_table,

@@ -155,7 +155,7 @@ OPENAI = [  # (case id, path, body, expected status, a word the message must con
     ("chat-regex-and-response-format", "/v1/chat/completions",
      msg(regex="a+", response_format={"type": "json_object"}), 400, "at most one"),
     ("completion-bad-regex", "/v1/completions", {"prompt": "hi", "regex": "[a-"}, 400, "regex"),
-    ("completion-best-of", "/v1/completions", {"prompt": "hi", "best_of": 3}, 400, "best_of"),
+    ("completion-best-of-below-n", "/v1/completions", {"prompt": "hi", "n": 3, "best_of": 2}, 400, "best_of"),
     ("completion-lora-path", "/v1/completions", {"prompt": "hi", "lora_path": "a"}, 400, "lora_path"),
     ("completion-logit-bias-key", "/v1/completions", {"prompt": "hi", "logit_bias": {"x": 1}}, 400, "logit_bias"),
     ("chat-max-tokens-2**63", "/v1/chat/completions", msg(max_tokens=2**63), 400, "max_tokens"),

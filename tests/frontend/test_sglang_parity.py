@@ -1,7 +1,7 @@
 """Where an SGLang user would notice a difference (issue 16): /generate with n > 1 (also through the
 real frontend's fork and the openai client's n), real input_top_logprobs, /abort_request by rid,
-`priority` accepted at its default (null or 0) and refused otherwise, and process titles that name
-each process's role."""
+`priority` accepted at its default (null or 0) and refused otherwise without
+--enable-priority-scheduling, and process titles that name each process's role."""
 
 from __future__ import annotations
 
@@ -221,7 +221,7 @@ def test_default_priority_is_accepted(server, path, body):
     ("/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "priority": -1}),
 ])
 def test_a_priority_is_refused_by_name(server, path, body):
-    """There is no priority scheduling: a request that asks for an order is told so, not ignored."""
+    """Without --enable-priority-scheduling a request that asks for an order is told so, not ignored."""
     status, out = server.post(path, body)
     assert status == 400 and "priority" in str(out), out
 

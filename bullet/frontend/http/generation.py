@@ -77,7 +77,7 @@ def check_batch_size(runtime: ServingRuntime, count: int, field: str) -> None:
 
 async def submit_all(runtime: ServingRuntime, jobs: list[tuple], why: str = "another prompt of the request was "
                      "rejected") -> list[RequestState]:
-    """Submit every (input ids, params, rid, group) job of one HTTP request, or none: a rejected job,
+    """Submit every (input ids, params, rid, group, priority) job of one HTTP request, or none: a rejected job,
     a full server or a cancelled handler (the client went away) aborts those already submitted."""
     check_batch_size(runtime, len(jobs), "text")
     cap, held = runtime.args.max_queued_requests, len(runtime.client.inflight)
@@ -96,12 +96,12 @@ async def submit_all(runtime: ServingRuntime, jobs: list[tuple], why: str = "ano
 
 
 async def submit(runtime: ServingRuntime, input_ids: list[int], params: SamplingParams,
-                 rid: str | None = None, group: str | None = None) -> RequestState:
+                 rid: str | None = None, group: str | None = None, priority: int | None = None) -> RequestState:
     if not runtime.healthy:
         raise APIError(f"the server is {runtime.status}; try again shortly", status=503, type_="server_error",
                        headers={"Retry-After": "5"})
     try:
-        return await runtime.client.submit(input_ids, params, rid, group)
+        return await runtime.client.submit(input_ids, params, rid, group, priority or 0)
     except RequestError as exc:
         raise APIError(str(exc)) from exc
 

@@ -73,7 +73,7 @@ async def generate(request: Request):
     rt = request.app.state.runtime
     body = await read_body(request, GenerateBody)
     items, batch = await prepare(rt, body)
-    states = await submit_all(rt, [(it.ids, it.params, it.rid, it.group) for it in items],
+    states = await submit_all(rt, [(it.ids, it.params, it.rid, it.group, body.priority) for it in items],
                               "another item of the batch was rejected")
     with_text = body.return_text_in_logprobs
     if body.stream:

@@ -125,12 +125,12 @@ def _usage(states) -> dict:
             "prompt_tokens_details": {"cached_tokens": sum(s.cached_tokens for s in states)}}
 
 
-async def _submit_all(rt, jobs, rid: str | None) -> list:
+async def _submit_all(rt, jobs, rid: str | None, priority: int | None = None) -> list:
     """Submit every (prompt ids, params) job; with a client rid and several jobs, job k is
     `<rid>-<k>` and /abort_request with the rid aborts them all."""
     if rid is None or len(jobs) == 1:
-        return await submit_all(rt, [(ids, params, rid) for ids, params in jobs])
-    return await submit_all(rt, [(ids, params, f"{rid}-{k}", rid) for k, (ids, params) in enumerate(jobs)])
+        return await submit_all(rt, [(ids, params, rid, None, priority) for ids, params in jobs])
+    return await submit_all(rt, [(ids, params, f"{rid}-{k}", rid, priority) for k, (ids, params) in enumerate(jobs)])
 
 
 async def _finals(request: Request, rt, states) -> list[Update]:
@@ -157,6 +157,32 @@ def _completion_logprobs(tok, st, n_top: int, offset0: int) -> dict:
     return {"tokens": tokens, "token_logprobs": list(st.output_logprobs), "top_logprobs": tops, "text_offset": offsets}
 
 
+def _best_of(body: CompletionBody) -> int:
+    """Samples drawn per prompt: best_of (default n), of which the n best are returned."""
+    if body.best_of is None or body.best_of == body.n:
+        return body.n
+    if not body.n <= body.best_of <= MAX_N:
+        raise APIError(f"best_of ({body.best_of}) must lie in n ({body.n})..{MAX_N}", param="best_of")
+    if body.stream:
+        raise APIError("best_of greater than n cannot be streamed (the best samples are known only when all have "
+                       "finished); send stream false, or best_of equal to n", param="best_of")
+    return body.best_of
+
+
+def cumulative_logprob(state) -> float:
+    """The sum of the log-probabilities of a sample's tokens (under the model's distribution)."""
+    return sum(lp for lp in state.output_logprobs if lp is not None)
+
+
+def _best(finals: list[Update], start: int, drawn: int, n: int) -> list[int]:
+    """Indices of the n samples of finals[start:start + drawn] with the highest cumulative
+    log-probability, best first (all of them, in order, when none is left out)."""
+    group = range(start, start + drawn)
+    if drawn == n:
+        return list(group)
+    return sorted(group, key=lambda k: -cumulative_logprob(finals[k].state))[:n]
+
+
 @router.post("/completions")
 async def completions(request: Request):
     rt = request.app.state.runtime
@@ -171,11 +197,13 @@ async def completions(request: Request):
         prompts = list(p)
     if not prompts or any(len(x) == 0 for x in prompts):
         raise APIError("prompt is empty", param="prompt")
-    check_batch_size(rt, len(prompts) * body.n, "prompt")
+    best_of = _best_of(body)
+    check_batch_size(rt, len(prompts) * best_of, "prompt")
     if body.max_tokens is not None and body.max_tokens < (0 if body.echo else 1):
         raise APIError("max_tokens must be at least 1 (0 is allowed only with echo)", param="max_tokens")
     want_lp = body.logprobs is not None
-    params = _params(body, body.max_tokens, 16, logprobs=want_lp, top_logprobs_num=body.logprobs or 0)
+    choosing = best_of > body.n  # samples are ranked by the log-probabilities of their tokens
+    params = _params(body, body.max_tokens, 16, logprobs=want_lp or choosing, top_logprobs_num=body.logprobs or 0)
     await _check_constraint(rt, body, params)
     if rt.tokenizer is None:  # dummy weights: token ids in, token counts out, no text
         if any(isinstance(x, str) for x in prompts):
@@ -190,12 +218,12 @@ async def completions(request: Request):
     encoded = await sized(size, lambda: [rt.tokenizer.encode(x) if isinstance(x, str) else list(x) for x in prompts])
     for ids in encoded:
         await sized(len(ids), check_fits, rt, ids, params, prompt_field="prompt", max_field="max_tokens")
-    jobs = [(ids, sample) for ids in encoded for sample in per_sample(params, body.n)]
-    states = await _submit_all(rt, jobs, body.rid)
+    jobs = [(ids, sample) for ids in encoded for sample in per_sample(params, best_of)]
+    states = await _submit_all(rt, jobs, body.rid, body.priority)
     cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     echoed = (await sized(size, lambda: [x if isinstance(x, str) else rt.tokenizer.decode(ids)
                                          for x, ids in zip(prompts, encoded)]) if body.echo else [""] * len(prompts))
-    echo_text = [echoed[k // body.n] for k in range(len(jobs))]
+    echo_text = [echoed[k // best_of] for k in range(len(jobs))]
 
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -223,11 +251,14 @@ async def completions(request: Request):
         return EventStream(events(), rt, states)
 
     finals = await _finals(request, rt, states)
+    kept = [k for p in range(len(prompts)) for k in _best(finals, p * best_of, best_of, body.n)]
     choices = []
-    for i, u in enumerate(finals):
-        lp = _completion_logprobs(rt.tokenizer, u.state, body.logprobs or 0, len(echo_text[i])) if want_lp else None
-        choices.append({"index": i, "text": echo_text[i] + u.text, "logprobs": lp,
+    for i, k in enumerate(kept):
+        u = finals[k]
+        lp = _completion_logprobs(rt.tokenizer, u.state, body.logprobs or 0, len(echo_text[k])) if want_lp else None
+        choices.append({"index": i, "text": echo_text[k] + u.text, "logprobs": lp,
                         "finish_reason": _finish_reason(u.state.finish_json)})
+    # usage counts every sample drawn (best_of of them per prompt): all of them were computed
     return JSONResponse({"id": cid, "object": "text_completion", "created": created, "model": model,
                          "choices": choices, "usage": _usage([u.state for u in finals])})
 
@@ -309,7 +340,7 @@ async def chat_completions(request: Request):
     await check_constraint(rt, params, where="request",
                            field="tools" if tool_constraint else _constraint_fields(body)[1])
     await sized(len(ids), check_fits, rt, ids, params, prompt_field="messages", max_field=max_field)
-    states = await _submit_all(rt, [(ids, sample) for sample in per_sample(params, body.n)], body.rid)
+    states = await _submit_all(rt, [(ids, sample) for sample in per_sample(params, body.n)], body.rid, body.priority)
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     fmt = parser_for(rt.args.tool_call_parser, getattr(rt.tokenizer.hf, "chat_template", None))
 

@@ -1,19 +1,19 @@
-"""Request bodies. Unknown top-level fields are accepted and ignored (clients send many unused
-ones: return_hidden_states, session_id, …); the fields we use are type-checked strictly (no "5" for
-5, no "yes" for true: a client that sends those has a bug worth reporting). Fields that would change
-the output but are not implemented (lora_path, custom_logit_processor, priority, best_of > n) are
-read so that a request asking for them is refused by name (`refuse_unimplemented`); at their
-defaults (null, as SGLang's clients send them) they are accepted."""
+"""Request bodies. The fields we use are type-checked strictly (no "5" for 5, no "yes" for true: a
+client that sends those has a bug worth reporting). Every field SGLang's and OpenAI's clients know
+is classified in `bullet.frontend.http.fields`: those we do not implement are refused by name when
+they ask for something (at their unset values — null, as SGLang's clients send them — they are
+accepted); fields no API defines (a client's own, such as session_id) are accepted and dropped."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, ClassVar, Union
 
 import pydantic_core
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bullet.frontend.http.errors import APIError
+from bullet.frontend.http.fields import refuse
 from bullet.frontend.http.offload import sized
 from engines.sampling_params import MAX_COUNT
 
@@ -24,9 +24,11 @@ Int = Annotated[int, Field(ge=-MAX_COUNT, le=MAX_COUNT)]
 
 class Body(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
+    registry: ClassVar[str | None] = None  # its table in bullet.frontend.http.fields
 
 
 class GenerateBody(Body):
+    registry: ClassVar[str | None] = "generate"
     text: Union[str, list[str], None] = None
     input_ids: Union[list[int], list[list[int]], None] = None
     sampling_params: Union[dict[str, Any], list[dict[str, Any]], None] = None
@@ -36,9 +38,7 @@ class GenerateBody(Body):
     top_logprobs_num: Union[Int, list[Int]] = 0
     return_text_in_logprobs: bool = False
     rid: Union[str, list[str], None] = None
-    priority: Int | None = None  # null or 0 only: there is no priority scheduling
-    lora_path: Any = None  # null only: no LoRA adapters
-    custom_logit_processor: Any = None  # null only
+    priority: Int | None = None  # higher first, with --enable-priority-scheduling (null: 0)
 
 
 class AbortBody(Body):
@@ -78,13 +78,13 @@ class OpenAISampling(Body):
     json_schema: Union[str, dict[str, Any], None] = None
     logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
     rid: str | None = None  # SGLang's extension: the id /abort_request takes (choices share it)
-    priority: Int | None = None  # null or 0 only: there is no priority scheduling
-    lora_path: Any = None  # null only: no LoRA adapters
+    priority: Int | None = None  # higher first, with --enable-priority-scheduling (null: 0)
 
 
 class CompletionBody(OpenAISampling):
+    registry: ClassVar[str | None] = "completion"
     prompt: Union[str, list[str], list[int], list[list[int]]]
-    best_of: Int | None = None  # null or n only: every sample is returned
+    best_of: Int | None = None  # samples to draw; the n with the highest cumulative logprob are returned
     logprobs: Int | None = Field(None, ge=0, le=20)
     echo: bool = False
 
@@ -98,6 +98,7 @@ class ChatMessage(Body):
 
 
 class ChatBody(OpenAISampling):
+    registry: ClassVar[str | None] = "chat"
     messages: list[ChatMessage]
     max_completion_tokens: Int | None = None
     logprobs: bool = False
@@ -107,21 +108,14 @@ class ChatBody(OpenAISampling):
     parallel_tool_calls: bool | None = None
 
 
-def refuse_unimplemented(body: Body) -> None:
-    """400 naming a top-level field that asks for something this server does not do."""
-    if getattr(body, "priority", None) not in (None, 0):
-        raise APIError("priority: priority scheduling is not supported by this server (send null or 0)",
+def check_priority(body: Body, enabled: bool) -> None:
+    """A priority other than the default (null or 0) needs --enable-priority-scheduling (off by
+    default, as in SGLang): without it every request is served in arrival order, so it is refused
+    by name rather than ignored."""
+    if not enabled and getattr(body, "priority", None) not in (None, 0):
+        raise APIError("priority: requests are served in arrival order; start the server with "
+                       "--enable-priority-scheduling to serve higher priorities first (or send null or 0)",
                        param="priority")
-    lora = getattr(body, "lora_path", None)
-    if lora not in (None, "") and not (isinstance(lora, list) and all(x in (None, "") for x in lora)):
-        raise APIError("lora_path: LoRA adapters are not supported by this server", param="lora_path")
-    if getattr(body, "custom_logit_processor", None) not in (None, ""):
-        raise APIError("custom_logit_processor: custom logit processors are not supported by this server",
-                       param="custom_logit_processor")
-    best_of, n = getattr(body, "best_of", None), getattr(body, "n", 1)
-    if best_of is not None and best_of != n:
-        raise APIError(f"best_of ({best_of}) must equal n ({n}): choosing the best of several samples is not "
-                       "supported by this server", param="best_of")
 
 
 def parse_json(raw: bytes):
@@ -144,13 +138,17 @@ def parse_json(raw: bytes):
 async def read_body(request: Request, model: type[Body]) -> Body:
     """The request's body, parsed and validated (in a thread when it is large)."""
     raw = await request.body()
-    return await sized(len(raw), parse_body, raw, model)
+    body = await sized(len(raw), parse_body, raw, model)
+    check_priority(body, request.app.state.runtime.args.enable_priority_scheduling)
+    return body
 
 
 def parse_body(raw: bytes, model: type[Body]) -> Body:
     data = parse_json(raw)
     if not isinstance(data, dict):
         raise APIError("the request body must be a JSON object")
+    if model.registry is not None:
+        refuse(data, model.registry)
     try:
         body = model.model_validate(data)
     except ValidationError as exc:
@@ -160,5 +158,4 @@ def parse_body(raw: bytes, model: type[Body]) -> Body:
             parts.append(f"{loc or 'body'}: {err['msg']}")
         first = exc.errors()[0]["loc"] if exc.errors() else ()
         raise APIError("invalid request: " + "; ".join(parts), param=str(first[0]) if first else None) from exc
-    refuse_unimplemented(body)
     return body

@@ -1,9 +1,9 @@
 """Client sampling fields → SamplingParams, with a 400 that names the bad field.
 
-SGLang's clients send every field they know, unset ones as null or at their default. A few fields
-we do not implement (`UNSUPPORTED`: LoRA, custom logit processors, no_stop_trim, ...) are accepted
-at those values and refused by name otherwise — never silently ignored, since they would change the
-output. Constrained decoding (regex, json_schema, ebnf, structural_tag: at most one) is checked here
+SGLang's clients send every field they know, unset ones as null or at their default. The fields we
+do not implement (`fields.SAMPLING`'s REFUSED ones: custom logit processors, no_stop_trim, ...) are
+accepted at those values and refused by name otherwise — never silently ignored, since they would
+change the output. Constrained decoding (regex, json_schema, ebnf, structural_tag: at most one) is checked here
 too: a grammar xgrammar cannot parse is a 400 that names the field and gives xgrammar's message."""
 
 from __future__ import annotations
@@ -14,30 +14,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from bullet.frontend.http.errors import APIError
+from bullet.frontend.http.fields import Kind, names, refuse
 from bullet.frontend.http.generation import require_tokenizer
 from engines.grammar import GrammarError, check, checked
 from engines.sampling_params import CONSTRAINTS, SamplingParams, validation_message
 
-# field -> (the values that mean "not asked for", why anything else is refused)
-UNSUPPORTED: dict[str, tuple[tuple, str]] = {
-    "lora_path": ((None, ""), "LoRA adapters are not supported by this server"),
-    "custom_params": ((None, {}), "custom logit processors (custom_params) are not supported by this server"),
-    "no_stop_trim": ((None, False), "only false is supported: the output always ends before a matched stop string"),
-    "spaces_between_special_tokens": ((None, True), "only true (the default) is supported"),
-    "stream_interval": ((None, 1), "only 1 is supported (every token is streamed as it comes)"),
-}
 CONSTRAINED = CONSTRAINTS
+REFUSED_SAMPLING = frozenset(names("sampling_params", Kind.REFUSED))  # read, refused or dropped
 MAX_N = 8
-
-
-def refuse_unsupported(fields: dict[str, Any], where: str) -> None:
-    """400 naming the first unsupported field that asks for something (see `UNSUPPORTED`)."""
-    for name in UNSUPPORTED:
-        if name in fields:
-            defaults, why = UNSUPPORTED[name]
-            value = fields[name]
-            if not any(value == d and type(value) is type(d) for d in defaults):
-                raise APIError(f"{where}.{name}: {why}", param=name)
 
 
 def build_sampling_params(fields: dict[str, Any] | None, *, where: str = "sampling_params",
@@ -46,9 +30,13 @@ def build_sampling_params(fields: dict[str, Any] | None, *, where: str = "sampli
         fields = {}
     if not isinstance(fields, dict):
         raise APIError(f"{where} must be a JSON object")
+    clash = sorted(k for k in overrides if k in fields)
+    if clash:  # these are the request's (return_logprob, ...): a value here would be overruled unseen
+        raise APIError(f"{where}.{clash[0]}: not a sampling parameter here; it is set by the request's own "
+                       "fields (return_logprob, top_logprobs_num, logprob_start_len)", param=clash[0])
     fields = {**fields, **overrides}
-    refuse_unsupported(fields, where)
-    fields = {k: v for k, v in fields.items() if k not in UNSUPPORTED}
+    refuse(fields, "sampling_params", f"{where}.")
+    fields = {k: v for k, v in fields.items() if k not in REFUSED_SAMPLING}
     for key in CONSTRAINED:
         value = fields.get(key)
         if value is not None and not isinstance(value, str) and not (isinstance(value, dict) and key in (
