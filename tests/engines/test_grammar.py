@@ -225,3 +225,17 @@ def test_keyword_names_used_as_property_names_are_fine():
                                                "uniqueItems": {"type": "boolean"}},
               "$defs": {"then": {"type": "string"}}, "items": {"uniqueItems": False}}
     check("json_schema", json.dumps(schema))
+
+
+def test_json_whitespace_is_bounded():
+    """A JSON output may not grow by whitespace alone (a small model otherwise writes newlines until its
+    token limit): at most JSON_MAX_WHITESPACE characters of it in one place, any JSON still allowed."""
+    from xgrammar.testing import _is_grammar_accept_string
+
+    from engines.grammar import JSON_MAX_WHITESPACE, parse
+
+    grammar = parse("json_schema", json.dumps({"type": "object", "properties": {"a": {"type": "integer"}},
+                                               "required": ["a"]}))
+    assert _is_grammar_accept_string(grammar, '{\n  "a": 1\n}')
+    assert _is_grammar_accept_string(grammar, "{" + " " * JSON_MAX_WHITESPACE + '"a": 1}')
+    assert not _is_grammar_accept_string(grammar, "{" + "\n" * (JSON_MAX_WHITESPACE + 1) + '"a": 1}')
