@@ -151,10 +151,11 @@ async def run_point(url: str, prompts: list[list[int]], arrivals: list[float], o
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         duration = time.perf_counter() - t0
-    why = f"stopped early at {duration:.0f} s" if early else f"the point's deadline ({deadline_s:.0f} s)"
+    why = (f"unfinished when the point stopped early ({duration:.0f} s)" if early
+           else f"unfinished at the point's deadline ({deadline_s:.0f} s)")
     for rec in records:
         if not rec.ok and not rec.error:
-            rec.error = f"unfinished at {why}"
+            rec.error = why
     return records, duration
 
 

@@ -257,21 +257,23 @@ class Run:
                 self._run(self.plan.step("mps-stop"), functions["mps-stop"], 15)
             self.results["run"]["elapsed_s"] = time.monotonic() - began
             self._write(final=True)
-            self._record_plan()
         progress(f"done in {time.monotonic() - began:.0f} s: {self.folder}")
         return 1 if setup_failed else 0
 
-    def _record_plan(self) -> None:
-        """This GPU plan's entry in the record beside the report folder (copied back with it)."""
+    def _record_plan(self, final: bool) -> None:
+        """This GPU plan's entry in the record beside the report folder (copied back with it),
+        rewritten with the report (a run stopped from outside still leaves its entry)."""
         if self.plan.device == "cpu":
             return  # the CPU smoke proves the orchestration: no device plan ran
         new = record.entry(self.results, self.folder)
         if new is None:
-            progress("record: not updated (no step beyond the setup ran)")
+            if final:
+                progress("record: not updated (no step beyond the setup ran)")
             return
         path = self.out_parent / "plans.json"
         record.update(path, self.plan.name, new, self.args.record)
-        progress(f"record: {path} says plan {self.plan.name} ran at {str(new['commit'])[:12]} on {new['date']}")
+        if final:
+            progress(f"record: {path} says plan {self.plan.name} ran at {str(new['commit'])[:12]} on {new['date']}")
 
     def _run(self, step: Step, function, timeout: float) -> tuple[dict, float]:
         progress(f"{step.name}: start (up to {timeout:.0f} s): {step.what}")
@@ -309,6 +311,7 @@ class Run:
         if final:
             self._pack_logs()
         report.write(self.results, self.folder)
+        self._record_plan(final)
 
     def _pack_logs(self) -> None:
         with tarfile.open(self.folder / "logs.tgz", "w:gz") as tar:
