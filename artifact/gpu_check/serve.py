@@ -257,9 +257,9 @@ def inflight(metrics_text: str) -> int | None:
 
 def _launch(ctx: Context, policy: str, backend: str, tokenizer: str | None, end: float,
             planned_s: float) -> Launch | str:
-    """A started server, or why it did not start: in at most 3x its planned start (a minute at
-    least), so that one server that cannot start leaves the others their time."""
-    startup = max(10.0, min(end - time.monotonic() - STOP_S - 5.0, max(60.0, 3.0 * planned_s)))
+    """A started server, or why it did not start: in at most 3x its planned start (the plan's
+    `least_start_s` at least), so that one server that cannot start leaves the others their time."""
+    startup = max(10.0, min(end - time.monotonic() - STOP_S - 5.0, max(ctx.plan.serve.least_start_s, 3.0 * planned_s)))
     launch = Launch(ctx, policy, backend, tokenizer, startup)
     progress(f"serve {policy} ({backend}): launching (up to {startup:.0f} s)")
     try:
