@@ -562,7 +562,8 @@ def test_the_same_arrivals_for_every_system_spanning_the_window():
     assert again == (prompts, times) and len(prompts) == len(times)
     assert times[0] == 0.0 and times[-1] < sp.window_s and times[-1] > sp.window_s - 2
     assert 12.0 * sp.window_s * 0.7 < len(times) < 12.0 * sp.window_s * 1.3
-    assert arrivals(sp, 6.0)[1] != times[:len(arrivals(sp, 6.0)[1])]  # another rate, other prompts and times
+    other = arrivals(sp, 6.0)[1]
+    assert other != times[:len(other)]  # another rate, other prompts and times
     assert drain_cap_s(sp, SLO.parse(sp.ttft_slo, sp.tpot_slo)) == pytest.approx(0.003 * 2048 + 0.05 * 127 + 1)
     page = "# HELP bullet:inflight_requests x\n# TYPE bullet:inflight_requests gauge\nbullet:inflight_requests 3.0\n"
     assert inflight(page) == 3 and inflight("bullet:up 1.0\n") is None
@@ -591,3 +592,15 @@ def test_the_report_shows_steady_state_points_and_judges_goodput(tmp_path):
     assert goals["steady-state goodput, best policy (bullet)"]["met"] is False  # 12 < 18
     ratio = goals["bullet's goodput over the best baseline's (chunked:1024)"]
     assert ratio["measured"] == pytest.approx(2.0) and ratio["met"] is True
+
+
+def test_a_replay_cell_whose_simulated_point_finished_nothing_says_so():
+    """A steady-state point whose requests the replay cut all has no predicted latency: the table says
+    '–' where the cell used to stop the replay step (a None formatted as a number); nor has a measured 0
+    a relative error."""
+    from artifact.sim_validation import _cell
+
+    row = {"measured": {"ttft_p50_s": 0.5}, "predicted": {"ttft_p50_s": None}, "error": {"ttft_p50_s": None}}
+    assert _cell(row, "ttft_p50_s") == "500ms / –"
+    zero = {"measured": {"out_tok_per_s": 0.0}, "predicted": {"out_tok_per_s": 12.0}, "error": {"out_tok_per_s": None}}
+    assert _cell(zero, "out_tok_per_s") == "0 / 12"  # no relative error of a measured 0
