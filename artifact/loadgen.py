@@ -45,6 +45,7 @@ class Record:
     itl: list[float] = field(default_factory=list)
     ok: bool = False
     error: str = ""
+    sent_s: float | None = None  # when it was really sent, from the point's start (None: never sent)
 
     @property
     def tpot(self) -> float | None:
@@ -119,9 +120,11 @@ async def _request(session, url: str, ids: list[int], output_tokens: int, rec: R
 
 
 async def run_point(url: str, prompts: list[list[int]], arrivals: list[float], output_tokens: int,
-                    deadline_s: float) -> tuple[list[Record], float]:
+                    deadline_s: float, stop_early=None) -> tuple[list[Record], float]:
     """Send every prompt at its arrival offset; returns the records and the point's duration (first
-    send to last finish, or to the deadline when requests were still running)."""
+    send to last finish, or to the deadline when requests were still running). `stop_early(records,
+    seconds)`, asked about 4 times a second, may end the point before its deadline (what is still
+    running is cancelled and counted as failed, as at the deadline)."""
     import aiohttp  # deferred: the load generator alone needs it
 
     records = [Record(len(ids), at) for ids, at in zip(prompts, arrivals)]
@@ -131,17 +134,28 @@ async def run_point(url: str, prompts: list[list[int]], arrivals: list[float], o
 
         async def launch(ids, rec):
             await asyncio.sleep(max(0.0, t0 + rec.arrival_s - time.perf_counter()))
+            rec.sent_s = time.perf_counter() - t0
             await _request(session, url, ids, output_tokens, rec)
 
         tasks = [asyncio.create_task(launch(ids, rec)) for ids, rec in zip(prompts, records)]
-        _, pending = await asyncio.wait(tasks, timeout=deadline_s)
+        pending, early = set(tasks), False
+        while pending:
+            left = t0 + deadline_s - time.perf_counter()
+            if left <= 0:
+                break
+            _, pending = await asyncio.wait(pending, timeout=min(left, 0.25) if stop_early else left)
+            if pending and stop_early is not None and stop_early(records, time.perf_counter() - t0):
+                early = True
+                break
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         duration = time.perf_counter() - t0
+    why = (f"unfinished when the point stopped early ({duration:.0f} s)" if early
+           else f"unfinished at the point's deadline ({deadline_s:.0f} s)")
     for rec in records:
         if not rec.ok and not rec.error:
-            rec.error = f"unfinished at the point's deadline ({deadline_s:.0f} s)"
+            rec.error = why
     return records, duration
 
 

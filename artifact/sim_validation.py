@@ -135,9 +135,13 @@ def _cell(row: dict, metric: str) -> str:
     scale, unit = (1.0, "") if metric == "out_tok_per_s" else (1e3, "ms")
     if m is None:
         return "–" if p is None else f"– / {p * scale:.0f}{unit}"
+    if p is None:  # the replay finished none of the point's requests (a steady-state point cut them all)
+        return f"{m * scale:.0f}{unit} / –"
     err = row["error"].get(metric)
     goal = GOALS.get(metric)
-    flag = "" if goal is None or err is None or abs(err) <= goal else " ✗"
+    if err is None:  # no relative error (a measured value of 0)
+        return f"{m * scale:.0f} / {p * scale:.0f}{unit}"
+    flag = "" if goal is None or abs(err) <= goal else " ✗"
     return f"{m * scale:.0f} / {p * scale:.0f}{unit} ({err:+.0%}{flag})"
 
 

@@ -84,9 +84,14 @@ def commit(root: Path, wheel_dir: Path, env: dict) -> tuple[str, str]:
 
 
 def slug(info: dict, plan_name: str) -> str:
-    """The report's folder name: the GPU's name and the date, e.g. nvidia-h200-2026-11-27."""
-    base = info.get("gpu") if plan_name == "gpu" else plan_name
-    return f"{re.sub(r'[^a-z0-9]+', '-', (base or 'unknown-gpu').lower()).strip('-')}-{info['date']}"
+    """The report's folder name: the GPU's name, the date and the plan, e.g. nvidia-h200-2026-11-27-serve
+    (the CPU smoke's: cpu-smoke-2026-11-27)."""
+    def clean(text: str) -> str:
+        return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+    if plan_name == "cpu-smoke":
+        return f"cpu-smoke-{info['date']}"
+    return f"{clean(info.get('gpu') or 'unknown-gpu')}-{info['date']}-{clean(plan_name)}"
 
 
 # -- MPS -------------------------------------------------------------------------------------------

@@ -81,6 +81,7 @@ def summary(json_path: Path) -> str:
     setups = [f"{system} {fit.get('attention_setup_s', 0.0) * 1e3:.0f} ms"
               for system, fit in fits if fit.get("new_lengths")]
     return "; ".join([f"{within} of {cells} P50/P90 cells within the goal" if cells else "no latency cell compared",
-                      *(f"median |error| {label} {medians[label]:.0%}" for label in ("P50", "P90") if label in medians),
+                      *(f"median |error| {label} {medians[label]:.0%}" for label in ("P50", "P90")
+                        if label in medians and medians[label] == medians[label]),  # NaN: no cell had both
                       *([f"set-up per new prompt length: {', '.join(setups)}"] if setups else [])])
 

@@ -1,13 +1,18 @@
-"""The served comparison of a device run: each system (`--policy` and partition backend) launched in
-turn on the same model, driven by `artifact.loadgen` at every rate with the same prompts and arrival
-times per point (seeded by the point, `artifact.bench_client.point_seed`), and stopped before the
-next one starts — its workers gone and no GPU memory left held.
+"""The served comparison of a device run, at steady state: each system (`--policy` and partition
+backend) launched once and driven by `artifact.loadgen` at every rate in turn, then stopped before
+the next one starts — its workers gone and no GPU memory left held.
 
-It takes whatever time the run has left and fits itself to it: before each system it plans that
-system's share of the time (its launch, as the first launch measured it, plus every point's arrivals
-and drain); when that does not fit, points get fewer requests (a shorter arrival window), then the
-middle rates go (the saturating rate stays, then the lightest), then the remaining systems are
-skipped, each with its reason in the report.
+Every system gets the same points: the rates and the systems are fixed once, from the time the
+step has, before the first launch (bullet first; a later system is never given other points than
+an earlier one). A point is `window_s` seconds of Poisson arrivals with the same prompts and
+arrival times for every system (seeded by the rate, `artifact.bench_client.point_seed`); its first
+`warmup_s` seconds are served but not scored; then it drains until every request finished, at most
+until the SLO's bound, sooner once every request left has certainly missed
+(`artifact.gpu_check.steady`: cut requests count as misses). Before the next point the server must
+be idle again (its `bullet:inflight_requests` at 0). When the time does not hold every system at
+every rate, the highest rates go first (down to `min_rates`), then the last systems (down to
+`min_systems`), each with its reason in the report; a system whose turn comes with too little time
+left for all its points is skipped whole, never shortened.
 
 Tokens without a tokenizer: servers start without `--tokenizer-path`; if one cannot answer token
 ids that way (the first request fails), it is started again with the plan's fallback tokenizer, and
@@ -16,6 +21,7 @@ so are the systems after it — the report says which."""
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import re
 import time
@@ -23,59 +29,31 @@ from pathlib import Path
 
 from artifact import loadgen
 from artifact.bench_client import point_seed
-from artifact.gpu_check import machine
+from artifact.gpu_check import machine, steady
+from artifact.gpu_check.serve_budget import PROFILE_S, SETTLE_CAP_S, SETTLE_S, STOP_S, fit, system_cost
 from artifact.gpu_check.plan import ServePlan
 from artifact.gpu_check.procs import progress
 from artifact.gpu_check.steps import Context, result
-from artifact.scoring import goodput
 from artifact.server import BulletServer, system_slug
 from bullet.types.slo import SLO
 
 SEED = 1
-STOP_S = 10.0     # SIGTERM to a server gone, planned
-PROFILE_S = 75.0  # what a bullet launch adds when it must measure its profile itself
+TERM_WAIT_S = 10.0  # SIGTERM's grace (the server drains for --shutdown-timeout), SIGKILL after
 
 
-def point_requests(sp: ServePlan, rate: float, window: float) -> int:
-    return max(sp.min_requests, round(rate * window))
+def arrivals(sp: ServePlan, rate: float) -> tuple[list[list[int]], list[float]]:
+    """A point's prompts and Poisson arrival times within its window: the same for every system."""
+    seed = point_seed(SEED, list(sp.rates).index(rate), 0)
+    n = math.ceil(rate * sp.window_s * 1.5) + 20  # Poisson counts rarely reach 1.5x their mean plus 20
+    prompts, times = loadgen.workload(n, rate, seed, sp.vocab, sp.prompt_tokens)
+    keep = sum(1 for t in times if t < sp.window_s)
+    return prompts[:keep], times[:keep]
 
 
-def point_seconds(sp: ServePlan, rate: float, window: float) -> float:
-    """The longest a point takes: its arrivals (at least `min_requests` of them) and the drain."""
-    return max(window, sp.min_requests / rate) + drain_for(sp, window) + 1.0
-
-
-def drain_for(sp: ServePlan, window: float) -> float:
-    return max(2.0, sp.drain_s * window / sp.window_s)
-
-
-def fit(sp: ServePlan, seconds: float, launches: list[float]) -> tuple[list[float], float] | None:
-    """(rates, arrival window) for the next system, given `seconds` for it and the systems after it,
-    whose starts are planned to take `launches` (this one's first). Every system gets the same points;
-    when they do not fit, the window shrinks, then rates go, then the last systems are given up (they
-    are skipped when their turn comes); None when not even this system's saturating point fits."""
-    for count in range(len(launches), 0, -1):
-        fixed = sum(launches[:count]) + STOP_S * count
-        rates, window = list(sp.rates), sp.window_s
-
-        def cost(rates, window):
-            return fixed + count * sum(point_seconds(sp, r, window) for r in rates)
-
-        while cost(rates, window) > seconds and window > sp.min_window_s:
-            window = max(sp.min_window_s, window * 0.75)
-        while cost(rates, window) > seconds and len(rates) > 1:
-            rates.pop(1 if len(rates) > 2 else 0)  # the middle ones, then the lightest: saturation stays
-        if cost(rates, window) <= seconds:
-            return rates, window
-    return None
-
-
-def same_points(planned: tuple[list[float], float], first: tuple[list[float], float]) -> tuple[list[float], float]:
-    """A later system's points, never more than the first system's: when starts went faster than
-    planned the time left grows, but a comparison needs every system at the same rates and window
-    (on 2026-11-26 the first system got only the saturating rate, the later ones all three)."""
-    rates = [r for r in planned[0] if r in first[0]] or planned[0][-1:]
-    return rates, min(planned[1], first[1])
+def drain_cap_s(sp: ServePlan, slo: SLO) -> float:
+    """After the last arrival, the point ends at most this much later: the longest a request can
+    take and still attain, and a second for sends that ran late. Whatever it cuts had missed."""
+    return steady.slo_bound_s(slo, sp.prompt_tokens[1], sp.output_tokens) + 1.0
 
 
 def fallback_tokenizer(ctx: Context) -> str | None:
@@ -123,7 +101,7 @@ class Launch:
     def stop(self) -> dict:
         """SIGTERM (the server drains for --shutdown-timeout), SIGKILL after; then whatever is left
         of its process group; then wait for the GPU memory to be released."""
-        code = self.server.terminate(timeout=STOP_S)
+        code = self.server.terminate(timeout=TERM_WAIT_S)
         leftovers = self.server.kill_group()
         held = machine.wait_gpu_released()
         return {"exit": code, "killed_leftover_pids": leftovers, "gpu_memory_held_after": held}
@@ -133,46 +111,57 @@ def serve_step(ctx: Context, timeout: float) -> dict:
     sp = ctx.plan.serve
     end = time.monotonic() + timeout
     slo = SLO.parse(sp.ttft_slo, sp.tpot_slo)
+    launches = [sp.launch_s + (PROFILE_S if p == "bullet" and ctx.profile is None else 0.0) for p, _ in sp.systems]
+    chosen = fit(sp, timeout, launches)
+    workload = {"prompt_tokens": list(sp.prompt_tokens), "output_tokens": sp.output_tokens, "vocab": sp.vocab,
+                "arrivals": "Poisson", "ignore_eos": True, "window_s": sp.window_s, "warmup_s": sp.warmup_s,
+                "drain_cap_s": drain_cap_s(sp, slo), "seed": SEED}
+    if chosen is None:
+        least = sum(system_cost(sp, x, sp.min_rates) for x in launches[:sp.min_systems])
+        return result("skipped", f"{timeout:.0f} s: not even {sp.min_systems} systems at {sp.min_rates} rates fit "
+                                 f"(planned {least:.0f} s)", slo=slo.describe(), workload=workload, systems={})
+    count, rates = chosen
+    progress(f"serve: {count} of {len(sp.systems)} systems at {', '.join(f'{r:g}' for r in rates)} req/s in "
+             f"{timeout:.0f} s (planned {sum(system_cost(sp, x, len(rates)) for x in launches[:count]):.0f} s)")
+    points = {rate: arrivals(sp, rate) for rate in rates}
+    dropped = [f"{r:g} req/s" for r in sp.rates if r not in rates]
     tokenizer: str | None = None
-    launch_s = sp.launch_s
     systems: dict[str, dict] = {}
-    first: tuple[list[float], float] | None = None
     for i, (policy, backend) in enumerate(sp.systems):
-        launches = [launch_s + (PROFILE_S if p == "bullet" and ctx.profile is None else 0.0) for p, _ in sp.systems[i:]]
-        planned = fit(sp, end - time.monotonic(), launches)
-        if planned is not None and first is not None:
-            planned = same_points(planned, first)
-        first = first or planned
-        if planned is None:
-            systems[policy] = {"backend": backend, "skipped": f"{end - time.monotonic():.0f} s left: not one point fits"}
+        if i >= count:
+            systems[policy] = {"backend": backend, "skipped": f"dropped before the first launch: {count} systems at "
+                                                              f"{len(rates)} rates filled the step's {timeout:.0f} s"}
+            continue
+        left, need = end - time.monotonic(), system_cost(sp, launches[i], len(rates))
+        if left < need:
+            systems[policy] = {"backend": backend, "skipped": f"{left:.0f} s left, its points take {need:.0f} s "
+                                                              "(the earlier systems ran longer than planned)"}
             progress(f"serve {policy}: skipped ({systems[policy]['skipped']})")
             continue
-        rates, window = planned
-        out, tokenizer = _one_system(ctx, policy, backend, rates, window, slo, tokenizer, end)
+        out, tokenizer = _one_system(ctx, policy, backend, rates, points, slo, tokenizer, end, launches[i])
         systems[policy] = out
         if out.get("launch_s") and not (policy == "bullet" and ctx.profile is None):
-            launch_s = out["launch_s"]  # the next starts are planned on this one's
-    ran = [s for s in systems.values() if s.get("per_rate")]
-    for s in ran:
-        s["goodput_req_s"] = goodput({float(r): p for r, p in s["per_rate"].items()})
-    status = "pass" if len(ran) == len(sp.systems) and all(not s.get("error") for s in systems.values()) else "fail"
-    saturated = {s["policy"]: max(p["req_per_s"] for p in s["per_rate"].values()) for s in ran}
-    best = max(saturated, key=saturated.get, default=None)
-    summary = f"{len(ran)} of {len(sp.systems)} systems served" + (
-        f"; highest throughput {saturated[best]:.2f} req/s ({best})" if best else "")
-    return result(status, summary, systems=systems, slo=slo.describe(), seed=SEED,
-                  workload={"prompt_tokens": list(sp.prompt_tokens), "output_tokens": sp.output_tokens,
-                            "vocab": sp.vocab, "arrivals": "Poisson", "ignore_eos": True})
+            # the next starts are planned on this one's (only to skip a system that cannot finish)
+            launches[i + 1:] = [out["launch_s"] for _ in sp.systems[i + 1:]]
+    ran = {name: s for name, s in systems.items() if s.get("per_rate")}
+    for s in ran.values():
+        s.update(steady.goodput_summary({float(r): p for r, p in s["per_rate"].items()}))
+    status = "pass" if len(ran) == count and all(not s.get("error") for s in systems.values()) else "fail"
+    summary = f"{len(ran)} of {len(sp.systems)} systems served at {', '.join(f'{r:g}' for r in rates)} req/s"
+    if ran:
+        summary += "; goodput " + ", ".join(f"{n} {s['goodput_req_s']:g}" for n, s in ran.items()) + " req/s"
+    return result(status, summary, systems=systems, slo=slo.describe(), seed=SEED, rates=rates,
+                  dropped_rates=dropped, workload=workload)
 
 
-def _one_system(ctx: Context, policy: str, backend: str, rates: list[float], window: float, slo: SLO,
-                tokenizer: str | None, end: float) -> tuple[dict, str | None]:
+def _one_system(ctx: Context, policy: str, backend: str, rates: list[float], points: dict, slo: SLO,
+                tokenizer: str | None, end: float, planned_launch: float) -> tuple[dict, str | None]:
     sp = ctx.plan.serve
-    drain = drain_for(sp, window)
-    out: dict = {"policy": policy, "backend": backend, "tokenizer": tokenizer, "window_s": window, "drain_s": drain,
-                 "mps": ctx.mps_on}
+    cap = drain_cap_s(sp, slo)
+    out: dict = {"policy": policy, "backend": backend, "tokenizer": tokenizer, "window_s": sp.window_s,
+                 "warmup_s": sp.warmup_s, "drain_cap_s": cap, "mps": ctx.mps_on}
     details = ctx.logs / f"bench-{system_slug(policy)}.jsonl"
-    launch = _launch(ctx, policy, backend, tokenizer, end)
+    launch = _launch(ctx, policy, backend, tokenizer, end, planned_launch)
     if isinstance(launch, str):
         out["error"] = launch
         return out, tokenizer
@@ -183,7 +172,7 @@ def _one_system(ctx: Context, policy: str, backend: str, rates: list[float], win
             out["tokenless_error"] = warm.error
             out.update(launch.stop())
             tokenizer = out["tokenizer"] = fallback
-            launch = _launch(ctx, policy, backend, tokenizer, end)
+            launch = _launch(ctx, policy, backend, tokenizer, end, planned_launch)
             if isinstance(launch, str):
                 out["error"] = launch
                 return out, tokenizer
@@ -194,18 +183,32 @@ def _one_system(ctx: Context, policy: str, backend: str, rates: list[float], win
             return out, tokenizer
         out["per_rate"] = {}
         for rate in rates:
-            index = list(sp.rates).index(rate)
-            n = point_requests(sp, rate, window)
-            prompts, arrivals = loadgen.workload(n, rate, point_seed(SEED, index, 0), sp.vocab, sp.prompt_tokens)
-            deadline = min(arrivals[-1] + drain, max(1.0, end - time.monotonic() - STOP_S))
-            records, duration = asyncio.run(loadgen.run_point(launch.server.url, prompts, arrivals, sp.output_tokens, deadline))
+            prompts, times = points[rate]
+            room = end - time.monotonic() - STOP_S
+            if room < times[-1] + 1.0:  # not even its arrivals fit: no truncated point
+                out["not_served"] = f"{', '.join(f'{r:g}' for r in rates[rates.index(rate):])} req/s: {room:.0f} s left"
+                progress(f"serve {policy}: {out['not_served']}")
+                break
+            deadline = min(times[-1] + cap, room)
+
+            def stop(records, now, times=times):
+                return now >= times[-1] and steady.nothing_left_to_attain(records, now, slo, sp.output_tokens)
+
+            records, duration = asyncio.run(loadgen.run_point(launch.server.url, prompts, times, sp.output_tokens,
+                                                              deadline, stop_early=stop))
             loadgen.write_bench_file(details, loadgen.bench_details(records, duration, rate, policy))
-            point = loadgen.summary(records, duration, slo)
-            point.update(seed=point_seed(SEED, index, 0), arrival_window_s=window)
+            out_of_time = deadline < times[-1] + cap and duration >= deadline - 0.5  # the step's end cut it
+            point = steady.point_summary(records, duration, slo, sp.warmup_s, sp.window_s)
+            point.update(seed=point_seed(SEED, list(sp.rates).index(rate), 0), arrival_window_s=sp.window_s,
+                         ended=ended(records, out_of_time))
+            point["settle_s"], point["inflight_after"] = asyncio.run(settle(launch.server.url))
             out["per_rate"][f"{rate:g}"] = point
-            progress(f"serve {policy} @ {rate:g} req/s: {point['completed']}/{n} done, {point['req_per_s']:.2f} req/s, "
+            progress(f"serve {policy} @ {rate:g} req/s: {point['completed']}/{point['measured']} measured done "
+                     f"({point['warmup_requests']} warm-up, {point['cut']} cut), {point['req_per_s']:.2f} req/s, "
                      f"TPOT p50 {_ms(point['tpot_p50_s'])}, TTFT p50 {_ms(point['ttft_p50_s'])}, "
-                     f"attained {point['attainment']:.0%}")
+                     f"attained {point['attainment']:.0%}; {point['ended']} after {duration:.1f} s")
+            if out_of_time:
+                break
     finally:
         if not isinstance(launch, str):
             out.update(launch.stop())
@@ -213,9 +216,50 @@ def _one_system(ctx: Context, policy: str, backend: str, rates: list[float], win
     return out, tokenizer
 
 
-def _launch(ctx: Context, policy: str, backend: str, tokenizer: str | None, end: float) -> Launch | str:
-    """A started server, or why it did not start."""
-    startup = max(10.0, end - time.monotonic() - STOP_S - 5.0)
+def ended(records, out_of_time: bool) -> str:
+    """How a point ended: drained (every request finished), stopped early (every request left had
+    missed), cut at the drain's bound, or cut by the step's end."""
+    cut = [r.error for r in records if not r.ok and r.error.startswith("unfinished")]
+    if not cut:
+        return "drained"
+    if any("stopped early" in e for e in cut):
+        return "stopped early (every request left had missed)"
+    return "cut by the step's end" if out_of_time else "cut at the drain's bound"
+
+
+async def settle(url: str, cap_s: float = SETTLE_CAP_S) -> tuple[float, int | None]:
+    """Wait until the server holds no request (`bullet:inflight_requests` 0: the cut ones aborted),
+    at most `cap_s`; (seconds waited, requests still held or None when /metrics did not say)."""
+    import aiohttp  # deferred: the load generator's client
+
+    began = time.monotonic()
+    held: int | None = None
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+        while True:
+            try:
+                async with session.get(url + "/metrics") as resp:
+                    held = inflight(await resp.text())
+                if held is None:  # a page without the gauge: nothing to wait on but the planned pause
+                    await asyncio.sleep(SETTLE_S)
+                    return time.monotonic() - began, None
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                held = None
+            if held == 0 or time.monotonic() - began >= cap_s:
+                return time.monotonic() - began, held
+            await asyncio.sleep(0.2)
+
+
+def inflight(metrics_text: str) -> int | None:
+    """`bullet:inflight_requests` of a /metrics page (None when it has none)."""
+    m = re.search(r"^bullet:inflight_requests(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$", metrics_text, re.M)
+    return int(float(m.group(1))) if m else None
+
+
+def _launch(ctx: Context, policy: str, backend: str, tokenizer: str | None, end: float,
+            planned_s: float) -> Launch | str:
+    """A started server, or why it did not start: in at most 3x its planned start (the plan's
+    `least_start_s` at least), so that one server that cannot start leaves the others their time."""
+    startup = max(10.0, min(end - time.monotonic() - STOP_S - 5.0, max(ctx.plan.serve.least_start_s, 3.0 * planned_s)))
     launch = Launch(ctx, policy, backend, tokenizer, startup)
     progress(f"serve {policy} ({backend}): launching (up to {startup:.0f} s)")
     try:
