@@ -44,7 +44,7 @@ from artifact.gpu_check.procs import progress
 ROOT = Path(__file__).resolve().parents[2]
 RECORD = ROOT / "docs" / "gpu" / "plans.json"
 RUN_COMMAND = ("BULLET_COMMIT=<git rev-parse HEAD> OUT=<dir> bash scripts/gpu_check.sh --plan {plan}  "
-               "(on the GPU machine, .gpu-wheels/ beside it)")
+               "(on the GPU machine, .gpu-wheels/ and .gpu-sources/ beside it)")
 
 
 def _serve_step(ctx, timeout: float) -> dict:

@@ -99,7 +99,7 @@ STEPS = (
     Step("build", 90, 15, 10, "the C extension: python3 setup.py build_ext --inplace", setup=True),
     Step("libsmctrl", 60, 20, 10, "libsmctrl built from the source carried with the checkout"),
     Step("doctor-nomps", 70, 30, 20, "bullet doctor -v --json, MPS off"),
-    Step("sm-probe", 150, 90, 40, "isolation probe counting SMs (spin blocks on %globaltimer) beside FMA, copy "
+    Step("sm-probe", 240, 200, 60, "isolation probe counting SMs (spin blocks on %globaltimer) beside FMA, copy "
                                   "and GEMM probes, with clocks and power, per partition configuration"),
     Step("bench", 120, 55, 30, "engine micro-benchmark: copy and GEMM rates, prefill, decode graphs off/on vs floor, "
                                 "mixed steps split or not, fused stages or torch lines"),
