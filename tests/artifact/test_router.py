@@ -88,10 +88,20 @@ def test_a_shared_prefix_goes_to_one_replica(cache_aware, replicas):
     assert sorted(got) == [0, 6], f"requests per replica: {got}"
 
 
-def test_a_killed_replica_is_routed_around(round_robin, replicas):
+@pytest.fixture
+def victim_and_router(replicas):
+    """A third replica (on the first replica's core) and a round-robin router over it and the second
+    replica: the test kills the victim, and the module's replicas and routers stay as they were (the
+    tests run in any order)."""
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    with ServerProcess(*REPLICA_ARGS, "--cores", str(cores[0])) as victim, \
+            SGLangRouter([victim.url, replicas[1].url], "round_robin") as router:
+        yield victim, replicas[1], router
+
+
+def test_a_killed_replica_is_routed_around(victim_and_router):
     """Round-robin would send every other request to the dead replica: each must still succeed."""
-    router = round_robin
-    victim, survivor = replicas
+    victim, survivor, router = victim_and_router
     pids = list(victim.worker_pids().values())
     instance = victim.instance_id
     victim.proc.send_signal(signal.SIGKILL)

@@ -38,7 +38,16 @@ def generate(server, ids, params=GREEDY):
     return body
 
 
+def flushed(server) -> None:
+    """The server with an empty prefix cache (the tests of this module run in any order)."""
+    wait_idle(server)
+    status, body = server.post("/flush_cache", {})
+    assert status == 200, body
+    wait_for(lambda: server.state()["kv_pages_cached"] == 0, 10, "the cache to empty")
+
+
 def test_second_turn_is_cached_and_matches_a_cold_engine(warm, offline):
+    flushed(warm)  # turn 1 must meet a cold cache (another test may have served the same text)
     ids = offline.encode(TEXT * 3)
     turn1 = ids[:150]  # ends mid-page: its last 6 tokens are recomputed
     first = generate(warm, turn1)
@@ -92,6 +101,9 @@ def test_multi_turn_replay_reuses_each_conversation_history(warm):
 
 
 def test_metrics_export_the_hit_rate(warm):
+    ids = list(range(2000, 2100))  # a hit of this test's own, whatever ran before it
+    generate(warm, ids)
+    assert generate(warm, ids + [9])["meta_info"]["cached_tokens"] > 0
     status, text = warm.get("/metrics")
     assert status == 200
     model = {"model_name": warm.get("/model_info")[1]["served_model_name"]}
