@@ -34,6 +34,17 @@ def _result(count: float, seconds: float, unit: str, **extra) -> dict:
     return {"count": count, "seconds": seconds, "rate": count / seconds if seconds > 0 else 0.0, "unit": unit, **extra}
 
 
+def _repeat_for(seconds: float, once, per_call: int = 1) -> tuple[int, float]:
+    """Call `once` until `seconds` have passed (at least once): (units of work done, seconds taken)."""
+    n, t0 = 0, time.perf_counter()
+    while True:
+        once()
+        n += per_call
+        elapsed = time.perf_counter() - t0
+        if elapsed >= seconds:
+            return n, elapsed
+
+
 class SpinLoop:
     def __init__(self, kernels, torch, stream_handle, units: int, graph: bool = False):
         self.k, self.torch, self.units, self.graph = kernels, torch, units, graph
@@ -60,13 +71,7 @@ class SpinLoop:
         self.k.sync(stream)
 
     def run(self, seconds: float) -> dict:
-        n, t0 = 0, time.perf_counter()
-        while True:
-            self._burst()
-            n += self.launches
-            elapsed = time.perf_counter() - t0
-            if elapsed >= seconds:
-                break
+        n, elapsed = _repeat_for(seconds, self._burst, self.launches)
         blocks = n * self.blocks
         smids, starts = self.smids.cpu().tolist(), self.starts.cpu().tolist()
         return _result(blocks, elapsed, "blocks", effective_units=blocks / elapsed * SPIN_NS / 1e9,
@@ -112,13 +117,7 @@ class FmaLoop:
         self.k.sync(stream)
 
     def run(self, seconds: float) -> dict:
-        n, t0 = 0, time.perf_counter()
-        while True:
-            self._burst()
-            n += self.launches
-            elapsed = time.perf_counter() - t0
-            if elapsed >= seconds:
-                break
+        n, elapsed = _repeat_for(seconds, self._burst, self.launches)
         return _result(n * self.flop / 1e12, elapsed, "Tflop")
 
 
@@ -138,13 +137,7 @@ class CopyLoop:
         self.k.sync(stream)
 
     def run(self, seconds: float) -> dict:
-        n, t0 = 0, time.perf_counter()
-        while True:
-            self._copy()
-            n += 1
-            elapsed = time.perf_counter() - t0
-            if elapsed >= seconds:
-                break
+        n, elapsed = _repeat_for(seconds, self._copy)
         return _result(n * 2 * self.nbytes / 1e9, elapsed, "GB")  # read + write
 
 
@@ -195,11 +188,5 @@ class TorchCopyLoop:
         self.nbytes = mib << 20
 
     def run(self, seconds: float) -> dict:
-        n, t0 = 0, time.perf_counter()
-        while True:
-            self.dst.copy_(self.src)
-            n += 1
-            elapsed = time.perf_counter() - t0
-            if elapsed >= seconds:
-                break
+        n, elapsed = _repeat_for(seconds, lambda: self.dst.copy_(self.src))
         return _result(n * 2 * self.nbytes / 1e9, elapsed, "GB")
