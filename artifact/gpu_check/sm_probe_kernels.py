@@ -8,13 +8,10 @@ machine; launching needs a device and caller-owned device buffers (torch tensors
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import subprocess
 from pathlib import Path
 
-from bullet.doctor.smid_probe import find_nvcc
-from bullet.partition.gpu_helper import cache_dir
+from bullet.doctor.smid_probe import build_cuda_library
 
 SOURCE = Path(__file__).resolve().parents[2] / "csrc" / "sm_probe.cu"
 ABI_VERSION = 2
@@ -25,31 +22,9 @@ class KernelsUnavailable(RuntimeError):
     pass
 
 
-def build_command(arch: str, out: Path, nvcc: str) -> list[str]:
-    return [nvcc, "-shared", "-Xcompiler", "-fPIC", "-O2", "-gencode", f"arch=compute_{arch},code=sm_{arch}",
-            str(SOURCE), "-o", str(out)]
-
-
 def build(arch: str, out_dir: Path | None = None, nvcc: str | None = None) -> Path:
     """Compile for `arch` (e.g. "90" for sm_90) once per source hash; the library's path."""
-    if not SOURCE.is_file():
-        raise KernelsUnavailable(f"probe source {SOURCE} not found (use a source checkout of Bullet)")
-    nvcc = nvcc or find_nvcc()
-    if nvcc is None:
-        raise KernelsUnavailable("nvcc not found (install the CUDA toolkit or set CUDA_HOME)")
-    key = hashlib.sha256(SOURCE.read_bytes() + arch.encode() + nvcc.encode()).hexdigest()[:16]
-    out_dir = Path(out_dir) if out_dir is not None else cache_dir()
-    out = out_dir / f"libbullet_sm_probe-sm{arch}-{key}.so"
-    if out.is_file():
-        return out
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
-    cmd = build_command(arch, tmp, nvcc)
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise KernelsUnavailable(f"nvcc failed: {' '.join(cmd)}\n{done.stderr}")
-    os.replace(tmp, out)
-    return out
+    return build_cuda_library(SOURCE, "libbullet_sm_probe", arch, KernelsUnavailable, out_dir, nvcc)
 
 
 class Kernels:

@@ -32,27 +32,35 @@ def find_nvcc() -> str | None:
     return shutil.which("nvcc")
 
 
-def build_probe(arch: str, out_dir: Path | None = None, nvcc: str | None = None) -> Path:
-    """Compile the probe for `arch` (e.g. "80" for sm_80) and return the shared library's path."""
-    if not SOURCE.is_file():
-        raise ProbeUnavailable(f"probe source {SOURCE} not found (use a source checkout of Bullet)")
+def build_cuda_library(source: Path, stem: str, arch: str, unavailable: type[Exception],
+                       out_dir: Path | None = None, nvcc: str | None = None) -> Path:
+    """Compile the CUDA source `source` for `arch` (e.g. "80" for sm_80) into a shared library, once per
+    source, arch and compiler (cached under `out_dir`, by default $BULLET_CACHE_DIR/gpu); its path.
+    Whatever is missing or fails raises `unavailable` with the reason."""
+    if not source.is_file():
+        raise unavailable(f"probe source {source} not found (use a source checkout of Bullet)")
     nvcc = nvcc or find_nvcc()
     if nvcc is None:
-        raise ProbeUnavailable("nvcc not found (install the CUDA toolkit or set CUDA_HOME)")
-    key = hashlib.sha256(SOURCE.read_bytes() + arch.encode() + nvcc.encode()).hexdigest()[:16]
+        raise unavailable("nvcc not found (install the CUDA toolkit or set CUDA_HOME)")
+    key = hashlib.sha256(source.read_bytes() + arch.encode() + nvcc.encode()).hexdigest()[:16]
     out_dir = Path(out_dir) if out_dir is not None else cache_dir()
-    out = out_dir / f"libbullet_smid_probe-sm{arch}-{key}.so"
+    out = out_dir / f"{stem}-sm{arch}-{key}.so"
     if out.is_file():
         return out
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
     cmd = [nvcc, "-shared", "-Xcompiler", "-fPIC", "-O2", "-gencode", f"arch=compute_{arch},code=sm_{arch}",
-           str(SOURCE), "-o", str(tmp)]
+           str(source), "-o", str(tmp)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
-        raise ProbeUnavailable(f"nvcc failed: {' '.join(cmd)}\n{done.stderr}")
+        raise unavailable(f"nvcc failed: {' '.join(cmd)}\n{done.stderr}")
     os.replace(tmp, out)
     return out
+
+
+def build_probe(arch: str, out_dir: Path | None = None, nvcc: str | None = None) -> Path:
+    """Compile the probe for `arch` (e.g. "80" for sm_80) and return the shared library's path."""
+    return build_cuda_library(SOURCE, "libbullet_smid_probe", arch, ProbeUnavailable, out_dir, nvcc)
 
 
 class SmidProbe:

@@ -19,6 +19,7 @@ from artifact.gpu_check.plan import MECHANISM
 from artifact.gpu_check.sm_probe_loops import overlapping_blocks
 from artifact.gpu_check.sm_probe_verdict import DISJOINT_KEEP, judge_graph, judge_spin, overlap_fraction
 from artifact.gpu_check.steps import Context
+from bullet.doctor.smid_probe import find_nvcc
 from bullet.partition.libsmctrl import ALLOW_UNTESTED_ENV
 
 CORES = sorted(os.sched_getaffinity(0))
@@ -26,7 +27,7 @@ QUIET = 0.9  # a side alone got at least this much of its core: other load did n
 
 
 # -- the kernels ------------------------------------------------------------------------------------
-@pytest.mark.skipif(sm_probe_kernels.find_nvcc() is None, reason="nvcc not installed")
+@pytest.mark.skipif(find_nvcc() is None, reason="nvcc not installed")
 def test_probe_kernels_compile_for_hopper_and_export_every_launcher(tmp_path):
     lib = sm_probe_kernels.build("90", out_dir=tmp_path)
     symbols = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True).stdout
