@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -50,6 +52,27 @@ def pytest_collection_modifyitems(config, items):
         module = item.path.relative_to(TESTS).as_posix() if item.path.is_relative_to(TESTS) else ""
         if module in SLOW_MODULES and f"{module}::{item.name}" not in QUICK_ANYWAY:
             item.add_marker(pytest.mark.slow)
+
+
+def _sigint_ignored() -> bool:
+    """Whether this process ignores SIGINT, as the kernel sees it (a C library can set it too)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("SigIgn:"):
+                return bool(int(line.split()[1], 16) & (1 << (signal.SIGINT - 1)))
+    return signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
+@pytest.fixture(autouse=True)
+def _sigint_left_as_found(request):
+    """A test that leaves this process ignoring SIGINT would make every later test's child processes
+    ignore it too (ignored signals survive fork and exec), so a test of Ctrl-C behaviour fails or not
+    by the order the tests ran in. Put it back and name the test that did it."""
+    before, was_ignored = signal.getsignal(signal.SIGINT), _sigint_ignored()
+    yield
+    if _sigint_ignored() and not was_ignored:
+        signal.signal(signal.SIGINT, before if before not in (None, signal.SIG_IGN) else signal.default_int_handler)
+        warnings.warn(f"{request.node.nodeid} left SIGINT ignored in the test process; restored")
 
 
 @pytest.fixture(scope="session")
