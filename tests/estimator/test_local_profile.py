@@ -190,7 +190,7 @@ def tiny_plan(**smaller):
                    corun_prefill_lengths=(256,), corun_decode_cases=(uniform_decode(8, 128),),
                    corun_decode_batches=(8,), corun_prefill_cases=(PrefillCase((128,)),),
                    # a smaller padding probe: three contexts of a 4-request batch, not 16 x 512
-                   repeats=5, sweep_repeats=3, budget_s=1.0, quiet_wait_s=0.3, padding_batch=4,
+                   repeats=5, sweep_repeats=3, budget_s=0.5, quiet_wait_s=0.3, padding_batch=4,
                    padding_context=128), **smaller)
 
 
