@@ -101,6 +101,10 @@ class ServerArgs(BaseModel):
         "second (each phase's speed on its share against its speed on the whole device, summed) among those that "
         "keep TPOT and slow prefill no more than its requests' TTFT slack allows (throughput: more work per "
         "second, but on the measured H200 it cost TTFT, which bounds goodput there: docs/sim/ledger.md)")
+    slo_percentile: float = Field(
+        0.9, gt=0.0, le=1.0, description="bullet: the percentile of its requests' predicted TTFT (against target) and "
+        "TPOT that each scheduler keeps within its SLO (0.9: the P90, the paper's rule). Goodput counts the requests "
+        "that meet both targets, so two P90s can leave fewer than 90%% meeting both")
     idle_decode_units: Literal["all", "efficient"] = Field(
         "all", description="bullet: while prefill is idle decode takes every unit (all), or the fewest whose step is "
         "predicted within 10%% of that (efficient), leaving the rest free for the next prompt")

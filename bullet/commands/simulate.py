@@ -83,6 +83,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the policies' estimators get no contention table (as with an unprofiled device)")
     p.add_argument("--overlap-share", default=d.overlap_share, choices=["demand", "even"],
                    help="how units both workers hold are divided between them")
+    p.add_argument("--slo-percentile", type=float, default=d.slo_percentile,
+                   help="bullet: the percentile of its requests' predicted TTFT (against target) and TPOT each "
+                        "scheduler keeps within its SLO (default 0.9, the paper's P90; as `bullet launch`)")
     p.add_argument("--layers-per-step", type=int, default=d.prefill_layers_per_step)
     p.add_argument("--max-prefill-tokens", type=int, default=d.max_prefill_tokens)
     p.add_argument("--max-running-requests", type=int, default=d.max_running_requests, help="chunked baseline's cap")
@@ -160,6 +163,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         policy=args.policy, model=args.model, hardware=args.hardware, estimator_profile=args.estimator_profile,
         ttft_slo=args.ttft_slo or ttft, tpot_slo=args.tpot_slo or tpot, tbt_slo=args.tbt_slo,
         prefill_layers_per_step=args.layers_per_step, max_prefill_tokens=args.max_prefill_tokens,
+        slo_percentile=args.slo_percentile,
         max_running_requests=args.max_running_requests, page_size=args.page_size, kv_memory_gb=args.kv_memory_gb,
         quantization=args.quantization, tp_size=args.tp_size, tp_link=args.tp_link,
         tp_link_busbw_gbps=args.tp_link_busbw_gbps, tp_link_latency_us=args.tp_link_latency_us,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 import math
 
-from bullet.policies.predict import LearningPredictor, Predictor, decode_outlook, p90
+from bullet.policies.predict import LearningPredictor, Predictor, decode_outlook, percentile
 from bullet.policies.views import DecodeDecision, DecodePolicy, DecodeView
 from bullet.types.request import seq_lens
 from bullet.types.slo import SLO
@@ -50,10 +50,14 @@ class BulletDecodePolicy(DecodePolicy):
     name = "bullet"
 
     def __init__(self, est: Predictor, slo: SLO, feasible_units: list[int], idle_units: str = "all",
-                 yield_at: str = "layer", prefill_layers_per_step: int = 0):
+                 yield_at: str = "layer", prefill_layers_per_step: int = 0, percentile: float = 0.9):
         """`prefill_layers_per_step`: how many layers prefill runs per step (its published step time
         covers that many), to foresee the end of its batch; 0: decode never takes units prefill still
-        holds (`tail_share`)."""
+        holds (`tail_share`). `percentile`: of the running requests' predicted TPOT, published for prefill's
+        split (`tpot_pred_p90_ms`, named for the paper's default)."""
+        if not 0.0 < percentile <= 1.0:
+            raise ValueError(f"percentile must lie in (0, 1], not {percentile}")
+        self.percentile = percentile
         if idle_units not in IDLE_UNITS_RULES:
             raise ValueError(f"idle_units must be one of {IDLE_UNITS_RULES}, not {idle_units!r}")
         if yield_at not in YIELD_AT_RULES:
@@ -85,7 +89,7 @@ class BulletDecodePolicy(DecodePolicy):
         budget, tpots = decode_outlook(running, view.now, step, self.slo)
         if self.slo.tbt is not None:
             budget = min(budget, self.slo.tbt - step - (view.now - oldest_token(running, view.last_step_end)))
-        predictions = Predictions(tpot_pred_p90_ms=p90(tpots) * 1e3,
+        predictions = Predictions(tpot_pred_p90_ms=percentile(tpots, self.percentile) * 1e3,
                                   pause_budget_ms=(budget if math.isfinite(budget) else 1e9) * 1e3,
                                   step_pred_ms=step * 1e3)
         if units <= 0:

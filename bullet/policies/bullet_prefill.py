@@ -37,7 +37,7 @@ from bullet.policies.predict import (
     LearningPredictor,
     Predictor,
     decode_seconds_over,
-    p90,
+    percentile,
     predict_ttfts,
     prefill_costs,
     prefill_seconds,
@@ -64,9 +64,14 @@ class BulletPrefillPolicy(PrefillPolicy):
                  max_prefill_tokens: int, batch_token_limit: Callable[[int], int], max_wait_s: float = 30.0,
                  preemption: bool = True, hand_back: str = "bounded", layer_group: str = "fixed",
                  min_group_s: float = 0.01, split_rule: str = "spatial", split_goal: str = "prefill-first",
-                 decode_units: list[int] | None = None):
+                 decode_units: list[int] | None = None, percentile: float = 0.9):
         """`feasible_units`: prefill's own shares; `decode_units`: decode's beside them (default the same:
-        a pool whose remainder joins prefill's shares differs by role)."""
+        a pool whose remainder joins prefill's shares differs by role). `percentile`: of the waiting
+        requests' predicted TTFT / target that must stay within 1 (the paper's P90 by default; the
+        `last_ttft_p90*` names keep the published fields' names)."""
+        if not 0.0 < percentile <= 1.0:
+            raise ValueError(f"percentile must lie in (0, 1], not {percentile}")
+        self.percentile = percentile
         if hand_back not in HAND_BACK_RULES:
             raise ValueError(f"hand_back must be one of {HAND_BACK_RULES}, not {hand_back!r}")
         if split_rule not in SPLIT_RULES:
@@ -119,7 +124,7 @@ class BulletPrefillPolicy(PrefillPolicy):
         order = self.order_queue(view, behind, costs)
         ttfts = predict_ttfts(view.now, inflight.requests if inflight else [], remaining, [], costs)
         ttfts.update(predict_ttfts(view.now, suspended.requests if suspended else [], behind, order, costs))
-        self.last_ttft_p90 = p90(list(ttfts.values()))
+        self.last_ttft_p90 = percentile(list(ttfts.values()), self.percentile)
         # queued requests count while a batch is in flight too: a short prompt arriving behind a long
         # batch can only be helped by speeding that batch up (found serving ShareGPT on the CPU);
         # a request decode handed back for recomputation has had its first token: TTFT is not its target
@@ -188,7 +193,7 @@ class BulletPrefillPolicy(PrefillPolicy):
     def _p90_ok(self, reqs: list[Request], ttfts: dict[Request, float]) -> bool:
         # P90 of the TTFT-to-target ratio: targets differ per request when they scale with length
         ratios = [ttfts[r] / self.slo.ttft_target(len(r.prompt_ids)) for r in reqs]
-        self.last_ttft_ratio_p90 = p90(ratios)
+        self.last_ttft_ratio_p90 = percentile(ratios, self.percentile)
         return self.last_ttft_ratio_p90 <= 1.0
 
     # -- line 5: least predicted latency first, without starvation ---------------------------------

@@ -54,7 +54,8 @@ def make_prefill_policy(args: ServerArgs, feasible_units: list[int], num_layers:
                                    args.max_prefill_tokens, batch_token_limit or (lambda units: args.max_prefill_tokens),
                                    preemption=args.prefill_preemption, hand_back=args.hand_back,
                                    layer_group=args.layer_group, split_rule=args.split_rule,
-                                   split_goal=args.split_goal, decode_units=decode_units)
+                                   split_goal=args.split_goal, decode_units=decode_units,
+                                   percentile=args.slo_percentile)
     raise ValueError(f"policy {args.policy!r} has no prefill worker")
 
 
@@ -68,5 +69,6 @@ def make_decode_policy(args: ServerArgs, feasible_units: list[int], estimator=No
             args.policy_name, BulletDecodePolicy)
         return cls(estimator, slo_of(args), feasible_units, idle_units=args.idle_decode_units,
                    yield_at=args.decode_yield_at,
-                   prefill_layers_per_step=args.prefill_layers_per_step if args.decode_tail_share else 0)
+                   prefill_layers_per_step=args.prefill_layers_per_step if args.decode_tail_share else 0,
+                   percentile=args.slo_percentile)
     raise ValueError(f"policy {args.policy!r} has no decode worker")

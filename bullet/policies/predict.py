@@ -39,11 +39,16 @@ class LearningPredictor(Predictor, Protocol):
                        co_prefill_tokens: int = 0) -> None: ...
 
 
-def p90(values: Sequence[float]) -> float:
+def percentile(values: Sequence[float], q: float = 0.9) -> float:
+    """The nearest-rank q-quantile (0 for none): the smallest value at least a fraction q of them do not exceed."""
     if not values:
         return 0.0
     s = sorted(values)
-    return s[min(len(s) - 1, math.ceil(0.9 * len(s)) - 1)]
+    return s[max(0, min(len(s) - 1, math.ceil(q * len(s)) - 1))]
+
+
+def p90(values: Sequence[float]) -> float:
+    return percentile(values, 0.9)
 
 
 def prefill_seconds(est: Predictor, seq_lens: Sequence[int], units: int, cached: Sequence[int] | None = None,

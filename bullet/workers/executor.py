@@ -6,11 +6,16 @@ On a GPU every step runs inside `stream.step()`: all its kernels (layers, KV wri
 copies of its tables) launch on the stream the worker's partition restricts, and the step's time is
 read after that stream has finished. Decode-only steps — a decode iteration, or a hybrid step whose
 items are all one-token decodes — go through `decode_forward` (CUDA-graph replays where the
-partition allows them, `bullet.partition.decode_graphs`); the rest run on the runner eagerly."""
+partition allows them, `bullet.partition.decode_graphs`); the rest run on the runner eagerly.
+
+A decode step whose batch has constrained requests computes their grammar masks in a helper thread
+while the layers run (xgrammar fills a mask without holding the GIL, and the masks depend only on the
+tokens already sampled): the step then waits only for what the mask work took beyond the layers."""
 
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from typing import Callable, Sequence
 
@@ -19,7 +24,7 @@ from bullet.partition.launch_stream import WorkerStream
 from bullet.policies.views import InflightPrefill
 from bullet.types.finish import FinishChecker
 from bullet.types.request import Request
-from bullet.workers.sampling import record_prompt_logprobs, sample_next
+from bullet.workers.sampling import grammar_masks, record_prompt_logprobs, sample_next
 from engines.grammar import Grammars
 from engines.runner import LayerwiseState, ModelRunner, SeqChunk, StepOutput
 
@@ -36,6 +41,15 @@ class ModelExecutor:
         # `between_layers` hook; with a `decode_forward` (a GPU worker) it is one call — a CUDA-graph
         # replay — and the hook is never called
         self.layerwise_decode = decode_forward is None
+        self._mask_thread: ThreadPoolExecutor | None = None  # started by the first constrained decode step
+
+    def _masks_beside(self, batch: Sequence[Request]) -> Future | None:
+        """Start the grammar masks of `batch`'s constrained requests in the helper thread (None: none)."""
+        if not any(r.params.constraint is not None for r in batch):
+            return None
+        if self._mask_thread is None:
+            self._mask_thread = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
+        return self._mask_thread.submit(grammar_masks, list(batch), self.grammars, self.runner.model.config.vocab_size)
 
     def _on_stream(self):
         return self.stream.step() if self.stream is not None else nullcontext()
@@ -78,11 +92,15 @@ class ModelExecutor:
         with self._on_stream():
             chunks = [SeqChunk([r.output_ids[-1]], r.seq_len - 1, r.page_table) for r in batch]
             t0 = time.perf_counter()
-            if between_layers is not None and self.layerwise_decode:
-                out = self.runner.forward(chunks, between_layers)
-            else:
-                out = self.decode_forward(chunks)
-            sample_next(out.last_logits, list(batch), self.finish, self.grammars)
+            masks = self._masks_beside(batch)
+            try:
+                if between_layers is not None and self.layerwise_decode:
+                    out = self.runner.forward(chunks, between_layers)
+                else:
+                    out = self.decode_forward(chunks)
+            finally:  # the helper thread is done with the requests before anyone else touches them
+                ready = masks.result() if masks is not None else None
+            sample_next(out.last_logits, list(batch), self.finish, self.grammars, ready)
             self._wait()
             seconds = time.perf_counter() - t0
         on_done(seconds)

@@ -77,10 +77,11 @@ def grammar_masks(reqs: list[Request], grammars: Grammars | None, vocab: int) ->
 
 
 def sample_next(logits: torch.Tensor, reqs: list[Request], finish: FinishChecker,
-                grammars: Grammars | None = None) -> None:
+                grammars: Grammars | None = None, masks: tuple[list, dict[int, str]] | None = None) -> None:
     """logits[i] are the next-token logits of reqs[i]. Appends one token to each and finishes the
-    requests the finish rules end (the loop core releases their pages)."""
-    masks, failed = grammar_masks(reqs, grammars, logits.shape[-1])
+    requests the finish rules end (the loop core releases their pages). `masks`: `grammar_masks` of
+    these requests, computed already (while the step's layers ran)."""
+    masks, failed = masks if masks is not None else grammar_masks(reqs, grammars, logits.shape[-1])
     if failed:  # they sample nothing: ended with the error (the step's K/V stays accounted as usual)
         keep = [k for k in range(len(reqs)) if k not in failed]
         now = time.monotonic()

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 PAIR_LIMIT = 128  # 255 * 128 = 32640 <= 32767: no vpmaddubsw pair can saturate
+INT8_MAX = 127
 
 
 def fbgemm_available() -> bool:
@@ -62,10 +63,12 @@ def _pair_sums(x: torch.Tensor) -> torch.Tensor:
 
 
 def _quantize_rows_paired(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    scale = _pair_sums(w).clamp_min(torch.finfo(torch.float32).tiny) / PAIR_LIMIT
+    # each value must fit int8 too: a row whose largest pair is one value beside a near-zero one would
+    # otherwise round that value to 128, which int8 stores as -128 (its sign flipped)
+    scale = torch.maximum(_pair_sums(w) / PAIR_LIMIT, w.abs().amax(1) / INT8_MAX).clamp_min(torch.finfo(torch.float32).tiny)
     for _ in range(8):  # rounding can push a pair one step over the limit: widen those rows slightly
         q = torch.round(w / scale[:, None])
-        over = _pair_sums(q) > PAIR_LIMIT
+        over = (_pair_sums(q) > PAIR_LIMIT) | (q.abs().amax(1) > INT8_MAX)
         if not over.any():
             return q.to(torch.int8), scale
         scale = torch.where(over, scale * (1 + 1 / PAIR_LIMIT), scale)

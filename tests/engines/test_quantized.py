@@ -98,15 +98,30 @@ def test_int8_logits_do_not_depend_on_the_batch(int8_runner, teacher_forced):
     assert torch.equal(mixed[0], alone[2]) and torch.equal(mixed[2], alone[0])
 
 
-def test_weight_pairs_stay_under_the_saturation_limit():
-    w = torch.randn(300, 577) * torch.rand(300, 1) * 3
+@pytest.mark.parametrize("seed", range(12))
+def test_weight_pairs_stay_under_the_saturation_limit(seed):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(300, 577, generator=g) * torch.rand(300, 1, generator=g) * 3
     w[5, 10:12] = 50.0  # an outlier pair sets its row's scale
     q, scale = quantize_weight(w, rows_per_block=64)
-    pairs = torch.nn.functional.pad(q.abs().int(), (0, 1)).view(300, -1, 2).sum(-1)
-    assert q.dtype == torch.int8 and int(pairs.max()) <= PAIR_LIMIT
-    assert (pairs.amax(1) >= PAIR_LIMIT - 2).all()  # and the grid is used: each row reaches the limit
+    wide = q.int()
+    pairs = torch.nn.functional.pad(wide.abs(), (0, 1)).view(300, -1, 2).sum(-1)
+    assert q.dtype == torch.int8 and int(pairs.max()) <= PAIR_LIMIT and int(wide.abs().max()) <= 127
+    # and the grid is used: each row reaches the pair limit, or a value reaches int8's largest
+    assert ((pairs.amax(1) >= PAIR_LIMIT - 2) | (wide.abs().amax(1) >= 125)).all()
     err = (q.float() * scale[:, None] - w).abs()
     assert (err <= scale[:, None] * 0.5 + 1e-6).all()
+
+
+def test_a_value_alone_in_its_pair_keeps_its_sign():
+    """A row whose largest pair is one value beside zero: scaled by the pair limit alone it rounds to
+    128, which int8 stores as -128 (found by a seed of the test above)."""
+    w = torch.zeros(2, 8)
+    w[0, 0], w[0, 1] = 1.0, 0.001
+    w[1, 2] = -1.0
+    q, scale = quantize_weight(w)
+    assert q[0, 0] == 127 and q[1, 2] == -127
+    assert torch.allclose(q.float() * scale[:, None], w, atol=float(scale.max()) / 2)
 
 
 def test_int8_linear_is_exact_integer_arithmetic_even_at_the_extremes():

@@ -14,7 +14,7 @@ import pytest
 
 from bullet.frontend.http import fields
 from bullet.frontend.http.fields import BODIES, Kind
-from bullet.frontend.http.protocol import ChatBody, CompletionBody, GenerateBody
+from bullet.frontend.http.protocol import ChatBody, ChatMessage, CompletionBody, GenerateBody
 from engines.sampling_params import SamplingParams
 from tests.frontend.helpers import post_stream
 
@@ -46,6 +46,19 @@ def sglang_completion() -> set[str]:
     return set(_sglang_protocol().CompletionRequest.model_fields)
 
 
+def openai_message() -> set[str]:
+    """The fields of every role's message param."""
+    mod = pytest.importorskip("openai.types.chat", reason="the openai package is not installed")
+    params = [getattr(mod, f"ChatCompletion{role}MessageParam") for role in
+              ("System", "Developer", "User", "Assistant", "Tool", "Function")]
+    return set().union(*(p.__annotations__ for p in params))
+
+
+def sglang_message() -> set[str]:
+    mod = _sglang_protocol()
+    return set(mod.ChatCompletionMessageGenericParam.model_fields) | set(mod.ChatCompletionMessageUserParam.model_fields)
+
+
 def sglang_sampling() -> set[str]:
     mod = pytest.importorskip("sglang.srt.sampling.sampling_params", reason="sglang is not installed")
     return set(inspect.signature(mod.SamplingParams.__init__).parameters) - {"self"}
@@ -66,7 +79,8 @@ def sglang_generate() -> set[str]:
     pytest.fail(f"no GenerateReqInput class in {source}")
 
 
-LISTS = [("chat", openai_chat), ("chat", sglang_chat), ("completion", openai_completion),
+LISTS = [("chat", openai_chat), ("chat", sglang_chat), ("message", openai_message), ("message", sglang_message),
+         ("completion", openai_completion),
          ("completion", sglang_completion), ("sampling_params", sglang_sampling), ("generate", sglang_generate)]
 
 
@@ -79,7 +93,7 @@ def test_every_field_of_the_clients_is_classified(body, listing):
                          f"{body}: {missing} — honour, refuse or (if the API says it changes no output) accept each")
 
 
-MODELS = {"generate": GenerateBody, "chat": ChatBody, "completion": CompletionBody}
+MODELS = {"generate": GenerateBody, "chat": ChatBody, "completion": CompletionBody, "message": ChatMessage}
 
 
 @pytest.mark.parametrize("body", MODELS)
@@ -140,6 +154,9 @@ def request_with(body: str, name: str, value) -> tuple[str, dict]:
     if body == "sampling_params":
         path, base = BASE["generate"]
         return path, {**base, "sampling_params": {**base["sampling_params"], name: value}}
+    if body == "message":
+        path, base = BASE["chat"]
+        return path, {**base, "messages": [{**base["messages"][0], name: value}]}
     path, base = BASE[body]
     return path, {**base, name: value}
 
@@ -152,6 +169,8 @@ def named(out, name: str) -> str:
     if "error" in out:  # SGLang's shape
         message = out["error"].get("message", "")
         return message if message.removeprefix("sampling_params.").startswith(f"{name}:") else ""
+    if out.get("param") == "messages" and out.get("message", "").startswith(f"messages[0].{name}:"):
+        return out["message"]  # a field of a chat message
     return out.get("message", "") if out.get("param") == name else ""
 
 
@@ -193,6 +212,32 @@ def test_unset_refused_fields_and_harmless_fields_are_accepted(server, body):
             n: r.accepted[-1] for n, r in BODIES["sampling_params"].items() if r.kind is Kind.REFUSED}}
     status, out = server.post(path, {**req, **extra})
     assert status == 200, out
+
+
+def test_unset_refused_message_fields_are_accepted(server):
+    message = {"role": "user", "content": "hi",
+               **{n: r.accepted[-1] for n, r in BODIES["message"].items() if r.kind is Kind.REFUSED}}
+    status, out = server.post("/v1/chat/completions", {"messages": [message], "max_tokens": 1})
+    assert status == 200, out
+
+
+def test_a_developer_message_is_a_system_message(server):
+    """OpenAI's developer role (its newer name for system instructions) reaches the template as system:
+    the same prompt, so the same greedy reply and prompt size."""
+    def reply(role):
+        status, out = server.post("/v1/chat/completions", {"messages": [
+            {"role": role, "content": "Answer in one word."}, {"role": "user", "content": "Name a color."}],
+            "max_tokens": 4, "temperature": 0})
+        assert status == 200, out
+        return out["choices"][0]["message"]["content"], out["usage"]["prompt_tokens"]
+
+    assert reply("developer") == reply("system")
+
+
+@pytest.mark.parametrize("role", ["function", "robot"])
+def test_a_role_no_template_knows_is_a_400_naming_it(server, role):
+    status, out = server.post("/v1/chat/completions", {"messages": [{"role": role, "content": "hi"}], "max_tokens": 1})
+    assert status == 400 and out["param"] == "messages" and out["message"].startswith("messages[0].role:"), out
 
 
 @pytest.mark.parametrize("path,body", [

@@ -1,10 +1,11 @@
 """SGLang 0.5.2's own frontend against the server: @sgl.function programs with sgl.gen (max_tokens,
-stop, regex), sgl.select (max_new_tokens 0, then input_token_logprobs from logprob_start_len with
+stop, regex, json_schema), sgl.select (max_new_tokens 0, then input_token_logprobs from logprob_start_len with
 return_text_in_logprobs) and run_batch. The choice select makes must be the one our own /generate
 logprobs rank highest under the frontend's length-normalised score."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -36,6 +37,17 @@ YES_NO = r" (yes|no)\."
 def yes_or_no(s, question):
     s += "Q: " + question + " Answer yes or no.\nA:"
     s += sgl.gen("answer", max_tokens=8, regex=YES_NO, temperature=0)
+
+
+CITY = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 24},
+                                        "population": {"type": "integer", "minimum": 0, "maximum": 99999999}},
+        "required": ["name", "population"], "additionalProperties": False}
+
+
+@sgl.function
+def city_as_json(s, city):
+    s += "Describe " + city + " as JSON with its name and population.\n"
+    s += sgl.gen("city", max_tokens=64, json_schema=json.dumps(CITY), temperature=0)
 
 
 @sgl.function
@@ -75,6 +87,15 @@ def test_gen_with_a_regex_follows_it(backend):
     state = yes_or_no.run(question=QUESTIONS[0])
     assert re.fullmatch(YES_NO, state["answer"]), state["answer"]
     assert state.get_meta_info("answer")["finish_reason"]["type"] == "stop"
+
+
+def test_gen_with_a_json_schema_produces_an_object_that_validates(backend):
+    jsonschema = pytest.importorskip("jsonschema")
+    for city in ("Paris", "Tokyo"):
+        state = city_as_json.run(city=city)
+        meta = state.get_meta_info("city")
+        assert meta["finish_reason"]["type"] == "stop", (meta, state["city"])  # the grammar ended it, not the cap
+        jsonschema.validate(json.loads(state["city"]), CITY)
 
 
 def _normalized(server, prefix: str, choice: str) -> float:

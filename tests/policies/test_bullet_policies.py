@@ -528,3 +528,24 @@ def test_decode_takes_every_unit_for_a_step_in_which_prefills_batch_ends():
     assert decide(queued=1).units == 2  # more prompts behind it: prefill goes on with its share
     assert decide(remaining=16).units == 2  # four groups: 20 ms, more than half of the 30 ms step
     assert decide(k=0).units == 2  # the rule off
+
+
+def test_the_slo_percentile_is_the_one_each_scheduler_keeps():
+    """`--slo-percentile` reaches both schedulers through the factory; the published TPOT and the TTFT
+    check read that nearest-rank percentile (the paper's P90 by default)."""
+    from bullet.config import ServerArgs
+    from bullet.policies.factory import make_decode_policy, make_prefill_policy
+    from bullet.policies.predict import p90, percentile
+    from tests.policies.fakes import LAYERS, FakePredictor
+
+    values = [float(v) for v in range(1, 11)]
+    assert percentile(values, 0.9) == p90(values) == 9.0
+    assert percentile(values, 0.5) == 5.0 and percentile(values, 1.0) == 10.0 and percentile([], 0.9) == 0.0
+    units = [1, 2, 3, 4]
+    for q in (0.8, 0.9, 0.99):
+        args = ServerArgs(slo_percentile=q)
+        assert make_prefill_policy(args, units, LAYERS, FakePredictor()).percentile == q
+        assert make_decode_policy(args, units, FakePredictor()).percentile == q
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError):
+            ServerArgs(slo_percentile=bad)

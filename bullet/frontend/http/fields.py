@@ -143,8 +143,18 @@ COMPLETION: dict[str, Rule] = {
     **refused("there is no fill-in-the-middle (text after the completion)", "suffix", accepted=(None, "")),
 }
 
+# one chat message (`messages[i]`), any role: OpenAI's message params and SGLang's
+MESSAGE: dict[str, Rule] = {
+    **honoured("role", "content", "name", "tool_calls", "tool_call_id"),
+    **refused("an earlier reply's audio cannot be shown to a text model", "audio"),
+    **refused("the deprecated functions API: send the call in tool_calls", "function_call"),
+    **refused("the chat template does not show an earlier refusal: put its text in content", "refusal"),
+    **refused("there is no reasoning parser, and the chat template does not show reasoning: put it in content",
+              "reasoning_content"),
+}
+
 BODIES: dict[str, dict[str, Rule]] = {"generate": GENERATE, "sampling_params": SAMPLING, "chat": CHAT,
-                                      "completion": COMPLETION}
+                                      "completion": COMPLETION, "message": MESSAGE}
 
 
 def asks_for_nothing(value: Any, rule: Rule, per_item: bool = False) -> bool:
@@ -155,14 +165,15 @@ def asks_for_nothing(value: Any, rule: Rule, per_item: bool = False) -> bool:
     return per_item and isinstance(value, list) and all(asks_for_nothing(v, rule) for v in value)
 
 
-def refuse(data: dict, body: str, where: str = "") -> None:
-    """400 naming the first REFUSED field of `data` that asks for something."""
+def refuse(data: dict, body: str, where: str = "", param: str | None = None) -> None:
+    """400 naming the first REFUSED field of `data` that asks for something (`param`: the error's
+    param, by default the field)."""
     per_item = body == "generate"
     for name, rule in BODIES[body].items():
         if rule.kind is Kind.REFUSED and name in data and not asks_for_nothing(data[name], rule, per_item):
             unset = " or ".join(map(_json, rule.accepted))
             raise APIError(f"{where}{name}: not supported by this server; {rule.why} (leave it out, or send {unset})",
-                           param=name)
+                           param=param or name)
 
 
 def names(body: str, kind: Kind) -> list[str]:
@@ -170,7 +181,8 @@ def names(body: str, kind: Kind) -> list[str]:
 
 
 ENDPOINTS = {"generate": "`/generate`", "sampling_params": "`/generate`'s `sampling_params`",
-             "chat": "`/v1/chat/completions`", "completion": "`/v1/completions`"}
+             "chat": "`/v1/chat/completions`", "message": "`/v1/chat/completions`' `messages[i]`",
+             "completion": "`/v1/completions`"}
 
 
 def _json(value: Any) -> str:

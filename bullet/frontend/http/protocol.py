@@ -89,7 +89,14 @@ class CompletionBody(OpenAISampling):
     echo: bool = False
 
 
+# the roles a chat template is given; OpenAI's `developer` (its newer name for system instructions) is
+# given as `system`; the deprecated `function` role is refused (its replies go in `tool` messages)
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+ROLE_ALIASES = {"developer": "system"}
+
+
 class ChatMessage(Body):
+    registry: ClassVar[str | None] = "message"
     role: str
     content: Union[str, list[dict[str, Any]], None] = None
     tool_calls: list[dict[str, Any]] | None = None  # an assistant's earlier calls
@@ -135,6 +142,18 @@ def parse_json(raw: bytes):
         raise APIError(f"the request body is not valid JSON ({reason})") from None
 
 
+def check_message(message: dict, k: int) -> None:
+    """messages[k]: its refused fields and its role, before validation (which then names only types)."""
+    refuse(message, "message", f"messages[{k}].", param="messages")
+    role = message.get("role")
+    if isinstance(role, str) and role in ROLE_ALIASES:
+        message["role"] = ROLE_ALIASES[role]
+    elif isinstance(role, str) and role not in CHAT_ROLES:
+        hint = "; the deprecated function role: reply in a tool message with tool_call_id" if role == "function" else ""
+        raise APIError(f"messages[{k}].role: {role!r} is not one of {', '.join(CHAT_ROLES)} or developer{hint}",
+                       param="messages")
+
+
 async def read_body(request: Request, model: type[Body]) -> Body:
     """The request's body, parsed and validated (in a thread when it is large)."""
     raw = await request.body()
@@ -149,6 +168,10 @@ def parse_body(raw: bytes, model: type[Body]) -> Body:
         raise APIError("the request body must be a JSON object")
     if model.registry is not None:
         refuse(data, model.registry)
+    if model is ChatBody and isinstance(data.get("messages"), list):
+        for k, message in enumerate(data["messages"]):
+            if isinstance(message, dict):
+                check_message(message, k)
     try:
         body = model.model_validate(data)
     except ValidationError as exc:
