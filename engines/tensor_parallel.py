@@ -19,6 +19,7 @@ tied head-norm of rotated int8 models are refused by name."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import torch
@@ -168,3 +169,100 @@ def build_rank_model(config: ModelConfig, state: dict[str, torch.Tensor], tp_siz
     local = shard_config(config, shard)
     model = build_model(local, shard_state(state, config, shard), device)
     return local, parallelize(model, group if tp_size > 1 else None)
+
+
+# -- one scheduler, N ranks: rank 0 drives, the others follow ---------------------------------------
+#
+# A worker split over N ranks runs its scheduler once, on rank 0. Every call rank 0 makes on its runner
+# is first sent to the other ranks, which make the same call on theirs: their layers then meet rank
+# 0's in the same all-reduces. What is sent is JSON (the operation, the chunks' token ids, starts,
+# page tables and logits kinds, a batch's id), broadcast as bytes over the group — never a pickle.
+
+_OPS = ("start", "run_layers", "finish", "forward", "stop")
+
+
+def _chunk_json(chunk) -> list:
+    return [list(map(int, chunk.token_ids)), int(chunk.start), list(map(int, chunk.page_table)), chunk.logits]
+
+
+def _send(group, message: dict) -> None:
+    data = torch.frombuffer(bytearray(json.dumps(message).encode()), dtype=torch.uint8)
+    dist.broadcast(torch.tensor([data.numel()], dtype=torch.int64), src=dist.get_global_rank(group, 0), group=group)
+    dist.broadcast(data, src=dist.get_global_rank(group, 0), group=group)
+
+
+def _receive(group) -> dict:
+    size = torch.zeros(1, dtype=torch.int64)
+    dist.broadcast(size, src=dist.get_global_rank(group, 0), group=group)
+    data = torch.empty(int(size.item()), dtype=torch.uint8)
+    dist.broadcast(data, src=dist.get_global_rank(group, 0), group=group)
+    message = json.loads(bytes(data.numpy()).decode())
+    if not isinstance(message, dict) or message.get("op") not in _OPS:
+        raise ValueError(f"not a runner call: {str(message)[:200]}")
+    return message
+
+
+class LeadingRunner:
+    """Rank 0's runner: the `ModelRunner` interface the loops use (start, run_layers, finish, forward),
+    each call sent to the following ranks before it runs here. A batch started here carries an id the
+    followers key their own in-flight state by (a preempted batch and its preemptor are both in flight)."""
+
+    def __init__(self, runner, group: dist.ProcessGroup):
+        self.runner, self.group = runner, group
+        self._next_id = 0
+        self._ids: dict[int, int] = {}  # id(LayerwiseState) -> batch id
+
+    def __getattr__(self, name):  # page_size, model, kv, device, ...: the local runner's
+        return getattr(self.runner, name)
+
+    def start(self, chunks):
+        batch = self._next_id
+        self._next_id += 1
+        _send(self.group, {"op": "start", "batch": batch, "chunks": [_chunk_json(c) for c in chunks]})
+        state = self.runner.start(chunks)
+        self._ids[id(state)] = batch
+        return state
+
+    def run_layers(self, state, num_layers: int | None = None) -> bool:
+        _send(self.group, {"op": "run_layers", "batch": self._ids[id(state)], "layers": num_layers})
+        return self.runner.run_layers(state, num_layers)
+
+    def finish(self, state):
+        _send(self.group, {"op": "finish", "batch": self._ids.pop(id(state))})
+        return self.runner.finish(state)
+
+    def forward(self, chunks, between_layers=None):
+        """As `ModelRunner.forward`: one message for a whole step (the followers run every layer; the
+        hook, which only changes how this rank runs on, is this rank's)."""
+        _send(self.group, {"op": "forward", "chunks": [_chunk_json(c) for c in chunks]})
+        return self.runner.forward(chunks, between_layers)
+
+    def stop(self) -> None:
+        """Ends the followers' loops."""
+        _send(self.group, {"op": "stop"})
+
+
+def follow(runner, group: dist.ProcessGroup) -> int:
+    """A following rank's loop: make each call rank 0 sends on `runner` until it sends stop. Returns
+    the number of calls made. Their outputs (logits) are rank 0's too, and dropped here."""
+    from engines.runner import SeqChunk  # deferred: the runner module imports the model and its kernels
+
+    def chunks(message):
+        return [SeqChunk(ids, start, table, logits) for ids, start, table, logits in message["chunks"]]
+
+    inflight: dict[int, object] = {}
+    calls = 0
+    while True:
+        message = _receive(group)
+        op = message["op"]
+        if op == "stop":
+            return calls
+        calls += 1
+        if op == "start":
+            inflight[message["batch"]] = runner.start(chunks(message))
+        elif op == "run_layers":
+            runner.run_layers(inflight[message["batch"]], message["layers"])
+        elif op == "finish":
+            runner.finish(inflight.pop(message["batch"]))
+        else:
+            runner.forward(chunks(message))

@@ -33,7 +33,7 @@ SLOW_MODULES = {
     "artifact/test_bench_engine_gpu.py", "artifact/test_fuzz_soak.py", "artifact/test_loadgen.py",
     "artifact/test_router.py", "artifact/test_run_all.py", "artifact/test_work_bound.py",
     "cache/test_cached_outputs.py", "doctor/test_isolation.py",
-    "engines/test_batching.py", "engines/test_quantized.py", "engines/test_reference.py", "engines/test_sampling.py",
+    "engines/test_batching.py", "engines/test_engine_tensor_parallel.py", "engines/test_quantized.py", "engines/test_reference.py", "engines/test_sampling.py",
     "engines/test_served_cache.py",
     "estimator/test_local_profile.py",
     "frontend/test_bench_serving.py", "frontend/test_http_api_key.py", "frontend/test_http_capacity.py",

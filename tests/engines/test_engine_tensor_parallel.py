@@ -16,7 +16,7 @@ from engines.kv_pool import KVPool
 from engines.model.build import build_model
 from engines.model_config import ModelConfig
 from engines.runner import ModelRunner, SeqChunk
-from engines.tensor_parallel import build_rank_model, plan_shard, shard_config, shard_state
+from engines.tensor_parallel import LeadingRunner, build_rank_model, follow, plan_shard, shard_config, shard_state
 from engines.weights import load_weights
 
 SPAWN = mp.get_context("spawn")
@@ -127,6 +127,76 @@ def test_other_families_split_over_two_ranks_compute_the_unsplit_logits(arch, kv
     tiny.save(arch, path, num_key_value_heads=kv_heads)
     ref_logits, ref_tokens = reference(str(path))
     _assert_equal_to_reference(tp_run(str(path), 2, tmp_path), ref_logits, ref_tokens, heads)
+
+
+# -- one scheduler, two ranks: rank 0 leads, rank 1 follows --------------------------------------
+
+def interleaved(runner) -> tuple[list[torch.Tensor], int]:
+    """What a prefill worker does with preemption, then a decode step with a between-layers hook: batch
+    A runs 10 layers, batch B (a preemptor) starts, runs and finishes, A finishes, then all three
+    sequences decode one token. Returns the logits of each finish/forward and the hook's calls."""
+    prompts = _prompts(runner.model.config.vocab_size)
+    tables = [list(range(k * PAGES_PER_SEQ, (k + 1) * PAGES_PER_SEQ)) for k in range(3)]
+    a = runner.start([SeqChunk(prompts[0], 0, tables[0]), SeqChunk(prompts[1], 0, tables[1], "all")])
+    runner.run_layers(a, 10)
+    b = runner.start([SeqChunk(prompts[2], 0, tables[2])])
+    runner.run_layers(b)
+    out_b = runner.finish(b)
+    runner.run_layers(a)
+    out_a = runner.finish(a)
+    firsts = out_a.last_logits.argmax(-1).tolist() + out_b.last_logits.argmax(-1).tolist()
+    hooks = []
+    step = runner.forward([SeqChunk([t], len(p), tab) for t, p, tab in zip(firsts, prompts, tables)], hooks.append)
+    return [out_a.last_logits, out_a.all_logits[1], out_b.last_logits, step.last_logits], len(hooks)
+
+
+def _lead_or_follow(rank: int, rendezvous: str, conn) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=2)
+    try:
+        weights = load_weights(None, "auto", torch.float32)
+        config, model = build_rank_model(weights.config, weights.state, 2, rank, dist.group.WORLD)
+        runner = _runner(config, model)
+        if rank == 0:
+            leader = LeadingRunner(runner, dist.group.WORLD)
+            outs, hooks = interleaved(leader)
+            leader.stop()
+            conn.send(([o.numpy() for o in outs], hooks))
+        else:
+            conn.send(follow(runner, dist.group.WORLD))
+    except Exception as exc:
+        conn.send(repr(exc))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_follower_mirrors_the_leaders_calls_and_the_leader_gets_the_unsplit_logits(tmp_path):
+    weights = load_weights(None, "auto", torch.float32)
+    expected, expected_hooks = interleaved(_runner(weights.config, build_model(weights.config, weights.state)))
+    rendezvous = str(tmp_path / "rendezvous")
+    pipes = [SPAWN.Pipe(duplex=False) for _ in range(2)]
+    procs = [SPAWN.Process(target=_lead_or_follow, args=(r, rendezvous, pipes[r][1])) for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        got = []
+        for reader, _ in pipes:
+            assert reader.poll(300), "a rank did not answer within 5 minutes"
+            got.append(reader.recv())
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.exitcode is None:
+                p.kill()
+    assert not any(isinstance(g, str) for g in got), got
+    (outs, hooks), follower_calls = got
+    assert follower_calls == 8  # start, run_layers x2, start, run_layers, finish x2, forward
+    assert hooks == expected_hooks == weights.config.num_hidden_layers - 1  # the hook is the leader's alone
+    for name, o, e in zip(["A last", "A all", "B last", "decode"], outs, expected):
+        diff = (torch.from_numpy(o) - e).abs().max().item()
+        assert diff <= ATOL, f"{name}: logits differ by {diff:.2e}"
 
 
 # -- the plan, without processes -----------------------------------------------------------------
