@@ -67,11 +67,11 @@ def _rank(rank: int, world: int, rendezvous: str, model_path: str | None, conn) 
         dist.destroy_process_group()
 
 
-def tp_run(model_path: str | None, world: int, tmp_path) -> list:
-    """Each rank's (logits, tokens, its query heads, its KV heads)."""
-    rendezvous = str(tmp_path / f"rendezvous-{world}")
+def spawn_ranks(target, world: int, rendezvous: str, *args) -> list:
+    """Run target(rank, world, rendezvous, *args, conn) in `world` spawned processes; each rank's answer
+    (a string: the exception it raised, which fails the test)."""
     pipes = [SPAWN.Pipe(duplex=False) for _ in range(world)]
-    procs = [SPAWN.Process(target=_rank, args=(r, world, rendezvous, model_path, pipes[r][1])) for r in range(world)]
+    procs = [SPAWN.Process(target=target, args=(r, world, rendezvous, *args, pipes[r][1])) for r in range(world)]
     for p in procs:
         p.start()
     try:
@@ -88,6 +88,11 @@ def tp_run(model_path: str | None, world: int, tmp_path) -> list:
     assert not failed, failed
     assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
     return results
+
+
+def tp_run(model_path: str | None, world: int, tmp_path) -> list:
+    """Each rank's (logits, tokens, its query heads, its KV heads)."""
+    return spawn_ranks(_rank, world, str(tmp_path / f"rendezvous-{world}"), model_path)
 
 
 def reference(model_path: str | None):
@@ -150,14 +155,14 @@ def interleaved(runner) -> tuple[list[torch.Tensor], int]:
     return [out_a.last_logits, out_a.all_logits[1], out_b.last_logits, step.last_logits], len(hooks)
 
 
-def _lead_or_follow(rank: int, rendezvous: str, conn) -> None:
+def _lead_or_follow(rank: int, world: int, rendezvous: str, conn) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     try:
         weights = load_weights(None, "auto", torch.float32)
-        config, model = build_rank_model(weights.config, weights.state, 2, rank, dist.group.WORLD)
+        config, model = build_rank_model(weights.config, weights.state, world, rank, dist.group.WORLD)
         runner = _runner(config, model)
         if rank == 0:
             leader = LeadingRunner(runner, dist.group.WORLD)
@@ -175,22 +180,7 @@ def _lead_or_follow(rank: int, rendezvous: str, conn) -> None:
 def test_a_follower_mirrors_the_leaders_calls_and_the_leader_gets_the_unsplit_logits(tmp_path):
     weights = load_weights(None, "auto", torch.float32)
     expected, expected_hooks = interleaved(_runner(weights.config, build_model(weights.config, weights.state)))
-    rendezvous = str(tmp_path / "rendezvous")
-    pipes = [SPAWN.Pipe(duplex=False) for _ in range(2)]
-    procs = [SPAWN.Process(target=_lead_or_follow, args=(r, rendezvous, pipes[r][1])) for r in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        got = []
-        for reader, _ in pipes:
-            assert reader.poll(300), "a rank did not answer within 5 minutes"
-            got.append(reader.recv())
-    finally:
-        for p in procs:
-            p.join(30)
-            if p.exitcode is None:
-                p.kill()
-    assert not any(isinstance(g, str) for g in got), got
+    got = spawn_ranks(_lead_or_follow, 2, str(tmp_path / "rendezvous"))
     (outs, hooks), follower_calls = got
     assert follower_calls == 8  # start, run_layers x2, start, run_layers, finish x2, forward
     assert hooks == expected_hooks == weights.config.num_hidden_layers - 1  # the hook is the leader's alone
