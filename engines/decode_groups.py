@@ -71,7 +71,7 @@ def plan_decode(rows: np.ndarray, ctx_lens: np.ndarray, table: np.ndarray, kv_he
             mask = np.broadcast_to(mask[None, :, None, :], (kv_heads, len(m), 1, width)).reshape(-1, 1, width)
             pairs = kv_heads * len(m)
             groups.append(DecodeGroup(q_start, pairs, kv_start, width,
-                                      torch.from_numpy(np.ascontiguousarray(mask)).to(device=device, dtype=dtype)))
+                                      torch.from_numpy(np.require(mask, requirements=("C", "W"))).to(device=device, dtype=dtype)))
             q_start += pairs
             kv_start += pairs * width
     return DecodePlan(torch.from_numpy(np.concatenate(kv_parts)).to(device),
