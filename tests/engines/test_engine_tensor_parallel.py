@@ -50,6 +50,15 @@ def _runner(config: ModelConfig, model) -> ModelRunner:
     return ModelRunner(model, KVPool(config, 3 * PAGES_PER_SEQ, PAGE, torch.float32))
 
 
+def _leave(dist) -> None:
+    """Both ranks leave the group together: a rank that tears gloo down while its peer still holds the
+    connection can abort at exit (SIGABRT, seen once in a shuffled CI run after the results were sent)."""
+    try:
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
 def _rank(rank: int, world: int, rendezvous: str, model_path: str | None, conn) -> None:
     import torch.distributed as dist
 
@@ -64,7 +73,7 @@ def _rank(rank: int, world: int, rendezvous: str, model_path: str | None, conn) 
     except Exception as exc:  # the parent reports it
         conn.send(repr(exc))
     finally:
-        dist.destroy_process_group()
+        _leave(dist)
 
 
 def spawn_ranks(target, world: int, rendezvous: str, *args) -> list:
@@ -174,7 +183,7 @@ def _lead_or_follow(rank: int, world: int, rendezvous: str, conn) -> None:
     except Exception as exc:
         conn.send(repr(exc))
     finally:
-        dist.destroy_process_group()
+        _leave(dist)
 
 
 def test_a_follower_mirrors_the_leaders_calls_and_the_leader_gets_the_unsplit_logits(tmp_path):
