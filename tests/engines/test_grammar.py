@@ -204,6 +204,10 @@ def test_xgrammars_mask_kernel_equals_the_unpacked_bits(rows, vocab, words):
     for dtype in (torch.float32, torch.float64):
         res = sample(logits.to(dtype), [SampleRow(SamplingParams(temperature=0), allowed=packed[i]) for i in range(rows)])
         assert res.token_ids == best
+        # some rows constrained, the others free: the masked rows are gathered and written back
+        mixed = [SampleRow(SamplingParams(temperature=0), allowed=packed[i] if i % 2 else None) for i in range(rows)]
+        free = logits.argmax(dim=-1).tolist()
+        assert sample(logits.to(dtype), mixed).token_ids == [best[i] if i % 2 else free[i] for i in range(rows)]
 
 
 @pytest.mark.parametrize("schema, where", [
