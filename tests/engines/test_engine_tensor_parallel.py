@@ -50,37 +50,50 @@ def _runner(config: ModelConfig, model) -> ModelRunner:
     return ModelRunner(model, KVPool(config, 3 * PAGES_PER_SEQ, PAGE, torch.float32))
 
 
-def _leave(dist) -> None:
-    """Both ranks leave the group together: a rank that tears gloo down while its peer still holds the
-    connection can abort at exit (SIGABRT, seen once in a shuffled CI run after the results were sent)."""
-    try:
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+def _rank(rank: int, group, model_path: str | None):
+    weights = load_weights(model_path, "auto", torch.float32)
+    config, model = build_rank_model(weights.config, weights.state, group.size(), rank, group)
+    logits, tokens = run_steps(_runner(config, model), _prompts(weights.config.vocab_size), NEW_TOKENS)
+    # as numpy (pickled by value: a torch tensor would be passed as a file descriptor of a process that exits)
+    return logits.numpy(), tokens, config.num_attention_heads, config.num_key_value_heads
 
 
-def _rank(rank: int, world: int, rendezvous: str, model_path: str | None, conn) -> None:
+def _as_rank(work, rank: int, world: int, rendezvous: str, *args) -> None:
+    """A rank's process: join the gloo group, send the parent what work(rank, group, *args) returns (or
+    the exception it raised, as a string), leave the group together with the peers, and exit.
+
+    The exit skips the interpreter's finalization (os._exit): torch can abort there (SIGABRT,
+    "terminate called without an active exception", seen in shuffled CI runs after the results were
+    sent) when a gloo worker thread is torn down with the interpreter, even after
+    destroy_process_group. The exit code still says whether the group was left cleanly."""
+    import gc
+    import os
+
     import torch.distributed as dist
 
+    *args, conn = args
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     try:
-        weights = load_weights(model_path, "auto", torch.float32)
-        config, model = build_rank_model(weights.config, weights.state, world, rank, dist.group.WORLD)
-        logits, tokens = run_steps(_runner(config, model), _prompts(weights.config.vocab_size), NEW_TOKENS)
-        # as numpy (pickled by value: a torch tensor would be passed as a file descriptor of a process that exits)
-        conn.send((logits.numpy(), tokens, config.num_attention_heads, config.num_key_value_heads))
+        conn.send(work(rank, dist.group.WORLD, *args))
     except Exception as exc:  # the parent reports it
         conn.send(repr(exc))
+    code = 1
+    try:
+        dist.barrier()
+        dist.destroy_process_group()
+        gc.collect()
+        code = 0
     finally:
-        _leave(dist)
+        conn.close()
+        os._exit(code)
 
 
-def spawn_ranks(target, world: int, rendezvous: str, *args) -> list:
-    """Run target(rank, world, rendezvous, *args, conn) in `world` spawned processes; each rank's answer
+def spawn_ranks(work, world: int, rendezvous: str, *args) -> list:
+    """Run work(rank, group, *args) in `world` spawned processes, one rank each; each rank's answer
     (a string: the exception it raised, which fails the test)."""
     pipes = [SPAWN.Pipe(duplex=False) for _ in range(world)]
-    procs = [SPAWN.Process(target=target, args=(r, world, rendezvous, *args, pipes[r][1])) for r in range(world)]
+    procs = [SPAWN.Process(target=_as_rank, args=(work, r, world, rendezvous, *args, pipes[r][1])) for r in range(world)]
     for p in procs:
         p.start()
     try:
@@ -164,26 +177,16 @@ def interleaved(runner) -> tuple[list[torch.Tensor], int]:
     return [out_a.last_logits, out_a.all_logits[1], out_b.last_logits, step.last_logits], len(hooks)
 
 
-def _lead_or_follow(rank: int, world: int, rendezvous: str, conn) -> None:
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
-    try:
-        weights = load_weights(None, "auto", torch.float32)
-        config, model = build_rank_model(weights.config, weights.state, world, rank, dist.group.WORLD)
-        runner = _runner(config, model)
-        if rank == 0:
-            leader = LeadingRunner(runner, dist.group.WORLD)
-            outs, hooks = interleaved(leader)
-            leader.stop()
-            conn.send(([o.numpy() for o in outs], hooks))
-        else:
-            conn.send(follow(runner, dist.group.WORLD))
-    except Exception as exc:
-        conn.send(repr(exc))
-    finally:
-        _leave(dist)
+def _lead_or_follow(rank: int, group):
+    weights = load_weights(None, "auto", torch.float32)
+    config, model = build_rank_model(weights.config, weights.state, group.size(), rank, group)
+    runner = _runner(config, model)
+    if rank != 0:
+        return follow(runner, group)
+    leader = LeadingRunner(runner, group)
+    outs, hooks = interleaved(leader)
+    leader.stop()
+    return [o.numpy() for o in outs], hooks
 
 
 def test_a_follower_mirrors_the_leaders_calls_and_the_leader_gets_the_unsplit_logits(tmp_path):
