@@ -112,6 +112,12 @@ class ServerArgs(BaseModel):
         True, description="bullet: when prefill's batch is predicted to end early in decode's next step with "
         "nothing queued behind it, decode starts that step on every unit (sharing prefill's last layers) instead "
         "of the complement of prefill's share, which would idle prefill's units from its end to the step's")
+    prefill_grow: Literal["after-decode-step", "at-once"] = Field(
+        "after-decode-step", description="bullet: when prefill's new share reaches into units a running decode step "
+        "holds (a burst takes every unit), prefill runs beside that step's units until it ends and decode's next step "
+        "takes the complement of the new share (after-decode-step), or takes them at once and the rest of the step "
+        "shares them (at-once, the rule before). In the simulator on the measured H200 a decode step whose units a "
+        "burst of long prompts took crawled from 30 ms to 780 ms: docs/sim/ledger.md")
     decode_yield_at: Literal["layer", "step"] = Field(
         "layer", description="bullet: when prefill starts on units a running decode step holds, decode gives them up "
         "at its next layer boundary (layer: where decode runs layer by layer, i.e. on a CPU, not in CUDA-graph "

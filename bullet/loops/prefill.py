@@ -55,6 +55,7 @@ class PrefillCore(LoopCore):
         self.preemptions = 0
         self.last_ttft_ms = 0.0
         self.yield_until = 0.0  # the policy yielded every unit to decode until then (clock time)
+        self.claimed_units = 0  # the share the policy chose while the step runs on fewer (published)
 
     @property
     def idle(self) -> bool:
@@ -109,6 +110,7 @@ class PrefillCore(LoopCore):
         view = self.view()
         decision = self.decide_timed(self.policy.decide, view)
         self.predictions = decision.predictions
+        self.claimed_units = decision.claimed_units if decision.num_layers > 0 and decision.yield_s <= 0 else 0
         if decision.yield_s > 0:
             self.yield_until = view.now + decision.yield_s
             self.record(view.now, 0, run=False, queue=len(self.queue), decode_batch=view.peer.batch_size,
@@ -215,8 +217,9 @@ class PrefillCore(LoopCore):
 
     def publish(self) -> None:
         inflight = self.inflight
+        idle = inflight is None or bool(self.yield_until)
         self.publish_state(
-            idle=inflight is None or bool(self.yield_until),
+            idle=idle, claimed_units=0 if idle else self.claimed_units,
             batch_size=len(inflight.requests) if inflight else 0,
             queued_requests=len(self.queue) + (len(self.suspended.requests) if self.suspended else 0),
             queued_tokens=sum(r.num_uncomputed for r in self.queue) + (self.suspended.num_tokens if self.suspended else 0),

@@ -1,7 +1,8 @@
 """Bullet's decode scheduler: each step it predicts the next step's latency, publishes the P90 of
 its requests' TPOT and its pause budget, and follows the split the prefill scheduler published —
-all units when prefill is idle, the complement of prefill's share otherwise, a pause when prefill
-took everything, unless the pause budget is spent (then it runs anyway, sharing units).
+all units when prefill is idle, the complement of prefill's share otherwise (the share prefill chose:
+it may still run beside this worker's last step), a pause when prefill took everything, unless the
+pause budget is spent (then it runs anyway, sharing units).
 
 The pause budget is what keeps every running request's TPOT within target, and with a TBT target
 (`--tbt-slo`) also what keeps the gap since each request's last token within it: TPOT is a mean over
@@ -30,6 +31,7 @@ IDLE_SLACK = 0.10  # "efficient": a step at most 10 % slower than on every unit
 # a prefill batch that ends within this fraction of decode's next step, with nothing queued behind it:
 # decode takes every unit at once (sharing prefill's for its last layers) instead of the complement
 TAIL_FRACTION = 0.5
+TPOT_AIM = 0.9  # a step decode chooses for TPOT aims at 90 % of the target (prefill's TPOT_MARGIN)
 
 
 YIELD_AT_RULES = ("step", "layer")  # when decode gives up units prefill has claimed: at its next step or layer
@@ -40,6 +42,12 @@ def oldest_token(running, last_step_end: float | None) -> float:
     its first token (from prefill) when it joined after that step."""
     last = last_step_end if last_step_end is not None else -math.inf
     return min(max(last, r.first_token_time if r.first_token_time is not None else last) for r in running)
+
+
+def prefill_share(peer) -> int:
+    """Prefill's share as decode plans its next step: the one prefill chose, which it may not run on
+    yet (it runs beside the units decode's step holds until that step ends)."""
+    return max(peer.compute_units, peer.claimed_units)
 
 
 def prefill_active(peer) -> bool:
@@ -81,7 +89,7 @@ class BulletDecodePolicy(DecodePolicy):
                 units = fewer
                 reason = "prefill idle: decode takes the units that speed it up, the rest wait for prompts"
         else:
-            units, reason = self.complement(peer.compute_units), "complement of prefill's share"
+            units, reason = self.complement(prefill_share(peer)), "complement of prefill's share"
             if units > 0 and self.tail_share(peer, lens, units):
                 units, reason = self.total, "prefill's batch ends early in this step: decode takes every unit"
         co_tokens = peer.tokens_in_flight if active else 0
@@ -96,7 +104,7 @@ class BulletDecodePolicy(DecodePolicy):
             if budget > 0:
                 return DecodeDecision(run=False, units=view.current_units, reason="paused for a prefill burst",
                                       predictions=predictions)
-            units, reason = self.feasible[0], "pause budget spent: run on a shared unit"
+            units, reason = self.units_keeping_tpot(lens, co_tokens), "pause budget spent: run on the units that keep TPOT"
         at = bisect.bisect_left(self.feasible, units)  # the fewest feasible units >= units (else all)
         units = self.feasible[at] if at < len(self.feasible) else self.total
         return DecodeDecision(run=True, units=units, predicted_s=step, reason=reason, predictions=predictions)
@@ -115,16 +123,28 @@ class BulletDecodePolicy(DecodePolicy):
         tail = groups * peer.step_pred_ms / 1e3
         return tail <= TAIL_FRACTION * self.est.decode_time_for(lens, units, co_prefill_tokens=peer.tokens_in_flight)
 
+    def units_keeping_tpot(self, lens: list[int], co_tokens: int) -> int:
+        """The fewest units whose step is predicted within TPOT_AIM of the TPOT target (else every
+        unit): a decode that can no longer pause runs a step it can afford, on units prefill holds —
+        prefill's next share runs beside them (`BulletPrefillPolicy.beside_decode_step`). Before, it
+        ran on the smallest share: on a GPU a few SMs (2 of an A100's 108: a 30 ms step took 490 ms),
+        which spent the TPOT the pause had saved; in the simulator on the measured H200 the change
+        took ShareGPT's goodput from 56.4 to 62.5 req/s (docs/sim/ledger.md)."""
+        bound = self.slo.tpot * TPOT_AIM
+        return next((u for u in self.feasible if self.est.decode_time_for(lens, u, co_prefill_tokens=co_tokens) <= bound),
+                    self.total)
+
     def units_mid_step(self, peer, current_units: int) -> int | None:
         """`yield_at="layer"`: prefill has started (a prompt arrived) on units this step holds — decode
         took every unit while prefill was idle — so decode goes on with the complement of prefill's
         share from the next layer, as its next step would; the prompt does not share a unit with the
         rest of a decode step (on a CPU core that halves both)."""
-        if self.yield_at != "layer" or not prefill_active(peer) or not peer.compute_units:
+        share = prefill_share(peer)
+        if self.yield_at != "layer" or not prefill_active(peer) or not share:
             return None
-        if peer.compute_units + current_units <= self.total:
-            return None  # no unit is held twice
-        units = max(self.complement(peer.compute_units), self.feasible[0])
+        if share + current_units <= self.total:
+            return None  # no unit is held twice, or would be once this step ends
+        units = max(self.complement(share), self.feasible[0])
         return units if units < current_units else None
 
     def complement(self, peer_units: int) -> int:

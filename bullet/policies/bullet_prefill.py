@@ -13,7 +13,9 @@
    broken → prefill yields units until it holds; on the last step of a batch with an empty queue,
    prefill hands units back to decode — as many as it can without stretching that step by more
    than one decode step (giving away all its TTFT slack instead idles the device: the next
-   arrival would queue behind a slow tail, found in simulation);
+   arrival would queue behind a slow tail, found in simulation); a share that reaches into units a
+   running decode step holds runs beside them until that step ends, claiming the rest for after it
+   (`beside_decode_step`: a decode step keeps its units to its end);
 6. when TPOT is broken and no split that leaves prefill its smallest share lets decode catch up, prefill
    yields (if TTFT holds, or fewer requests would miss TTFT than are decoding — attainment counts
    requests): it runs nothing for one decode step on every unit, then takes its next layer group —
@@ -32,7 +34,7 @@ from typing import Callable
 
 from bullet.types.request import Request, priority_first
 from bullet.types.slo import SLO
-from bullet.types.worker_state import Predictions
+from bullet.types.worker_state import Predictions, WorkerFlags
 from bullet.policies.predict import (
     LearningPredictor,
     Predictor,
@@ -50,6 +52,7 @@ TPOT_MARGIN = 0.9  # aim decode steps at 90% of the TPOT target: predictions are
 HAND_BACK_RULES = ("off", "decode-step", "bounded")
 SPLIT_RULES = ("spatial", "aggregate")
 SPLIT_GOALS = ("prefill-first", "throughput")
+PREFILL_GROWS = ("after-decode-step", "at-once")  # when prefill takes units a running decode step holds
 TTFT_AIM = 0.9  # "throughput": prefill may slow until the P90 of TTFT / target would reach this
 MAX_PREFILL_SLOWDOWN = 2.0  # ... and never by more than this factor (the TTFT slack is a prediction)
 BOUNDED_STRETCH = 0.1  # "bounded": the last layer group may take at most 10 % longer on a smaller share
@@ -64,7 +67,8 @@ class BulletPrefillPolicy(PrefillPolicy):
                  max_prefill_tokens: int, batch_token_limit: Callable[[int], int], max_wait_s: float = 30.0,
                  preemption: bool = True, hand_back: str = "bounded", layer_group: str = "fixed",
                  min_group_s: float = 0.01, split_rule: str = "spatial", split_goal: str = "prefill-first",
-                 decode_units: list[int] | None = None, percentile: float = 0.9):
+                 decode_units: list[int] | None = None, percentile: float = 0.9,
+                 prefill_grow: str = "after-decode-step"):
         """`feasible_units`: prefill's own shares; `decode_units`: decode's beside them (default the same:
         a pool whose remainder joins prefill's shares differs by role). `percentile`: of the waiting
         requests' predicted TTFT / target that must stay within 1 (the paper's P90 by default; the
@@ -76,6 +80,9 @@ class BulletPrefillPolicy(PrefillPolicy):
             raise ValueError(f"hand_back must be one of {HAND_BACK_RULES}, not {hand_back!r}")
         if split_rule not in SPLIT_RULES:
             raise ValueError(f"split_rule must be one of {SPLIT_RULES}, not {split_rule!r}")
+        if prefill_grow not in PREFILL_GROWS:
+            raise ValueError(f"prefill_grow must be one of {PREFILL_GROWS}, not {prefill_grow!r}")
+        self.prefill_grow = prefill_grow
         if split_goal not in SPLIT_GOALS:
             raise ValueError(f"split_goal must be one of {SPLIT_GOALS}, not {split_goal!r}")
         self.split_rule, self.split_goal = split_rule, split_goal
@@ -153,11 +160,29 @@ class BulletPrefillPolicy(PrefillPolicy):
         if units == 0:
             step = self.est.decode_time(peer.batch_size, peer.tokens_in_flight, self.total)
             return PrefillDecision(units=units_now, reason=reason, yield_s=step, predictions=self._predictions(0.0))
+        claimed = units
+        units = self.beside_decode_step(peer, units)
         layers = self.layer_group(batch_lens, units, self._remaining(running), peer, cached)
         step = prefill_seconds(self.est, batch_lens, units, cached, num_layers=layers, include_head=False,
                                co_decode_batch=decode_batch)
         return PrefillDecision(admit=admit, num_layers=layers, units=units, predicted_s=step, reason=reason,
-                               predictions=self._predictions(step), preempt=preempt, lengths=list(batch_lens))
+                               predictions=self._predictions(step), preempt=preempt, lengths=list(batch_lens),
+                               claimed_units=claimed if claimed != units else 0)
+
+    def beside_decode_step(self, peer, units: int) -> int:
+        """The share prefill runs on now, having chosen `units`: those, unless they reach into the
+        units a running decode step holds — a decode step keeps its units to its end (a CUDA-graph
+        replay), and prefill's thread blocks launched onto them leave that step crawling (in the
+        simulator on the measured H200 a burst that took every SM made one 30 ms step of 76 requests
+        take 780 ms, 0.75 s of each one's TPOT slack; arXiv at 9.5 req/s). Then the largest share
+        beside that step's units, until it ends: the chosen share is published (`claimed_units`),
+        and decode's next step takes its complement (none in a burst: decode pauses).
+        `prefill_grow="at-once"`: the chosen share at once (the rule before)."""
+        if (self.prefill_grow == "at-once" or peer.flags & WorkerFlags.PAUSED or peer.compute_units <= 0
+                or peer.batch_size <= 0 or units + peer.compute_units <= self.total):
+            return units
+        at = bisect.bisect_right(self.feasible, self.total - peer.compute_units)  # the largest that fits
+        return self.feasible[at - 1] if at else units
 
     def layer_group(self, batch_lens: list[int], units: int, remaining: int, peer,
                     cached: list[int] | None = None) -> int:

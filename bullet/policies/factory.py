@@ -55,7 +55,7 @@ def make_prefill_policy(args: ServerArgs, feasible_units: list[int], num_layers:
                                    preemption=args.prefill_preemption, hand_back=args.hand_back,
                                    layer_group=args.layer_group, split_rule=args.split_rule,
                                    split_goal=args.split_goal, decode_units=decode_units,
-                                   percentile=args.slo_percentile)
+                                   percentile=args.slo_percentile, prefill_grow=args.prefill_grow)
     raise ValueError(f"policy {args.policy!r} has no prefill worker")
 
 

@@ -74,6 +74,8 @@ class PrefillDecision:
     yield_s: float = 0.0  # > 0: run nothing, publish no units (decode takes them all) for this long
     # with a batch in flight: `admit` runs first, and the in-flight batch waits at its layer boundary
     preempt: bool = False
+    # the share prefill chose when it runs on fewer `units` until a decode step ends (0: none)
+    claimed_units: int = 0
 
 
 @dataclass

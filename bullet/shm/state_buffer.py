@@ -2,13 +2,13 @@
 (Bullet §3.4.1, "global metadata buffer"). One POSIX shared-memory segment per server instance,
 `/bullet-<instance_id>-state`, one 4 KiB page.
 
-Layout, version 4 (all little-endian; offsets in bytes):
+Layout, version 5 (all little-endian; offsets in bytes):
 
     header, offset 0, 128 bytes
       0   8  magic            b"BULLETSB"; stored last, with release order, by the creator, so an
                               attacher that sees it also sees the rest of the header
-      8   4  layout_version   u32 = 4; bumped on any change to this table (2: pause_budget_ms;
-                              3: decisions, repartitions; 4: unit_mask_ext)
+      8   4  layout_version   u32 = 5; bumped on any change to this table (2: pause_budget_ms;
+                              3: decisions, repartitions; 4: unit_mask_ext; 5: claimed_units)
      12   4  header_size      u32 = 128
      16   4  block_stride     u32 = 256 (one block per worker, 256-byte aligned: no false sharing)
      20   4  num_blocks       u32 = 2
@@ -48,7 +48,10 @@ Layout, version 4 (all little-endian; offsets in bytes):
     152   8  decisions        u64  scheduling decisions taken so far
     160   8  repartitions     u64  changes of the worker's compute share so far
     168   8  unit_mask_ext    u64  unit set, units 128-191 (an H200 has 132 SMs)
-    176      (end; the rest of the 256-byte block is free for later versions)
+    176   4  claimed_units    u32  prefill: the share it has chosen while it runs on less, beside the
+                              units a decode step holds until that step ends (0: none); decode's
+                              next step takes the complement of it
+    180      (end; the rest of the 256-byte block is free for later versions)
 
 All latencies are in milliseconds; heartbeat_ns is CLOCK_MONOTONIC, which is system-wide on Linux
 and so comparable between the two workers and the launcher."""
@@ -67,7 +70,7 @@ from bullet.types.roles import BLOCK_ROLES, Role
 from bullet.types.worker_state import ControlFlags, WorkerFlags, WorkerState
 
 MAGIC = b"BULLETSB"
-LAYOUT_VERSION = 4
+LAYOUT_VERSION = 5
 HEADER_SIZE = 128
 BLOCK_STRIDE = 256
 ROLES = tuple(r.value for r in BLOCK_ROLES)
@@ -84,7 +87,7 @@ class StateBufferLayoutError(RuntimeError):
 
 
 _FIELD_FORMATS = {"u64": "Q", "u32": "I", "f64": "d"}
-PAYLOAD_FORMAT = "QQQQQIIQQIIQQdddddddQQQ"
+PAYLOAD_FORMAT = "QQQQQIIQQIIQQdddddddQQQI"
 _PAYLOAD = struct.Struct("<" + PAYLOAD_FORMAT)
 PAYLOAD_SIZE = _PAYLOAD.size  # bytes after the block's sequence word
 _FIELD_NAMES = tuple(f.name for f in fields(WorkerState))

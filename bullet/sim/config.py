@@ -83,6 +83,7 @@ class SimConfig:
     split_rule: str = "spatial"  # bullet: spatial | aggregate (DuetServe: split only when TPOT would break)
     decode_tail_share: bool = True  # bullet: decode takes every unit for a step in which prefill's batch ends
     split_goal: str = "prefill-first"  # bullet, while TPOT has slack: prefill-first | throughput (bullet.config)
+    prefill_grow: str = "after-decode-step"  # bullet: after-decode-step | at-once (bullet.config)
     slo_percentile: float = 0.9  # bullet: the percentile of predicted TTFT / TPOT each scheduler keeps in its SLO
     idle_decode_units: str = "all"  # bullet: all | efficient (fewest units within 10 % of all while prefill idles)
     radix_cache: bool = False  # the prefix cache (off by default: the traces share no tokens, see Simulation)
@@ -296,6 +297,6 @@ def server_args(config: SimConfig, pages: int) -> ServerArgs:
                       max_total_tokens=pages * config.page_size, timeline_dir=config.timeline_dir,
                       prefill_preemption=config.prefill_preemption, hand_back=config.hand_back,
                       layer_group=config.layer_group, split_rule=config.split_rule, split_goal=config.split_goal, decode_tail_share=config.decode_tail_share,
-                      slo_percentile=config.slo_percentile,
+                      slo_percentile=config.slo_percentile, prefill_grow=config.prefill_grow,
                       idle_decode_units=config.idle_decode_units, disable_radix_cache=not config.radix_cache,
                       partition_backend="none")

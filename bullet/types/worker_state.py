@@ -50,6 +50,9 @@ class WorkerState:
     decisions: int = 0  # u64 scheduling decisions taken so far (for /metrics)
     repartitions: int = 0  # u64 changes of this worker's compute share so far (for /metrics)
     unit_mask_ext: int = 0  # u64 unit set, units 128-191
+    # u32 prefill: the share it has chosen when that is more than it runs on (0: none) — it runs beside
+    # the units a decode step holds until the step ends, and decode's next step takes the complement
+    claimed_units: int = 0
 
     @property
     def unit_mask(self) -> int:

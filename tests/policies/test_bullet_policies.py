@@ -8,7 +8,7 @@ import pytest
 from bullet.policies.bullet_decode import BulletDecodePolicy
 from bullet.policies.bullet_prefill import TPOT_MARGIN, BulletPrefillPolicy
 from bullet.policies.views import PrefillView
-from bullet.shm.state_buffer import WorkerState
+from bullet.shm.state_buffer import WorkerFlags, WorkerState
 from bullet.types.slo import SLO
 from tests.policies.fakes import (LAYERS, TOTAL, FakePredictor, decode_state, decode_view, inflight,
                                     prefill_view, req)
@@ -17,10 +17,10 @@ K = 4
 
 
 def policy(ttft="10s", tpot="100ms", limit=10_000, max_tokens=8192, max_wait=30.0, est=None, hand_back="bounded",
-           preemption=True, split_rule="spatial"):
+           preemption=True, split_rule="spatial", prefill_grow="after-decode-step"):
     return BulletPrefillPolicy(est or FakePredictor(), SLO.parse(ttft, tpot), list(range(1, TOTAL + 1)), K, LAYERS,
                                max_tokens, lambda units: limit, max_wait_s=max_wait, preemption=preemption,
-                               hand_back=hand_back, split_rule=split_rule)
+                               hand_back=hand_back, split_rule=split_rule, prefill_grow=prefill_grow)
 
 
 def order(p, view, units):
@@ -100,6 +100,51 @@ def test_burst_pauses_decode_when_its_tpot_still_holds():
     tight = decode_state(batch=10, context=5000, tpot_p90_ms=30, pause_budget_ms=1)
     d = policy(ttft="0.1ms/token", limit=1).decide(prefill_view(1.0, queue, peer=tight))
     assert d.units == TOTAL - 1
+
+
+def test_prefill_runs_beside_a_running_decode_step_and_claims_its_share_for_after_it():
+    """A decode step keeps its units to its end: a share that reaches into them (a burst's every
+    unit, here) runs beside them until decode's step ends, and the chosen share is published as
+    claimed for decode's next step."""
+    from dataclasses import replace
+
+    queue = [req(f"r{i}", 400, 0.0) for i in range(4)]
+    roomy = decode_state(batch=10, context=5000, tpot_p90_ms=30, pause_budget_ms=5000)
+    stepping = replace(roomy, compute_units=3)
+    burst = policy(ttft="0.1ms/token", limit=1)
+    d = burst.decide(prefill_view(1.0, queue, peer=stepping))
+    assert (d.units, d.claimed_units) == (TOTAL - 3, TOTAL) and "decode pauses" in d.reason
+    d = burst.decide(prefill_view(1.0, queue, peer=replace(stepping, flags=int(WorkerFlags.PAUSED))))
+    assert (d.units, d.claimed_units) == (TOTAL, 0)  # decode paused: every unit at once
+    d = burst.decide(prefill_view(1.0, queue))
+    assert (d.units, d.claimed_units) == (TOTAL, 0)  # decode idle
+    # a usual split that fits beside decode's units claims nothing; one that does not, waits too
+    d = policy().decide(prefill_view(1.0, [req("a", 500, 0.9)], peer=replace(stepping, compute_units=1)))
+    assert (d.units, d.claimed_units) == (TOTAL - 1, 0)
+    d = policy().decide(prefill_view(1.0, [req("a", 500, 0.9)], peer=stepping))
+    assert (d.units, d.claimed_units) == (TOTAL - 3, TOTAL - 1)
+    # "at-once", the rule before: the chosen share now
+    d = policy(prefill_grow="at-once").decide(prefill_view(1.0, [req("a", 500, 0.9)], peer=stepping))
+    assert (d.units, d.claimed_units) == (TOTAL - 1, 0)
+    with pytest.raises(ValueError, match="prefill_grow"):
+        policy(prefill_grow="later")
+
+
+def test_decode_plans_its_next_step_beside_the_share_prefill_claimed():
+    running = [req("a", 10, 0.0, outputs=50, first_token_time=0.0)]  # 50 tokens in 1 s: slack to pause
+    beside = WorkerState(remaining_layers=8, compute_units=3)
+    assert dpolicy().decide(decode_view(1.0, running, beside)).units == TOTAL - 3
+    claimed = WorkerState(remaining_layers=8, compute_units=3, claimed_units=6)
+    assert dpolicy().decide(decode_view(1.0, running, claimed)).units == TOTAL - 6
+    burst = WorkerState(remaining_layers=8, compute_units=3, claimed_units=TOTAL)
+    d = dpolicy().decide(decode_view(1.0, running, burst))
+    assert not d.run and "prefill burst" in d.reason
+    late = [req("a", 10, 0.0, outputs=5, first_token_time=0.0)]  # no budget left: it runs anyway
+    assert dpolicy().decide(decode_view(1.0, late, burst)).run
+    # on a CPU, mid-step: decode gives up at its next layer the units prefill claimed
+    layer = dpolicy(yield_at="layer")
+    assert layer.units_mid_step(claimed, current_units=TOTAL - 3) == TOTAL - 6
+    assert layer.units_mid_step(beside, current_units=TOTAL - 3) is None
 
 
 def test_aggregate_rule_pauses_decode_while_its_budget_lasts_and_splits_after():
@@ -289,8 +334,13 @@ def test_decode_follows_prefills_share_and_pauses_when_it_takes_everything():
 def test_decode_runs_anyway_once_the_pause_budget_is_spent():
     running = [req("a", 10, 0.0, outputs=5, first_token_time=0.0)]  # 5 tokens in 1 s: already late
     d = dpolicy().decide(decode_view(1.0, running, WorkerState(remaining_layers=8, compute_units=TOTAL)))
-    assert d.run and d.units == 1 and "budget spent" in d.reason
+    assert d.run and d.units == 1 and "budget spent" in d.reason  # 21 ms on 1 unit keeps 0.9 x 100 ms
     assert d.predictions.pause_budget_ms < 0
+    # 30 requests: 50 ms on 1 unit, 25 ms on 2 — under a 40 ms target it takes the 2 that keep it
+    # (on the smallest share its step would spend the TPOT its pause saved)
+    crowd = [req(f"r{i}", 10, 0.0, outputs=5, first_token_time=0.0) for i in range(30)]
+    d = dpolicy(tpot="40ms").decide(decode_view(1.0, crowd, WorkerState(remaining_layers=8, compute_units=TOTAL)))
+    assert d.run and d.units == 2 and "budget spent" in d.reason
 
 
 def test_a_tbt_target_bounds_the_pause_tpot_slack_would_allow():

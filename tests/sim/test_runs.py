@@ -100,6 +100,24 @@ def test_bullet_repartitions_under_a_burst_and_a_static_split_does_not(tmp_path)
     assert set(_units(tmp_path / "static", "decode")) == {48}
 
 
+def _complement_steps(directory) -> list[float]:
+    """Observed / predicted time of every decode step that ran on the complement of prefill's share."""
+    rows = [json.loads(line) for line in (directory / "decode.jsonl").read_text().splitlines()]
+    return [r["obs_ms"] / r["pred_ms"] for r in rows if r.get("run") and r["reason"].startswith("complement")]
+
+
+def test_prefill_never_grows_into_a_running_decode_steps_units(tmp_path):
+    """A decode step keeps its units to its end: prefill's new share waits beside them until the step
+    ends (`prefill_grow="after-decode-step"`), so a step on the complement of prefill's share takes
+    about what decode predicted; taking them at once (the rule before) left steps sharing units with
+    prefill's thread blocks, several times slower than predicted."""
+    simulate("bullet", burst(), timeline_dir=str(tmp_path / "after"))
+    after = _complement_steps(tmp_path / "after")
+    assert after and max(after) < 1.5
+    simulate("bullet", burst(), timeline_dir=str(tmp_path / "at-once"), prefill_grow="at-once")
+    assert max(_complement_steps(tmp_path / "at-once")) > 3.0
+
+
 @pytest.mark.parametrize("budget", [64, 700])
 def test_chunked_never_exceeds_its_token_budget(tmp_path, budget):
     requests = poisson(80, 10.0, seed=4)
