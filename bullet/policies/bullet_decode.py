@@ -20,8 +20,8 @@ from __future__ import annotations
 import bisect
 import math
 
-from bullet.policies.predict import LearningPredictor, Predictor, decode_outlook, percentile
-from bullet.policies.views import DecodeDecision, DecodePolicy, DecodeView
+from bullet.policies.predict import TPOT_MARGIN, LearningPredictor, Predictor, decode_outlook, percentile
+from bullet.policies.views import DecodeDecision, DecodePolicy, DecodeView, largest_at_most
 from bullet.types.request import seq_lens
 from bullet.types.slo import SLO
 from bullet.types.worker_state import Predictions
@@ -31,7 +31,6 @@ IDLE_SLACK = 0.10  # "efficient": a step at most 10 % slower than on every unit
 # a prefill batch that ends within this fraction of decode's next step, with nothing queued behind it:
 # decode takes every unit at once (sharing prefill's for its last layers) instead of the complement
 TAIL_FRACTION = 0.5
-TPOT_AIM = 0.9  # a step decode chooses for TPOT aims at 90 % of the target (prefill's TPOT_MARGIN)
 
 
 YIELD_AT_RULES = ("step", "layer")  # when decode gives up units prefill has claimed: at its next step or layer
@@ -124,13 +123,13 @@ class BulletDecodePolicy(DecodePolicy):
         return tail <= TAIL_FRACTION * self.est.decode_time_for(lens, units, co_prefill_tokens=peer.tokens_in_flight)
 
     def units_keeping_tpot(self, lens: list[int], co_tokens: int) -> int:
-        """The fewest units whose step is predicted within TPOT_AIM of the TPOT target (else every
+        """The fewest units whose step is predicted within TPOT_MARGIN of the TPOT target (else every
         unit): a decode that can no longer pause runs a step it can afford, on units prefill holds —
         prefill's next share runs beside them (`BulletPrefillPolicy.beside_decode_step`). Before, it
         ran on the smallest share: on a GPU a few SMs (2 of an A100's 108: a 30 ms step took 490 ms),
         which spent the TPOT the pause had saved; in the simulator on the measured H200 the change
         took ShareGPT's goodput from 56.4 to 62.5 req/s (docs/sim/ledger.md)."""
-        bound = self.slo.tpot * TPOT_AIM
+        bound = self.slo.tpot * TPOT_MARGIN
         return next((u for u in self.feasible if self.est.decode_time_for(lens, u, co_prefill_tokens=co_tokens) <= bound),
                     self.total)
 
@@ -152,8 +151,7 @@ class BulletDecodePolicy(DecodePolicy):
         none). Rounded down, not up: where shares are groups of SMs plus a remainder only the whole
         device holds (green contexts: 16 x 8 + 4 on an H200), rounding the rest up would reach into
         prefill's groups (prefill 8 leaves 124; 128 = the last 16 groups, one of them prefill's)."""
-        at = bisect.bisect_right(self.feasible, self.total - peer_units)  # the largest feasible <= the rest
-        return self.feasible[at - 1] if at else 0
+        return largest_at_most(self.feasible, self.total - peer_units) or 0
 
     def efficient_units(self, lens: list[int]) -> int | None:
         """The fewest units short of every unit whose step is within IDLE_SLACK of the step on all (None:

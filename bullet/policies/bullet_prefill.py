@@ -36,6 +36,7 @@ from bullet.types.request import Request, priority_first
 from bullet.types.slo import SLO
 from bullet.types.worker_state import Predictions, WorkerFlags
 from bullet.policies.predict import (
+    TPOT_MARGIN,
     LearningPredictor,
     Predictor,
     decode_seconds_over,
@@ -46,9 +47,8 @@ from bullet.policies.predict import (
     prefill_seconds_over,
 )
 from bullet.policies.preemption import choose_preemptors
-from bullet.policies.views import PrefillDecision, PrefillPolicy, PrefillView
+from bullet.policies.views import PrefillDecision, PrefillPolicy, PrefillView, largest_at_most
 
-TPOT_MARGIN = 0.9  # aim decode steps at 90% of the TPOT target: predictions are not exact
 HAND_BACK_RULES = ("off", "decode-step", "bounded")
 SPLIT_RULES = ("spatial", "aggregate")
 SPLIT_GOALS = ("prefill-first", "throughput")
@@ -181,8 +181,7 @@ class BulletPrefillPolicy(PrefillPolicy):
         if (self.prefill_grow == "at-once" or peer.flags & WorkerFlags.PAUSED or peer.compute_units <= 0
                 or peer.batch_size <= 0 or units + peer.compute_units <= self.total):
             return units
-        at = bisect.bisect_right(self.feasible, self.total - peer.compute_units)  # the largest that fits
-        return self.feasible[at - 1] if at else units
+        return largest_at_most(self.feasible, self.total - peer.compute_units) or units
 
     def layer_group(self, batch_lens: list[int], units: int, remaining: int, peer,
                     cached: list[int] | None = None) -> int:

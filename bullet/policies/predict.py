@@ -117,6 +117,9 @@ def pause_budget(running: Sequence[Request], now: float, step_s: float, slo: SLO
     return budget
 
 
+TPOT_MARGIN = 0.9  # decode steps chosen for TPOT aim at 90 % of the target: predictions are not exact
+
+
 def decode_outlook(running: Sequence[Request], now: float, step_s: float, slo: SLO) -> tuple[float, list[float]]:
     """`pause_budget` and every request's `tpot_after_next_step` (no pause) in one pass over the
     batch, the same numbers: the decode policy needs both every step, for every request."""

@@ -8,6 +8,7 @@ memory or the C extension, so policies and the simulator load in milliseconds.""
 
 from __future__ import annotations
 
+import bisect
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -120,6 +121,12 @@ class DecodePolicy(ABC):
         """Between two layers of a running step, with the peer's state as it is now:
         the units to go on with, or None to keep the step's share to its end (the default)."""
         return None
+
+
+def largest_at_most(units: Sequence[int], limit: int) -> int | None:
+    """The largest of the ascending `units` that is at most `limit` (None: none is)."""
+    at = bisect.bisect_right(units, limit)
+    return units[at - 1] if at else None
 
 
 def admit_fcfs(queue: Sequence[Request], token_budget: int, free_pages: int, page_size: int,
