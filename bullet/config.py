@@ -33,7 +33,7 @@ class ServerArgs(BaseModel):
         "auto", description="what the KV pool stores: auto (the model's compute dtype; float32 for the int8 model) | "
         "float16 | bfloat16 | float32 (float16 halves the bytes each decode step reads, and the pool's size)")
     quantization: str = Field("auto", description="auto (int8 W8A8 for a quantized GGUF on a CPU when --dtype is "
-                              "auto; an FP8 checkpoint kept in FP8 on CUDA, dequantized on a CPU; else none) | none (dequantize to "
+                              "auto and --tp-size is 1; an FP8 checkpoint kept in FP8 on CUDA, dequantized on a CPU; else none) | none (dequantize to "
                               "--dtype) | w8a8_int8 | fp8 (an FP8 checkpoint as stored)")
     device: str = Field("cpu", description="cpu | cuda | cuda:<index> | auto (a GPU if one is visible)")
     served_model_name: str | None = Field(None, description="model name reported by the API (default: from the path)")
@@ -44,6 +44,10 @@ class ServerArgs(BaseModel):
     api_key: str | None = Field(None, description="require 'Authorization: Bearer <key>' on every request")
     max_request_body_bytes: int = Field(16 << 20, ge=1024, description="largest HTTP request body accepted; a larger "
                                         "one gets 413 before it is read (16 MiB holds a 128k-token prompt many times over)")
+    tp_size: int = Field(1, ge=1, le=64, description="tensor-parallel ranks per worker: the prefill and the decode worker "
+                         "each run as this many processes, rank i of both holding the i-th shard of the weights and of "
+                         "the KV pool (Megatron-style: heads and MLP width split, partial sums all-reduced through gloo) "
+                         "and the i-th part of their worker's cores (CPU only for now; float weights)")
     # memory
     page_size: int = Field(16, ge=1, le=1024, description="tokens per KV page")
     max_total_tokens: int = Field(32768, ge=64, description="KV pool capacity in tokens (shared by both workers)")

@@ -20,6 +20,7 @@ tied head-norm of rotated int8 models are refused by name."""
 from __future__ import annotations
 
 import json
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -176,7 +177,8 @@ def build_rank_model(config: ModelConfig, state: dict[str, torch.Tensor], tp_siz
 # A worker split over N ranks runs its scheduler once, on rank 0. Every call rank 0 makes on its runner
 # is first sent to the other ranks, which make the same call on theirs: their layers then meet rank
 # 0's in the same all-reduces. What is sent is JSON (the operation, the chunks' token ids, starts,
-# page tables and logits kinds, a batch's id), broadcast as bytes over the group — never a pickle.
+# page tables and logits kinds, a batch's id, the worker's current share of units), broadcast as bytes
+# over the group — never a pickle. Only rank 0 samples: a follower runs the layers and skips the head.
 
 _OPS = ("start", "run_layers", "finish", "forward", "stop")
 
@@ -204,56 +206,121 @@ def _receive(group) -> dict:
 
 class LeadingRunner:
     """Rank 0's runner: the `ModelRunner` interface the loops use (start, run_layers, finish, forward),
-    each call sent to the following ranks before it runs here. A batch started here carries an id the
-    followers key their own in-flight state by (a preempted batch and its preemptor are both in flight)."""
+    each call sent to the following ranks before its layers run here. A batch started here carries an
+    id the followers key their own in-flight state by (a preempted batch and its preemptor are both in
+    flight); a batch dropped before it finished (its requests aborted) is named in the next message,
+    so the followers drop theirs too. `units()`: the worker's current share, sent with every call so
+    the followers run on their part of it (None: they keep what they have).
 
-    def __init__(self, runner, group: dist.ProcessGroup):
-        self.runner, self.group = runner, group
+    A call that fails after it was sent (a layer raised here, or a peer is gone) leaves the ranks out
+    of step — the followers may wait in a collective this rank will never join: `broken` is then
+    set, and every later call refuses to run."""
+
+    def __init__(self, runner, group: dist.ProcessGroup, units=None):
+        self.runner, self.group, self.units = runner, group, units
         self._next_id = 0
         self._ids: dict[int, int] = {}  # id(LayerwiseState) -> batch id
+        self._dropped: list[int] = []  # batches garbage-collected here before they finished
+        self.broken = False
 
     def __getattr__(self, name):  # page_size, model, kv, device, ...: the local runner's
         return getattr(self.runner, name)
 
+    def _send(self, message: dict) -> None:
+        if self.broken:
+            raise RuntimeError("the tensor-parallel ranks are out of step after a failed call: the worker must restart")
+        if self.units is not None:
+            message["units"] = int(self.units())
+        if self._dropped:
+            message["drop"], self._dropped = self._dropped, []
+        _send(self.group, message)
+
+    def _forget(self, key: int, batch: int) -> None:
+        """A state collected before finish(): the followers drop their copy with the next message (a
+        finalizer must not send: it may run in the middle of another message)."""
+        if self._ids.get(key) == batch:
+            del self._ids[key]
+            self._dropped.append(batch)
+
     def start(self, chunks):
+        state = self.runner.start(chunks)  # first here: a batch this rank refuses is never sent
         batch = self._next_id
         self._next_id += 1
-        _send(self.group, {"op": "start", "batch": batch, "chunks": [_chunk_json(c) for c in chunks]})
-        state = self.runner.start(chunks)
+        with self._sent({"op": "start", "batch": batch, "chunks": [_chunk_json(c) for c in chunks]}):
+            pass
         self._ids[id(state)] = batch
+        weakref.finalize(state, self._forget, id(state), batch)
         return state
 
+    def _sent(self, message: dict):
+        """Send `message`; the context it returns marks the ranks out of step if what follows raises."""
+        try:
+            self._send(message)
+        except Exception:
+            self.broken = True
+            raise
+        return _Mirrored(self)
+
     def run_layers(self, state, num_layers: int | None = None) -> bool:
-        _send(self.group, {"op": "run_layers", "batch": self._ids[id(state)], "layers": num_layers})
-        return self.runner.run_layers(state, num_layers)
+        with self._sent({"op": "run_layers", "batch": self._ids[id(state)], "layers": num_layers}):
+            return self.runner.run_layers(state, num_layers)
 
     def finish(self, state):
-        _send(self.group, {"op": "finish", "batch": self._ids.pop(id(state))})
-        return self.runner.finish(state)
+        with self._sent({"op": "finish", "batch": self._ids.pop(id(state))}):
+            pass
+        return self.runner.finish(state)  # the head, here alone: nothing the followers wait on
 
     def forward(self, chunks, between_layers=None):
         """As `ModelRunner.forward`: one message for a whole step (the followers run every layer; the
         hook, which only changes how this rank runs on, is this rank's)."""
-        _send(self.group, {"op": "forward", "chunks": [_chunk_json(c) for c in chunks]})
-        return self.runner.forward(chunks, between_layers)
+        state = self.runner.start(chunks)
+        with self._sent({"op": "forward", "chunks": [_chunk_json(c) for c in chunks]}):
+            if between_layers is None:
+                self.runner.run_layers(state)
+            else:
+                while not self.runner.run_layers(state, 1):
+                    between_layers(state.next_layer)
+        return self.runner.finish(state)
 
     def stop(self) -> None:
         """Ends the followers' loops."""
-        _send(self.group, {"op": "stop"})
+        with self._sent({"op": "stop"}):
+            pass
 
 
-def follow(runner, group: dist.ProcessGroup) -> int:
+class _Mirrored:
+    """The part of a call the followers mirror: an exception in it breaks the leader."""
+
+    def __init__(self, leader: LeadingRunner):
+        self.leader = leader
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, tb) -> bool:
+        if kind is not None:
+            self.leader.broken = True
+        return False
+
+
+def follow(runner, group: dist.ProcessGroup, apply_units=None) -> int:
     """A following rank's loop: make each call rank 0 sends on `runner` until it sends stop. Returns
-    the number of calls made. Their outputs (logits) are rank 0's too, and dropped here."""
+    the number of calls made. The head is rank 0's alone: a follower runs the layers (their all-reduces
+    need it) and never computes logits. `apply_units(n)`: run on this rank's part of an n-unit share."""
     from engines.runner import SeqChunk  # deferred: the runner module imports the model and its kernels
 
     def chunks(message):
         return [SeqChunk(ids, start, table, logits) for ids, start, table, logits in message["chunks"]]
 
     inflight: dict[int, object] = {}
-    calls = 0
+    calls, units = 0, None
     while True:
         message = _receive(group)
+        for batch in message.get("drop", ()):
+            inflight.pop(batch, None)
+        if apply_units is not None and message.get("units") not in (None, units):
+            units = message["units"]
+            apply_units(units)
         op = message["op"]
         if op == "stop":
             return calls
@@ -263,6 +330,6 @@ def follow(runner, group: dist.ProcessGroup) -> int:
         elif op == "run_layers":
             runner.run_layers(inflight[message["batch"]], message["layers"])
         elif op == "finish":
-            runner.finish(inflight.pop(message["batch"]))
+            inflight.pop(message["batch"])
         else:
-            runner.forward(chunks(message))
+            runner.run_layers(runner.start(chunks(message)))

@@ -22,7 +22,7 @@ from bullet.partition.mps_share import environment, fixed_split, worker_environm
 from bullet.partition.share_control import share_factory
 from bullet.policies.factory import initial_units, roles_for
 from bullet.shared.endpoints import Endpoints, make_runtime_dir, remove_runtime_dir, stale_runtime_dirs
-from bullet.shared.model import load_shared_model
+from bullet.shared.model import load_shared_model, shard_shared_model
 from bullet.shm.page_allocator import CACHE_OWNER
 from bullet.shm.segments import cleanup_at_exit_only, cleanup_instance, instance_alive, new_instance_id, stale_instances
 from bullet.shm.shared_page_allocator import SharedPageAllocator
@@ -61,8 +61,13 @@ class Launcher:
         """`cuda` replaces torch.cuda (tests: a fake GPU whose tensors stay in host memory)."""
         self.args, self.cuda = args, cuda
         self.device = serving_device(args, cuda)  # before anything loads: a wrong --device fails here
+        if args.tp_size > 1 and self.device.type == "cuda":
+            raise ValueError(f"--tp-size {args.tp_size} on {self.device}: tensor-parallel workers run on CPUs only for "
+                             "now (gloo); NCCL ranks across GPUs are not implemented")
         self.instance_id = new_instance_id()
-        self.procs: dict[Role, mp.Process] = {}
+        self.procs: dict[Role, mp.Process] = {}  # each worker's process (its rank 0 under --tp-size)
+        self.followers: dict[Role, list[mp.Process]] = {}  # ranks 1.. of each worker under --tp-size
+        self.rank_models = []  # the model's shard for each tensor-parallel rank (one: the whole model)
         self.incarnation = 0
         self.restarts = 0
         self.shared = self.tokenizer = self.state = self.allocator = None
@@ -89,9 +94,12 @@ class Launcher:
         if self.device.type == "cuda":
             cuda_access(self.cuda).make_current(self.device)  # the GPU profiler says only "cuda"
         self.shared, self.tokenizer = load_shared_model(self.args, self.device, self.cuda)
-        log.info("loaded %s (%s, %.0f MB weights, %.0f MB KV pool of %d pages) on %s in %.1fs", self.shared.model_name,
+        self.rank_models = shard_shared_model(self.shared, self.args.tp_size)
+        self.shared = self.rank_models[0]  # the whole model's split tensors and pool are freed here
+        log.info("loaded %s (%s, %.0f MB weights, %.0f MB KV pool of %d pages%s) on %s in %.1fs", self.shared.model_name,
                  self.shared.dtype, self.shared.weight_bytes() / 2**20, self.shared.kv_bytes() / 2**20,
-                 self.shared.num_pages, self.device, time.monotonic() - t0)
+                 self.shared.num_pages, f", each of {self.args.tp_size} tensor-parallel ranks" if self.args.tp_size > 1
+                 else "", self.device, time.monotonic() - t0)
         if self.device.type == "cuda":
             self.total_units = cuda_access(self.cuda).sm_count(self.device)
         self._resolve_partition_backend()
@@ -119,10 +127,10 @@ class Launcher:
             prefill_units, decode_units = fixed_split(prefill_units, decode_units, self.total_units)
         units = {Role.PREFILL: prefill_units, Role.DECODE: decode_units, Role.UNIFIED: self.total_units}
         return [WorkerSpec(role=role, instance_id=self.instance_id, incarnation=self.incarnation, args=self.args,
-                           model=self.shared, endpoints=self.endpoints, runtime_dir=str(self.runtime_dir),
+                           model=model, endpoints=self.endpoints, runtime_dir=str(self.runtime_dir),
                            cores=self.cores, launcher_pid=os.getpid(), initial_units=units[role],
-                           estimator_profile=self.estimator_profile, total_units=self.total_units)
-                for role in self.roles]
+                           estimator_profile=self.estimator_profile, total_units=self.total_units, tp_rank=model.tp_rank)
+                for role in self.roles for model in self.rank_models]
 
     def next_incarnation(self) -> None:
         self.incarnation += 1
@@ -132,13 +140,23 @@ class Launcher:
     def spawn_workers(self) -> None:
         self.next_incarnation()
         ctx = mp.get_context("spawn")
+        self.procs, self.followers = {}, {role: [] for role in self.roles}
         for spec in self.worker_specs():
-            proc = ctx.Process(target=worker_main, args=(spec,), name=f"bullet-{spec.role}-{self.instance_id}",
+            rank = f"-rank{spec.tp_rank}" if spec.tp_rank else ""
+            proc = ctx.Process(target=worker_main, args=(spec,), name=f"bullet-{spec.role}{rank}-{self.instance_id}",
                                daemon=False)
             # mps-percentage: the worker's SM cap must be in its environment before it initialises CUDA
             with environment(worker_environment(self.args.partition_backend, spec.initial_units, self.total_units)):
                 proc.start()
-            self.procs[spec.role] = proc
+            if spec.tp_rank:
+                self.followers[spec.role].append(proc)
+            else:
+                self.procs[spec.role] = proc
+
+    def _all_procs(self) -> list[tuple[Role, mp.Process]]:
+        """Every process of every worker: rank 0 (the one that schedules) and its followers."""
+        return [(role, p) for role, p in self.procs.items()] + \
+            [(role, p) for role, ps in self.followers.items() for p in ps]
 
     async def wait_ready(self, timeout: float = 300.0) -> None:
         """Until both workers published READY in this incarnation; raises if one exits first."""
@@ -169,25 +187,35 @@ class Launcher:
         return hung
 
     def kill_worker(self, role: Role) -> None:
-        proc = self.procs.get(role)
-        if proc is not None and proc.exitcode is None:
-            proc.kill()
-            proc.join(2.0)
+        """Every rank of `role`'s worker (one without the others cannot run a step)."""
+        for r, proc in self._all_procs():
+            if r is role and proc.exitcode is None:
+                proc.kill()
+                proc.join(2.0)
 
     def dead_workers(self) -> list[tuple[Role, int]]:
-        return [(role, p.exitcode) for role, p in self.procs.items() if p.exitcode is not None]
+        """Workers with a process that exited (any rank: the rest cannot go on without it), with its code."""
+        dead: dict[Role, int] = {}
+        for role, p in self._all_procs():
+            if p.exitcode is not None:
+                dead.setdefault(role, p.exitcode)
+        return list(dead.items())
 
     def worker_pids(self) -> dict[str, int]:
-        return {role.value: p.pid for role, p in self.procs.items()}
+        pids = {role.value: p.pid for role, p in self.procs.items()}
+        for role, procs in self.followers.items():
+            pids.update({f"{role.value}.rank{i + 1}": p.pid for i, p in enumerate(procs)})
+        return pids
 
     def terminate_workers(self, grace: float = 5.0) -> None:
         """SIGTERM (stop after the current step), then SIGKILL whatever is still alive."""
         self.state.set_control(ControlFlags.SHUTDOWN)
-        for p in self.procs.values():
+        procs = [p for _, p in self._all_procs()]
+        for p in procs:
             if p.exitcode is None:
                 p.terminate()
         deadline = time.monotonic() + grace
-        for p in self.procs.values():
+        for p in procs:
             p.join(max(0.0, deadline - time.monotonic()))
             if p.exitcode is None:
                 p.kill()

@@ -5,7 +5,7 @@ model around these tensors with `assign=True`, so nothing is copied."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -17,6 +17,7 @@ from engines.device import quantization_for, require_device, resolve_dtype, reso
 from engines.host import release_free_heap
 from engines.kv_pool import KVPool
 from engines.model_config import ModelConfig
+from engines.tensor_parallel import plan_shard, shard_config, shard_state
 from engines.tokenizer import Tokenizer, load_tokenizer
 from engines.weights import DEFAULT_MODEL, load_weights
 
@@ -35,9 +36,19 @@ class SharedModel:
     source: str | None = None  # the file or directory the weights came from
     eos_token_ids: tuple[int, ...] = ()  # from the config and the tokenizer
     quantization: str = "none"  # how the weights are served: none | w8a8_int8 | fp8 (what a profile must measure)
+    # tensor parallelism (--tp-size): this is rank `tp_rank`'s shard of `tp_size` — `config` is the
+    # shard's (its heads and MLP width), `whole_config` the model's (what the estimator prices)
+    tp_rank: int = 0
+    tp_size: int = 1
+    whole_config: ModelConfig | None = None
 
     def __post_init__(self):
         require_device(self.device)
+
+    @property
+    def model_config(self) -> ModelConfig:
+        """The whole model's config, whichever shard this is."""
+        return self.whole_config or self.config
 
     def weight_bytes(self) -> int:
         seen, total = set(), 0
@@ -64,8 +75,11 @@ def load_shared_model(args: ServerArgs, device: torch.device,
     torch.cuda (tests: a fake GPU whose tensors stay in host memory)."""
     device = require_device(device)
     data = tensor_device(device, cuda)
+    quantization = args.quantization
+    if args.tp_size > 1 and quantization == "auto":  # the ranks split float weights (engines.tensor_parallel)
+        quantization = "none"
     weights = load_weights(args.model_path, args.load_format, resolve_dtype(args.dtype, device), seed=args.seed,
-                           device=data, quantization=quantization_for(args.quantization, args.dtype))
+                           device=data, quantization=quantization_for(quantization, args.dtype))
     dtype = weights.dtype  # the int8 model computes (and keeps its KV) in float32 whatever --dtype resolved to
     tokenizer = None
     if weights.load_format != "dummy" or args.tokenizer_path:
@@ -87,6 +101,28 @@ def load_shared_model(args: ServerArgs, device: torch.device,
     return SharedModel(config, state, kv, num_pages, args.page_size, device, str(dtype).removeprefix("torch."),
                        name, str(tokenizer.source_dir) if tokenizer else None,
                        source, eos, quantization), tokenizer
+
+
+def shard_shared_model(shared: SharedModel, tp_size: int) -> list[SharedModel]:
+    """The `tp_size` ranks' shards of `shared` (`engines.tensor_parallel`), each with its own KV pool
+    (its KV heads, the same pages), shared the same way; the prefill and decode ranks of one index
+    share one shard. `shared`'s own split tensors and pool are no longer needed once this returns.
+    A model that cannot be split (quantized weights, MoE layers, heads that do not divide) is a
+    ValueError saying why."""
+    if tp_size == 1:
+        return [shared]
+    data = shared.kv.device
+    ranks = []
+    for rank in range(tp_size):
+        shard = plan_shard(shared.config, tp_size, rank)
+        config = shard_config(shared.config, shard)
+        state = {name: t if t.is_shared() or t.device.type != "cpu" else _share(t, data)
+                 for name, t in shard_state(shared.state, shared.config, shard).items()}
+        kv = _share(KVPool(config, shared.num_pages, shared.page_size, shared.kv.dtype, data).tensor, data)
+        ranks.append(replace(shared, config=config, state=state, kv=kv, tp_rank=rank, tp_size=tp_size,
+                             whole_config=shared.config))
+    release_free_heap()
+    return ranks
 
 
 def _model_name(args: ServerArgs, source: Path | None, config: ModelConfig) -> str:

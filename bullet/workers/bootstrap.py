@@ -21,6 +21,7 @@ import setproctitle
 from bullet.shared.endpoints import remove_runtime_dir
 from bullet.shm.segments import cleanup_instance
 from bullet.workers.spec import WorkerSpec
+from bullet.workers.tensor_parallel import follow_main
 from bullet.workers.wiring import Worker, build_worker
 
 log = logging.getLogger("bullet.worker")
@@ -69,6 +70,8 @@ def worker_main(spec: WorkerSpec) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, stop)
     _die_with_parent()
+    if spec.tp_rank:
+        _exit(_follower(spec), spec)
     worker: Worker | None = None
     code = 0
     try:
@@ -89,4 +92,25 @@ def worker_main(spec: WorkerSpec) -> None:
             remove_runtime_dir(spec.runtime_dir)
         if worker is not None:
             worker.close()
+    _exit(code, spec)
+
+
+def _follower(spec: WorkerSpec) -> int:
+    """Rank 1.. of a tensor-parallel worker: it follows rank 0 (nothing of the instance is its to clean)."""
+    try:
+        return follow_main(spec) if os.getppid() == spec.launcher_pid else 1
+    except Exception:
+        log.error("rank %d of the %s worker failed:\n%s", spec.tp_rank, spec.role.value, traceback.format_exc())
+        return 1
+
+
+def _exit(code: int, spec: WorkerSpec) -> None:
+    """A process of a tensor-parallel worker skips the interpreter's finalization (os._exit): torch can
+    abort there tearing down gloo's threads ("terminate called without an active exception"), which
+    would turn a clean stop into a crash report."""
+    if spec.args.tp_size > 1:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     sys.exit(code)

@@ -29,12 +29,16 @@ class Inbox(Protocol):
 class WorkerDriver:
     def __init__(self, core: LoopCore, io: Inbox, should_stop: Callable[[], bool],
                  on_idle: Callable[[], None] = lambda: None, vet: Callable[[object], str | None] = lambda msg: None,
-                 prefetch: Callable[[object], object] = lambda constraint: None):
+                 prefetch: Callable[[object], object] = lambda constraint: None,
+                 fatal: Callable[[], bool] = lambda: False):
         self.core, self.io, self.should_stop, self.on_idle = core, io, should_stop, on_idle
         self.vet = vet  # why a well-formed message must still be dropped (bullet.workers.vetting)
         # starts compiling a request's grammar as it arrives (in a background thread), so the step
         # that samples its first token here rarely waits for it (engines.grammar.Grammars.prefetch)
         self.prefetch = prefetch
+        # after a failed step: whether the worker can run no other (its tensor-parallel ranks are out
+        # of step), so it must exit and be restarted rather than fail every later step too
+        self.fatal = fatal
         self.failed_steps = 0
 
     def run(self) -> None:
@@ -61,6 +65,8 @@ class WorkerDriver:
             failed = self.core.fail_current(f"internal error while running this request: {type(exc).__name__}: {exc}")
             log.error("a step of %d request(s) failed; they were ended with an error:\n%s", len(failed),
                       traceback.format_exc())
+            if self.fatal():
+                raise
             return Wake.NOW
 
     def timeout_s(self, wake: Wake) -> float:

@@ -27,8 +27,10 @@ class WorkerSpec:
     # the device's units as the launcher counted them (its SMs on a GPU): a worker capped by MPS
     # (`mps-percentage`) sees only its cap through torch, and would apply the cap to it a second time
     total_units: int | None = None
+    tp_rank: int = 0  # under --tp-size: which rank of the worker this process is (0 schedules, the rest follow)
 
     @property
     def title(self) -> str:
         """The process title `ps` shows, as SGLang names its processes."""
-        return f"bullet::{self.role.value} port={self.args.port} instance={self.instance_id}"
+        rank = f" tp_rank={self.tp_rank}" if self.args.tp_size > 1 else ""
+        return f"bullet::{self.role.value}{rank} port={self.args.port} instance={self.instance_id}"

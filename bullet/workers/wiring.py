@@ -31,6 +31,7 @@ from bullet.workers import kernel_stats
 from bullet.workers.io import WorkerIO
 from bullet.workers.outbox import MessageOutbox
 from bullet.workers.spec import WorkerSpec
+from bullet.workers.tensor_parallel import join_rank_group, share_threads
 from bullet.workers.vetting import MessageVetter
 from engines.device import require_device
 from engines.grammar import Grammars
@@ -38,6 +39,7 @@ from engines.host import release_free_heap
 from engines.kv_pool import KVPool
 from engines.model.build import build_model
 from engines.runner import ModelRunner
+from engines.tensor_parallel import LeadingRunner, parallelize
 from engines.tokenizer import DecodeTokenizer
 from engines.triton_compiles import COUNTER
 from estimator.profile import load_estimator
@@ -53,6 +55,7 @@ class Worker:
     io: WorkerIO
     timeline: Timeline
     decode: GraphedDecode | None = None  # decode-only steps' forward on a GPU (CUDA graphs where allowed)
+    leader: LeadingRunner | None = None  # rank 0's runner under --tp-size (it stops the other ranks at close)
 
     def run(self) -> None:
         self.driver.run()
@@ -73,6 +76,11 @@ class Worker:
             return False
 
     def close(self) -> None:
+        if self.leader is not None and not self.leader.broken:
+            try:
+                self.leader.stop()  # the followers exit cleanly (if they are still there)
+            except Exception:
+                pass
         release_graphs = self.decode.release if self.decode is not None else (lambda: None)
         for closer in (self.timeline.flush, self.io.close, release_graphs, self.partition.close, self.allocator.close,
                        self.state.close):
@@ -91,8 +99,9 @@ def build_worker(spec: WorkerSpec, stopped: Callable[[], bool], cuda: CudaAccess
         COUNTER.install()  # before the first kernel: warm-up and capture compiles count as before serving
     # on a GPU: the worker's own stream, restricted by the backend; every step's kernels launch on it
     partition, stream = open_worker_partition(args.partition_backend, role.partition_side, device,
-                                              _backend_options(spec), cuda)
+                                              backend_options(spec), cuda)
     partition.apply(spec.initial_units)  # before the model runs: its threads start inside the share
+    share_threads(spec, partition)
     torch.set_grad_enabled(False)
     data = tensor_device(device, cuda)
     model = build_model(shared.config, shared.state, data)
@@ -100,12 +109,17 @@ def build_worker(spec: WorkerSpec, stopped: Callable[[], bool], cuda: CudaAccess
     # paged kernels wherever a GPU serves (the fake GPU's tensors are on the CPU); on a CPU the runner
     # decides (the int8 model reads its pool in place, float models gather)
     runner = ModelRunner(model, kv, data, paged=True if device.type == "cuda" else None)
+    if spec.args.tp_size > 1:  # rank 0 of the worker's ranks: every runner call reaches the others first
+        group = join_rank_group(spec)
+        parallelize(model, group)
+        runner = LeadingRunner(runner, group, units=lambda: partition.current_units)
     tokenizer = DecodeTokenizer(shared.tokenizer_dir) if shared.tokenizer_dir else None
     finish = FinishChecker(tokenizer, set(shared.eos_token_ids), shared.config.max_position_embeddings)
     estimator = limit = None
     if args.uses_estimator:
-        estimator = load_estimator(spec.estimator_profile, model=shared.config)
-        limit = ridge_token_limit(shared.config, estimator.hardware, estimator.dtype, shared.kv.element_size())
+        # the whole model's config: the profile measured it unsplit (what its ranks cost is not modelled here)
+        estimator = load_estimator(spec.estimator_profile, model=shared.model_config)
+        limit = ridge_token_limit(shared.model_config, estimator.hardware, estimator.dtype, shared.kv.element_size())
     allocator = SharedPageAllocator.attach(spec.instance_id)
     state = StateBuffer.attach(spec.instance_id)
     if runner.device.type == "cuda":  # every Triton variant compiled now, on the stream steps run on
@@ -135,15 +149,18 @@ def build_worker(spec: WorkerSpec, stopped: Callable[[], bool], cuda: CudaAccess
 
     vet = MessageVetter(shared.config.vocab_size, shared.config.max_position_embeddings, allocator, shared.page_size)
     driver = WorkerDriver(core, io, should_stop, on_idle=release_free_heap, vet=vet,
-                          prefetch=grammars.prefetch if grammars is not None else lambda constraint: None)
+                          prefetch=grammars.prefetch if grammars is not None else lambda constraint: None,
+                          # ranks out of step cannot run another step: the worker exits and is restarted
+                          fatal=(lambda: runner.broken) if isinstance(runner, LeadingRunner) else (lambda: False))
     kernel_stats.serving_starts()  # warmed and captured: a compile from here on is one while serving
-    return Worker(spec, driver, allocator, state, partition, io, timeline, decode)
+    return Worker(spec, driver, allocator, state, partition, io, timeline, decode,
+                  runner if isinstance(runner, LeadingRunner) else None)
 
 
-def _backend_options(spec: WorkerSpec) -> dict:
+def backend_options(spec: WorkerSpec) -> dict:
     name = spec.args.partition_backend
-    if name == "cpu":
-        return {"cores": spec.cores}
+    if name == "cpu":  # a tensor-parallel rank runs on its part of the worker's share
+        return {"cores": spec.cores, "rank": spec.tp_rank, "ranks": spec.args.tp_size}
     if name == "none" and spec.model.device.type != "cuda":  # on a GPU: its SMs (open_worker_partition)
         return {"total_units": len(spec.cores)}
     if name == "green-ctx":

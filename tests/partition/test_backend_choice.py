@@ -118,13 +118,13 @@ def test_a_capped_worker_takes_the_devices_sm_count_from_the_launcher(monkeypatc
 
     from bullet.doctor.isolation_check import isolation_plan
     from bullet.partition.launch_stream import open_worker_partition
-    from bullet.workers.wiring import _backend_options
+    from bullet.workers.wiring import backend_options
     from tests.partition.fake_cuda import FakeCuda
 
     monkeypatch.setenv(ENV, "49")
     spec = type("Spec", (), {"args": type("Args", (), {"partition_backend": "mps-percentage"})(), "total_units": 132,
                              "model": None, "cores": []})()
-    options = _backend_options(spec)
+    options = backend_options(spec)
     assert options == {"total_units": 132}
     backend, _ = open_worker_partition("mps-percentage", "decode", torch.device("cuda", 0), options, FakeCuda(sms=64))
     assert backend.total_units == 132 and backend.current_units == units_for(49, 132) == 65

@@ -81,3 +81,15 @@ def test_explicit_core_list_and_describe():
     assert b.total_units == 1 and b.unit_set() == {ALLOWED[0]}
     d = b.describe()
     assert d["backend"] == "cpu" and d["allowed_cores"] == [ALLOWED[0]] and d["unit_kind"] == "core"
+
+
+def test_tensor_parallel_ranks_split_their_workers_share_into_contiguous_runs():
+    from bullet.partition.cpu import rank_part
+
+    share = range(2, 9)  # 7 cores of a worker's share
+    parts = [rank_part(share, r, 3) for r in range(3)]
+    assert [list(p) for p in parts] == [[2, 3, 4], [5, 6], [7, 8]]  # every core once, the larger runs first
+    assert rank_part(share, 0, 1) == share
+    # fewer cores than ranks: each rank shares one of them, none is left without a core
+    assert [list(rank_part(range(4, 6), r, 4)) for r in range(4)] == [[4], [5], [4], [5]]
+    assert list(rank_part(range(0), 1, 2)) == []
