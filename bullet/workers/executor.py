@@ -8,8 +8,8 @@ read after that stream has finished. Decode-only steps — a decode iteration, o
 items are all one-token decodes — go through `decode_forward` (CUDA-graph replays where the
 partition allows them, `bullet.partition.decode_graphs`); the rest run on the runner eagerly.
 
-A decode step whose batch has constrained requests computes their grammar masks in a helper thread
-while the layers run (xgrammar fills a mask without holding the GIL, and the masks depend only on the
+A decode or hybrid step whose batch has constrained requests computes their grammar masks in a helper
+thread while the layers run (xgrammar fills a mask without holding the GIL, and the masks depend only on the
 tokens already sampled): the step then waits only for what the mask work took beyond the layers."""
 
 from __future__ import annotations
@@ -115,7 +115,12 @@ class ModelExecutor:
                   for i in items]
         t0 = time.perf_counter()
         decode_only = all(i.num_tokens == 1 and i.logits == "last" for i in items)
-        out = self.decode_forward(chunks) if decode_only else self.runner.forward(chunks)
+        sampled = [i.req for i in items if i.logits != "none" and i.sample]
+        masks = self._masks_beside(sampled)  # as a decode step's: beside the layers, in the helper thread
+        try:
+            out = self.decode_forward(chunks) if decode_only else self.runner.forward(chunks)
+        finally:
+            ready = masks.result() if masks is not None else None
         rows, to_sample = 0, []
         for k, item in enumerate(items):
             if item.logits == "all":
@@ -124,7 +129,8 @@ class ModelExecutor:
                 if item.sample:
                     to_sample.append((item.req, rows))
                 rows += 1
-        if to_sample:
-            sample_next(out.last_logits[[row for _, row in to_sample]], [r for r, _ in to_sample], self.finish, self.grammars)
+        if to_sample:  # in the order of `sampled`, which the masks follow
+            sample_next(out.last_logits[[row for _, row in to_sample]], [r for r, _ in to_sample], self.finish,
+                        self.grammars, ready)
         self._wait()
         return time.perf_counter() - t0

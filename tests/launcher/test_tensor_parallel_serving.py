@@ -2,9 +2,9 @@
 rank 1 follows), each rank holding half of the embedded model's heads and MLP and its own half of the
 KV pool, summing through gloo — real processes, real collectives. Greedy outputs must equal the
 unsplit model's token for token (fp32; the all-reduce adds partial sums in another order than one GEMM,
-far below what changes an argmax over 32 tokens of these prompts), under the three ways a policy
-drives the ranks: bullet (a prefill and a decode worker re-dividing the cores, layer-wise prefill)
-and chunked (one unified worker, hybrid steps). A rank that dies takes its worker down with it: the server restarts every rank and serves again."""
+far below what changes an argmax over 32 tokens of these prompts) under bullet: a prefill and a decode
+worker re-dividing the cores, layer-wise prefill. A rank that dies takes its worker down with it: the
+server restarts every rank and serves again."""
 
 from __future__ import annotations
 
@@ -54,23 +54,17 @@ def _tp_server(policy: str, *extra: str) -> ServerProcess:
                          *extra)
 
 
-def test_bullet_over_two_ranks_serves_the_unsplit_models_tokens(expected, fp32_srm_profile):
+def test_two_ranks_serve_the_unsplit_models_tokens_and_a_dead_rank_restarts_both_workers(expected, fp32_srm_profile):
+    """bullet: a prefill and a decode worker of two ranks each (rank i of both shares the i-th shard of
+    the weights and of the KV pool). Then SIGKILL of the decode worker's rank 1: every rank of both
+    workers is restarted, nothing of the old incarnation survives, and the outputs are the unsplit
+    model's again. (The unified worker of chunked over two ranks: tests/policies/test_policies_served.py.)"""
     with _tp_server("bullet", "--estimator-profile", fp32_srm_profile) as server:
-        pids = server.worker_pids()
-        assert {"prefill", "decode", "prefill.rank1", "decode.rank1"} <= set(pids), pids
-        _assert_served_as_unsplit(server, expected)
-        state = wait_pages_accounted(server)
-        assert state["decode"]["batch_size"] == 0
-
-
-def test_chunked_over_two_ranks_serves_the_unsplit_models_tokens_and_a_dead_rank_restarts_its_worker(expected):
-    """One unified worker of two ranks; then SIGKILL of its rank 1: every rank is restarted, nothing of
-    the old incarnation survives, and the outputs are the unsplit model's again."""
-    with _tp_server("chunked:256") as server:
-        _assert_served_as_unsplit(server, expected)
         old = server.worker_pids()
-        assert set(old) == {"unified", "unified.rank1"}, old
-        os.kill(old["unified.rank1"], signal.SIGKILL)
+        assert set(old) == {"prefill", "decode", "prefill.rank1", "decode.rank1"}, old
+        _assert_served_as_unsplit(server, expected)
+        assert wait_pages_accounted(server)["decode"]["batch_size"] == 0
+        os.kill(old["decode.rank1"], signal.SIGKILL)
         wait_for(lambda: server.state()["incarnation"] > 1, 60, "a restart after the rank died")
         wait_for(lambda: server.get("/health")[0] == 200, 120, "the restarted ranks to serve")
         new = server.worker_pids()
@@ -79,4 +73,4 @@ def test_chunked_over_two_ranks_serves_the_unsplit_models_tokens_and_a_dead_rank
         while time.monotonic() < deadline and any(pid_alive(p) for p in old.values()):
             time.sleep(0.1)
         assert not [p for p in old.values() if pid_alive(p)], "a rank of the old incarnation outlived it"
-        _assert_served_as_unsplit(server, expected, prompts=2)
+        _assert_served_as_unsplit(server, expected, prompts=1)

@@ -78,13 +78,18 @@ def _timeline(directory) -> list[dict]:
     return rows
 
 
-@pytest.mark.parametrize("policy", ["static", "naive", "chunked:64", "bullet"])
-def test_policy_serves_the_same_greedy_outputs(policy, reference_outputs, reference_constrained, cpu_profile,
+# chunked's unified worker runs as two tensor-parallel ranks (--tp-size 2: rank 0 schedules, samples and
+# applies the grammar, rank 1 follows its calls on the other half of the heads): the same outputs
+@pytest.mark.parametrize("policy,tp", [("static", 1), ("naive", 1), ("chunked:64", 2), ("bullet", 1)],
+                         ids=["static", "naive", "chunked:64-tp2", "bullet"])
+def test_policy_serves_the_same_greedy_outputs(policy, tp, reference_outputs, reference_constrained, cpu_profile,
                                                tmp_path):
     timeline = tmp_path / "timeline"
     with ServerProcess("--policy", policy, "--dtype", "float32", "--max-total-tokens", "4096",
                        "--estimator-profile", cpu_profile, "--timeline-dir", str(timeline),
-                       "--ttft-slo", "20ms/token", "--tpot-slo", "500ms") as server:
+                       "--ttft-slo", "20ms/token", "--tpot-slo", "500ms", "--tp-size", str(tp)) as server:
+        if tp > 1:
+            assert set(server.worker_pids()) == {"unified", "unified.rank1"}
         assert _generate_all(server) == reference_outputs
         if policy in ("chunked:64", "bullet"):  # one process, and two (static and naive sample as bullet does)
             status, out = server.post("/generate", {"text": CONSTRAINED_PROMPT, "sampling_params": CONSTRAINED})
