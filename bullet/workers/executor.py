@@ -8,9 +8,10 @@ read after that stream has finished. Decode-only steps — a decode iteration, o
 items are all one-token decodes — go through `decode_forward` (CUDA-graph replays where the
 partition allows them, `bullet.partition.decode_graphs`); the rest run on the runner eagerly.
 
-A decode or hybrid step whose batch has constrained requests computes their grammar masks in a helper
-thread while the layers run (xgrammar fills a mask without holding the GIL, and the masks depend only on the
-tokens already sampled): the step then waits only for what the mask work took beyond the layers."""
+A decode or hybrid step whose batch has constrained requests, and a prefill batch's last layer group
+(which samples the first tokens), computes their grammar masks in a helper thread while the layers
+run (xgrammar fills a mask without holding the GIL, and the masks depend only on the tokens already
+sampled): the step then waits only for what the mask work took beyond the layers."""
 
 from __future__ import annotations
 
@@ -73,8 +74,14 @@ class ModelExecutor:
             batch.state = self.runner.start(chunks)
         state: LayerwiseState = batch.state
         t0 = time.perf_counter()
-        self.runner.run_layers(state, layers)
-        self._wait()
+        # the last layer group samples the first tokens: their grammar masks (and a new grammar's
+        # matcher) are made beside its layers
+        masks = self._masks_beside(finishing) if finishing else None
+        try:
+            self.runner.run_layers(state, layers)
+            self._wait()
+        finally:
+            ready = masks.result() if masks is not None else None
         seconds = time.perf_counter() - t0
         if finishing is not None:
             out = self.runner.finish(state)
@@ -83,7 +90,8 @@ class ModelExecutor:
                 if i in out.all_logits:
                     record_prompt_logprobs(req, 0, out.all_logits[i])
             if finishing:
-                sample_next(out.last_logits[[rows[id(r)] for r in finishing]], list(finishing), self.finish, self.grammars)
+                sample_next(out.last_logits[[rows[id(r)] for r in finishing]], list(finishing), self.finish,
+                            self.grammars, ready)
             batch.state = None
         return seconds
 

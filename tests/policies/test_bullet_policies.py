@@ -523,9 +523,9 @@ def test_with_a_remainder_prefill_and_decode_shares_add_up_to_the_device():
     assert prefill_units == list(range(12, 133, 8)) and decode_units == list(range(8, 129, 8)) + [132]
     assert hw.partition_sizes() == decode_units  # one pool for both, as before
 
-    class Linear(FakePredictor):  # decode holds 90 ms of TPOT from 40 units on
+    class Linear(FakePredictor):  # decode keeps the TPOT aim (TPOT_MARGIN of 100 ms) from 40 units on
         def decode_time(self, batch, context, units, co_prefill_tokens=0):
-            return 0.08 * 40 / units
+            return 0.9 * TPOT_MARGIN * 0.1 * 40 / units
 
     p = BulletPrefillPolicy(Linear(), SLO.parse("10s", "100ms"), prefill_units, K, LAYERS, 8192, lambda u: 10_000,
                             decode_units=decode_units)
@@ -546,14 +546,14 @@ def test_the_throughput_goal_gives_decode_the_units_prefill_cannot_use():
             return super().prefill_time(seq_lens, min(units, 4), num_layers, include_head, co_decode_batch)
 
         def decode_time(self, batch, context, units, co_prefill_tokens=0):
-            return 0.08 / units
+            return 0.9 * TPOT_MARGIN * 0.1 / units  # one unit keeps the aim
 
     def decide(goal):
         p = BulletPrefillPolicy(Small(), SLO.parse("10s", "100ms"), list(range(1, TOTAL + 1)), K, LAYERS, 8192,
                                 lambda u: 10_000, split_goal=goal)
         return p.decide(prefill_view(1.0, [req("a", 500, 0.9)], peer=decode_state(10, 5000, 30)))
 
-    assert decide("prefill-first").units == TOTAL - 1  # 80 ms on 1 unit keeps the 90 ms aim
+    assert decide("prefill-first").units == TOTAL - 1  # 1 unit keeps the aim
     d = decide("throughput")
     assert d.units == 4 and "most work per second" in d.reason
     with pytest.raises(ValueError, match="split_goal"):
