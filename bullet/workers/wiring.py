@@ -55,7 +55,6 @@ class Worker:
     io: WorkerIO
     timeline: Timeline
     decode: GraphedDecode | None = None  # decode-only steps' forward on a GPU (CUDA graphs where allowed)
-    leader: LeadingRunner | None = None  # rank 0's runner under --tp-size (it stops the other ranks at close)
 
     def run(self) -> None:
         self.driver.run()
@@ -76,11 +75,6 @@ class Worker:
             return False
 
     def close(self) -> None:
-        if self.leader is not None and not self.leader.broken:
-            try:
-                self.leader.stop()  # the followers exit cleanly (if they are still there)
-            except Exception:
-                pass
         release_graphs = self.decode.release if self.decode is not None else (lambda: None)
         for closer in (self.timeline.flush, self.io.close, release_graphs, self.partition.close, self.allocator.close,
                        self.state.close):
@@ -153,8 +147,9 @@ def build_worker(spec: WorkerSpec, stopped: Callable[[], bool], cuda: CudaAccess
                           # ranks out of step cannot run another step: the worker exits and is restarted
                           fatal=(lambda: runner.broken) if isinstance(runner, LeadingRunner) else (lambda: False))
     kernel_stats.serving_starts()  # warmed and captured: a compile from here on is one while serving
-    return Worker(spec, driver, allocator, state, partition, io, timeline, decode,
-                  runner if isinstance(runner, LeadingRunner) else None)
+    # under --tp-size the other ranks are not stopped from here: the launcher ends them (SIGTERM ends a
+    # follower at once), and a message to a rank already gone could hold up this worker's exit
+    return Worker(spec, driver, allocator, state, partition, io, timeline, decode)
 
 
 def backend_options(spec: WorkerSpec) -> dict:
