@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from bullet.loops.base import HybridItem
@@ -28,6 +29,13 @@ from bullet.types.request import Request
 from bullet.workers.sampling import grammar_masks, record_prompt_logprobs, sample_next
 from engines.grammar import Grammars
 from engines.runner import LayerwiseState, ModelRunner, SeqChunk, StepOutput
+
+
+@dataclass
+class _Masks:
+    """`grammar_masks` of a step's requests, once its layers have run (None: none constrained)."""
+
+    ready: tuple[list, dict[int, str]] | None = None
 
 
 class ModelExecutor:
@@ -44,13 +52,22 @@ class ModelExecutor:
         self.layerwise_decode = decode_forward is None
         self._mask_thread: ThreadPoolExecutor | None = None  # started by the first constrained decode step
 
-    def _masks_beside(self, batch: Sequence[Request]) -> Future | None:
-        """Start the grammar masks of `batch`'s constrained requests in the helper thread (None: none)."""
-        if not any(r.params.constraint is not None for r in batch):
-            return None
-        if self._mask_thread is None:
-            self._mask_thread = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
-        return self._mask_thread.submit(grammar_masks, list(batch), self.grammars, self.runner.model.config.vocab_size)
+    @contextmanager
+    def _masks_beside(self, batch: Sequence[Request]):
+        """The grammar masks of `batch`'s constrained requests, filled in the helper thread while the
+        block runs; `.ready` holds them once it has ended (None: no request is constrained). The
+        helper is done with the requests before the block's exit, even one that raised."""
+        masks = _Masks()
+        job: Future | None = None
+        if any(r.params.constraint is not None for r in batch):
+            if self._mask_thread is None:
+                self._mask_thread = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
+            job = self._mask_thread.submit(grammar_masks, list(batch), self.grammars,
+                                           self.runner.model.config.vocab_size)
+        try:
+            yield masks
+        finally:
+            masks.ready = job.result() if job is not None else None
 
     def _on_stream(self):
         return self.stream.step() if self.stream is not None else nullcontext()
@@ -76,12 +93,9 @@ class ModelExecutor:
         t0 = time.perf_counter()
         # the last layer group samples the first tokens: their grammar masks (and a new grammar's
         # matcher) are made beside its layers
-        masks = self._masks_beside(finishing) if finishing else None
-        try:
+        with self._masks_beside(finishing or []) as masks:
             self.runner.run_layers(state, layers)
             self._wait()
-        finally:
-            ready = masks.result() if masks is not None else None
         seconds = time.perf_counter() - t0
         if finishing is not None:
             out = self.runner.finish(state)
@@ -91,7 +105,7 @@ class ModelExecutor:
                     record_prompt_logprobs(req, 0, out.all_logits[i])
             if finishing:
                 sample_next(out.last_logits[[rows[id(r)] for r in finishing]], list(finishing), self.finish,
-                            self.grammars, ready)
+                            self.grammars, masks.ready)
             batch.state = None
         return seconds
 
@@ -100,15 +114,12 @@ class ModelExecutor:
         with self._on_stream():
             chunks = [SeqChunk([r.output_ids[-1]], r.seq_len - 1, r.page_table) for r in batch]
             t0 = time.perf_counter()
-            masks = self._masks_beside(batch)
-            try:
+            with self._masks_beside(batch) as masks:
                 if between_layers is not None and self.layerwise_decode:
                     out = self.runner.forward(chunks, between_layers)
                 else:
                     out = self.decode_forward(chunks)
-            finally:  # the helper thread is done with the requests before anyone else touches them
-                ready = masks.result() if masks is not None else None
-            sample_next(out.last_logits, list(batch), self.finish, self.grammars, ready)
+            sample_next(out.last_logits, list(batch), self.finish, self.grammars, masks.ready)
             self._wait()
             seconds = time.perf_counter() - t0
         on_done(seconds)
@@ -124,11 +135,8 @@ class ModelExecutor:
         t0 = time.perf_counter()
         decode_only = all(i.num_tokens == 1 and i.logits == "last" for i in items)
         sampled = [i.req for i in items if i.logits != "none" and i.sample]
-        masks = self._masks_beside(sampled)  # as a decode step's: beside the layers, in the helper thread
-        try:
+        with self._masks_beside(sampled) as masks:
             out = self.decode_forward(chunks) if decode_only else self.runner.forward(chunks)
-        finally:
-            ready = masks.result() if masks is not None else None
         rows, to_sample = 0, []
         for k, item in enumerate(items):
             if item.logits == "all":
@@ -139,6 +147,6 @@ class ModelExecutor:
                 rows += 1
         if to_sample:  # in the order of `sampled`, which the masks follow
             sample_next(out.last_logits[[row for _, row in to_sample]], [r for r, _ in to_sample], self.finish,
-                        self.grammars, ready)
+                        self.grammars, masks.ready)
         self._wait()
         return time.perf_counter() - t0

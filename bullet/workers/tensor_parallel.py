@@ -24,9 +24,6 @@ import torch.distributed as dist
 
 from bullet.partition.launch_stream import open_worker_partition
 from bullet.workers.spec import WorkerSpec
-from engines.kv_pool import KVPool
-from engines.model.build import build_model
-from engines.runner import ModelRunner
 from engines.tensor_parallel import follow, parallelize
 
 log = logging.getLogger("bullet.worker")
@@ -40,12 +37,14 @@ def rendezvous_path(spec: WorkerSpec) -> Path:
     return Path(spec.runtime_dir) / f"tp-{spec.role.value}-{spec.incarnation}.store"
 
 
-def join_rank_group(spec: WorkerSpec) -> dist.ProcessGroup:
-    """Join this worker's group as rank `spec.tp_rank` of `--tp-size` (blocks until every rank has)."""
+def join_rank_group(spec: WorkerSpec, model) -> dist.ProcessGroup:
+    """Join this worker's group as rank `spec.tp_rank` of `--tp-size` (blocks until every rank has),
+    and make `model`'s row-parallel projections sum over it."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # the ranks' connections stay on this machine
     store = dist.FileStore(str(rendezvous_path(spec)), spec.args.tp_size)
     dist.init_process_group("gloo", store=store, rank=spec.tp_rank, world_size=spec.args.tp_size,
                             timeout=GROUP_TIMEOUT)
+    parallelize(model, dist.group.WORLD)
     return dist.group.WORLD
 
 
@@ -59,7 +58,7 @@ def share_threads(spec: WorkerSpec, partition) -> None:
 def follow_main(spec: WorkerSpec) -> int:
     """A following rank's process: build its shard's runner, join the group, follow rank 0 until it
     says stop. Returns the exit code."""
-    from bullet.workers.wiring import backend_options  # deferred: wiring imports this module
+    from bullet.workers.wiring import backend_options, model_runner  # deferred: wiring imports this module
 
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     shared = spec.model
@@ -68,11 +67,8 @@ def follow_main(spec: WorkerSpec) -> int:
     partition.apply(spec.initial_units)
     share_threads(spec, partition)
     torch.set_grad_enabled(False)
-    model = build_model(shared.config, shared.state, "cpu")
-    runner = ModelRunner(model, KVPool(shared.config, shared.num_pages, shared.page_size, shared.kv.dtype, "cpu",
-                                       tensor=shared.kv))
-    group = join_rank_group(spec)
-    parallelize(model, group)
+    model, runner = model_runner(shared, shared.device, shared.device)
+    group = join_rank_group(spec, model)
     log.info("rank %d of %d: %d query / %d KV heads, MLP width %d", spec.tp_rank, spec.args.tp_size,
              shared.config.num_attention_heads, shared.config.num_key_value_heads, shared.config.intermediate_size)
     calls = follow(runner, group, apply_units=partition.apply)

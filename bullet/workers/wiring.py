@@ -39,7 +39,7 @@ from engines.host import release_free_heap
 from engines.kv_pool import KVPool
 from engines.model.build import build_model
 from engines.runner import ModelRunner
-from engines.tensor_parallel import LeadingRunner, parallelize
+from engines.tensor_parallel import LeadingRunner
 from engines.tokenizer import DecodeTokenizer
 from engines.triton_compiles import COUNTER
 from estimator.profile import load_estimator
@@ -98,15 +98,9 @@ def build_worker(spec: WorkerSpec, stopped: Callable[[], bool], cuda: CudaAccess
     share_threads(spec, partition)
     torch.set_grad_enabled(False)
     data = tensor_device(device, cuda)
-    model = build_model(shared.config, shared.state, data)
-    kv = KVPool(shared.config, shared.num_pages, shared.page_size, shared.kv.dtype, data, tensor=shared.kv)
-    # paged kernels wherever a GPU serves (the fake GPU's tensors are on the CPU); on a CPU the runner
-    # decides (the int8 model reads its pool in place, float models gather)
-    runner = ModelRunner(model, kv, data, paged=True if device.type == "cuda" else None)
+    model, runner = model_runner(shared, data, device)
     if spec.args.tp_size > 1:  # rank 0 of the worker's ranks: every runner call reaches the others first
-        group = join_rank_group(spec)
-        parallelize(model, group)
-        runner = LeadingRunner(runner, group, units=lambda: partition.current_units)
+        runner = LeadingRunner(runner, join_rank_group(spec, model), units=lambda: partition.current_units)
     tokenizer = DecodeTokenizer(shared.tokenizer_dir) if shared.tokenizer_dir else None
     finish = FinishChecker(tokenizer, set(shared.eos_token_ids), shared.config.max_position_embeddings)
     estimator = limit = None
@@ -150,6 +144,16 @@ def build_worker(spec: WorkerSpec, stopped: Callable[[], bool], cuda: CudaAccess
     # under --tp-size the other ranks are not stopped from here: the launcher ends them (SIGTERM ends a
     # follower at once), and a message to a rank already gone could hold up this worker's exit
     return Worker(spec, driver, allocator, state, partition, io, timeline, decode)
+
+
+def model_runner(shared, data, device: torch.device) -> tuple:
+    """(the model over the shared weights, its runner over the shared KV pool) — of the whole model, or
+    of one tensor-parallel rank's shard."""
+    model = build_model(shared.config, shared.state, data)
+    kv = KVPool(shared.config, shared.num_pages, shared.page_size, shared.kv.dtype, data, tensor=shared.kv)
+    # paged kernels wherever a GPU serves (the fake GPU's tensors are on the CPU); on a CPU the runner
+    # decides (the int8 model reads its pool in place, float models gather)
+    return model, ModelRunner(model, kv, data, paged=True if device.type == "cuda" else None)
 
 
 def backend_options(spec: WorkerSpec) -> dict:
