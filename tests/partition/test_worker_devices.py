@@ -173,3 +173,11 @@ def test_a_device_name_never_reaches_a_consumer(tiny_config):
         open_worker_partition("none", "decode", "cuda", {"total_units": 132}, FakeCuda())
     with pytest.raises(TypeError, match="has no index"):
         open_worker_partition("green-ctx", "decode", torch.device("cuda"), {}, FakeCuda())
+
+
+def test_tensor_parallel_ranks_on_a_gpu_are_refused_before_anything_loads(tmp_path):
+    """`--tp-size 2 --device cuda:0`: NCCL ranks are not built, so the launcher refuses at once, naming
+    the flag and the device (nothing loaded, no segment created)."""
+    args = ServerArgs(device="cuda:0", tp_size=2, load_format="dummy", max_total_tokens=256)
+    with pytest.raises(ValueError, match=r"--tp-size 2 on cuda:0: .*CPUs only"):
+        Launcher(args, cuda=FakeCuda())
