@@ -5,6 +5,7 @@ model around these tensors with `assign=True`, so nothing is copied."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from engines.kv_pool import KVPool
 from engines.model_config import ModelConfig
 from engines.tensor_parallel import plan_shard, shard_config, shard_state
 from engines.tokenizer import Tokenizer, load_tokenizer
-from engines.weights import DEFAULT_MODEL, load_weights
+from engines.weights import DEFAULT_MODEL, load_weights, resolve_model_path
 
 
 @dataclass
@@ -69,6 +70,13 @@ def _share(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.to(device)  # CUDA tensors are shared by IPC handle when sent to a spawned process
 
 
+def _load_tokenizer(args: ServerArgs, source: Path | None, load_format: str) -> Tokenizer:
+    tokenizer = load_tokenizer(source, load_format, args.tokenizer_path)
+    if args.chat_template:
+        tokenizer.set_chat_template(read_template(args.chat_template))
+    return tokenizer
+
+
 def load_shared_model(args: ServerArgs, device: torch.device,
                       cuda: CudaAccess | None = None) -> tuple[SharedModel, Tokenizer | None]:
     """The model served on `device` (`bullet.launcher.device_choice.serving_device`); `cuda` replaces
@@ -78,21 +86,23 @@ def load_shared_model(args: ServerArgs, device: torch.device,
     quantization = args.quantization
     if args.tp_size > 1 and quantization == "auto":  # the ranks split float weights (engines.tensor_parallel)
         quantization = "none"
-    weights = load_weights(args.model_path, args.load_format, resolve_dtype(args.dtype, device), seed=args.seed,
-                           device=data, quantization=quantization_for(quantization, args.dtype))
-    dtype = weights.dtype  # the int8 model computes (and keeps its KV) in float32 whatever --dtype resolved to
-    tokenizer = None
-    if weights.load_format != "dummy" or args.tokenizer_path:
-        tokenizer = load_tokenizer(weights.source, weights.load_format, args.tokenizer_path)
-        if args.chat_template:
-            tokenizer.set_chat_template(read_template(args.chat_template))
-    source = str(weights.source) if weights.source else None
-    state = {}
-    for name, tensor in weights.state.items():
-        state[name] = _share(tensor, data)
-    num_pages = args.num_pages
-    kv_dtype = resolve_kv_dtype(args.kv_cache_dtype, dtype)
-    kv = _share(KVPool(weights.config, num_pages, args.page_size, kv_dtype, data).tensor, data)
+    # The tokenizer loads beside the weights: transformers' import alone is ~2 s of one core, while
+    # the weights' reads and copies into shared memory run in torch with the GIL released.
+    with ThreadPoolExecutor(1, thread_name_prefix="tokenizer") as pool:
+        path, load_format = resolve_model_path(args.model_path, args.load_format)
+        pending = pool.submit(_load_tokenizer, args, path, load_format) \
+            if load_format != "dummy" or args.tokenizer_path else None
+        weights = load_weights(args.model_path, args.load_format, resolve_dtype(args.dtype, device), seed=args.seed,
+                               device=data, quantization=quantization_for(quantization, args.dtype))
+        dtype = weights.dtype  # the int8 model computes (and keeps its KV) in float32 whatever --dtype resolved to
+        source = str(weights.source) if weights.source else None
+        state = {}
+        for name, tensor in weights.state.items():
+            state[name] = _share(tensor, data)
+        num_pages = args.num_pages
+        kv_dtype = resolve_kv_dtype(args.kv_cache_dtype, dtype)
+        kv = _share(KVPool(weights.config, num_pages, args.page_size, kv_dtype, data).tensor, data)
+        tokenizer = pending.result() if pending is not None else None
     name = args.served_model_name or _model_name(args, weights.source, weights.config)
     eos = tuple(sorted(set(weights.config.eos_token_ids) | (tokenizer.eos_token_ids if tokenizer else set())))
     config, quantization = weights.config, weights.quantization

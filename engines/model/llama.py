@@ -88,6 +88,19 @@ class DecoderLayer(nn.Module):
         return fused.silu_mul(gate_up)  # silu(gate) * up; one kernel on a GPU
 
 
+def _on_meta() -> bool:
+    return torch.get_default_device().type == "meta"
+
+
+def _embedding(num: int, dim: int) -> nn.Embedding:
+    """A token embedding, left uninitialised on the meta device (a model built around weights that exist
+    elsewhere): nn.Embedding's own normal_ on a meta tensor runs through torch._refs, whose first use
+    imports torch._dynamo — ~1.5 s of every worker's start on a 2-core machine, for a tensor never read."""
+    if _on_meta():
+        return nn.Embedding(num, dim, _weight=torch.empty(num, dim))
+    return nn.Embedding(num, dim)
+
+
 class LlamaModel(nn.Module):
     layer_class: type[DecoderLayer] = DecoderLayer  # a family's own layer (its subclass of this model says)
 
@@ -95,14 +108,16 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.config = config
         h, v = config.hidden_size, config.vocab_size
-        self.embed_tokens = nn.Embedding(v, h) if int8_block is None else Int8Embedding(v, h)
+        self.embed_tokens = _embedding(v, h) if int8_block is None else Int8Embedding(v, h)
         self.layers = nn.ModuleList(self.layer_class(config, i, int8_block) for i in range(config.num_hidden_layers))
         self.norm = pre_norm(h, config.rms_norm_eps, int8_block)
         # a rotated model unties the head from the embedding (the head carries the final norm)
         self.tied_head = config.tie_word_embeddings and int8_block is None if tied_head is None else tied_head
         if not self.tied_head:
             self.lm_head = linear(h, v, int8_block, norm_eps=config.rms_norm_eps)
-        self.rope = RotaryEmbedding(config)
+        # on the meta device the RoPE tables (non-persistent buffers, computed through torch._refs there)
+        # are left to whoever places the model: build_model makes them on the model's device
+        self.rope = None if _on_meta() else RotaryEmbedding(config)
 
     @property
     def num_layers(self) -> int:
