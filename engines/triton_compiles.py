@@ -124,6 +124,11 @@ class CompileCounter:
         previous = self._previous
         return previous(**kwargs) if callable(previous) else None
 
+    def mark_warming(self) -> None:
+        """Compiles count as a warm-up's again, until the next mark_serving() (a benchmark that
+        builds several models in one process warms each one)."""
+        self.is_serving = False
+
     def snapshot(self) -> dict:
         return {"installed": self.installed, "total": self.total, "while_serving": self.serving,
                 "before_serving": self.total - self.serving, "serving_kernels": list(self.serving_kernels)}

@@ -135,12 +135,16 @@ def parse_mixed(spec: str) -> list[tuple[int, int, int]]:
 
 class Bench:
     def __init__(self, model_path: str, dtype: torch.dtype, device: torch.device, prefill: int,
-                 decode: list[tuple[int, int]], seed: int = 0, mixed: list[tuple[int, int, int]] = ()):
-        self.config = dummy_config(model_path)
+                 decode: list[tuple[int, int]], seed: int = 0, mixed: list[tuple[int, int, int]] = (),
+                 config=None, transform: Callable[[dict], dict] | None = None):
+        """`config`: the model's (default: `model_path`'s); `transform`: what the drawn state becomes
+        before the model is built around it (e.g. its projections quantized)."""
+        self.config = config if config is not None else dummy_config(model_path)
         self.device, self.dtype = device, dtype
         pages = max([-(-prefill // PAGE_SIZE)] + [b * -(-(c + 1) // PAGE_SIZE) for b, c in decode]
                     + [-(-p // PAGE_SIZE) + b * -(-(c + 1) // PAGE_SIZE) for p, b, c in mixed]) + 1
-        model = build_model(self.config, device_state(self.config, dtype, device, seed), device)
+        state = device_state(self.config, dtype, device, seed)
+        model = build_model(self.config, transform(state) if transform is not None else state, device)
         # paged on every device: decode graphs read the paged-attention tables (the CPU's "graphs" rerun the step)
         self.runner = ModelRunner(model, KVPool(self.config, pages, PAGE_SIZE, dtype, device), device, paged=True)
         # pages in a shuffled order, as a pool hands them out after a while; the last one is the graphs' scratch

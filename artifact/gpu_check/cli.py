@@ -89,7 +89,7 @@ def _sm_probe_step(ctx, timeout: float) -> dict:
 def step_functions() -> dict:
     return {"env": steps.env_step, "install": steps.install_step, "build": steps.build_step,
             "libsmctrl": _libsmctrl_step, "doctor-nomps": steps.doctor_step("nomps"), "sm-probe": _sm_probe_step,
-            "bench": steps.bench_step, "mps-start": steps.mps_start_step, "doctor-mps": steps.doctor_step("mps"),
+            "bench": steps.bench_step, "models": steps.models_step, "mps-start": steps.mps_start_step, "doctor-mps": steps.doctor_step("mps"),
             "gpu-tests": steps.gpu_tests_step, "profile": steps.profile_step, "serve": _serve_step,
             "mps-stop": steps.mps_stop_step, "replay": _replay_step}
 

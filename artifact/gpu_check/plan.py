@@ -9,7 +9,8 @@ into plans, each with >= 60 s to spare on its expected step times (`SPARE_S`, ch
   is given), the simulator's replay of the points after;
 * `mechanism` — does the partition hold: libsmctrl built from carried source, `bullet doctor` with
   MPS off and on, the SM-counting isolation probe, the GPU-marked tests;
-* `engine` — the engine micro-benchmark and the bullet policy's profile.
+* `engine` — the engine micro-benchmark, the other models and formats (Qwen3 dense and MoE, FP8:
+  `artifact.benchmarks.bench_models_gpu`) and the bullet policy's profile.
 
 `--plan stalest` runs the plan whose last recorded run is oldest (`artifact.gpu_check.record`).
 `cpu-smoke` runs every step of every plan that can run on a CPU, on dummy SmolLM2-135M, as one
@@ -69,6 +70,7 @@ class Plan:
     what: str = ""
     skipped: dict[str, str] = field(default_factory=dict)  # step -> why this plan does not run it
     bench_args: tuple[str, ...] = ()
+    models_args: tuple[str, ...] = ()  # artifact.benchmarks.bench_models_gpu's
     profile_args: tuple[str, ...] = ()
     report_s: float = 5.0  # kept back for writing the report
 
@@ -103,6 +105,8 @@ STEPS = (
                                   "and GEMM probes, with clocks and power, per partition configuration"),
     Step("bench", 120, 55, 30, "engine micro-benchmark: copy and GEMM rates, prefill, decode graphs off/on vs floor, "
                                 "mixed steps split or not, fused stages or torch lines"),
+    Step("models", 180, 90, 45, "other models and formats: FP8 vs bf16 GEMMs at 8B shapes; Qwen3-32B, Qwen3-30B-A3B "
+                                "and FP8 Llama-3.1-8B decode (graphs) against their memory floors"),
     Step("mps-start", 15, 2, 2, "nvidia-cuda-mps-control -d", mps=True),
     Step("doctor-mps", 70, 30, 20, "bullet doctor -v --json, MPS on", mps=True),
     Step("gpu-tests", 70, 25, 15, "pytest -m gpu on the GPU-marked test files", mps=True),
@@ -146,6 +150,7 @@ GPU_SERVE = ServePlan(
 _GPU = dict(device="cuda", model_path="llama-3.1-8b", dtype="bfloat16", total_s=480, serve=GPU_SERVE,
             bench_args=("--device", "cuda", "--load-format", "dummy", "--model-path", "llama-3.1-8b",
                         "--dtype", "bfloat16"),
+            models_args=("--device", "cuda"),
             profile_args=("--partition-backend", "green-ctx", "--quick", "--no-progress"))
 
 SERVE = Plan(name="serve", steps=_only(*SETUP, "mps-start", "profile", "serve", "mps-stop", "replay"),
@@ -155,8 +160,8 @@ MECHANISM = Plan(name="mechanism",
                              "mps-stop"),
                  what="does the partition hold: libsmctrl, the doctor (MPS off, on), the SM probe, the GPU tests",
                  **_GPU)
-ENGINE = Plan(name="engine", steps=_only(*SETUP, "bench", "mps-start", "profile", "mps-stop"),
-              what="the engine micro-benchmark and the bullet policy's profile", **_GPU)
+ENGINE = Plan(name="engine", steps=_only(*SETUP, "bench", "models", "mps-start", "profile", "mps-stop"),
+              what="the engine micro-benchmark, the other models and formats, and the bullet policy's profile", **_GPU)
 GPU_PLANS = {p.name: p for p in (SERVE, MECHANISM, ENGINE)}
 
 # SmolLM2 on the CPU: tiny sizes, every system on the cpu backend or none, no MPS, no wheels (the
@@ -166,7 +171,8 @@ CPU_SMOKE = Plan(
     name="cpu-smoke", device="cpu", model_path="smollm2-135m", dtype="float32", total_s=660,
     # 2 shared cores: the doctor and the CPU profile take longer than on the GPU machine's 16
     steps=_with(STEPS, env=(30, 8, 2), build=(60, 5, 3), doctor_nomps=(60, 25, 10), bench=(90, 35, 20),
-                gpu_tests=(60, 20, 10), profile=(150, 90, 40), serve=(360, 260, 60), replay=(60, 20, 5),
+                models=(60, 20, 10), gpu_tests=(60, 20, 10), profile=(150, 90, 40), serve=(360, 260, 60),
+                replay=(60, 20, 5),
                 sm_probe=(150, 90, 40)),  # the CPU's two configurations only
     serve=ServePlan(
         systems=(("bullet", "cpu"), ("chunked:256", "none"), ("sglang:256", "none"), ("static", "cpu")),
@@ -180,6 +186,7 @@ CPU_SMOKE = Plan(
              "mps-stop": "cpu smoke: no MPS on a CPU"},
     bench_args=("--device", "cpu", "--load-format", "dummy", "--model-path", "smollm2-135m", "--dtype", "float32",
                 "--threads", "1", "--repeats", "1"),
+    models_args=("--device", "cpu", "--threads", "1", "--repeats", "1"),
     profile_args=("--quick", "--no-progress"),
 )
 PLANS = {**GPU_PLANS, CPU_SMOKE.name: CPU_SMOKE}

@@ -85,7 +85,8 @@ def compile_goals(results: dict) -> list[dict]:
 
 def goals(results: dict) -> list[dict]:
     engine = _step(results, "bench").get("engine", {})
-    return [*engine.get("goals", []), *served_goals(results), *compile_goals(results)]
+    models = _step(results, "models").get("models", {})
+    return [*engine.get("goals", []), *models.get("goals", []), *served_goals(results), *compile_goals(results)]
 
 
 def _fmt(x, unit: str = "") -> str:
@@ -128,6 +129,8 @@ def markdown(results: dict) -> str:
                      for name, s in results.get("steps", {}).items()])
     lines += _goals_section(results.get("goals") or goals(results))
     lines += _engine_section(_step(results, "bench"))
+    if "models" in results.get("steps", {}):  # plans before 2026-11-29 had no such step
+        lines += _models_section(_step(results, "models"))
     lines += _kernels_section(_step(results, "bench"), _step(results, "replay"))
     lines += _profile_section(_step(results, "profile"))
     lines += _served_section(_step(results, "serve"))
@@ -269,6 +272,48 @@ def _engine_section(step: dict) -> list[str]:
                           f"{r['torch_lines_ms']:.2f}" if "torch_lines_ms" in r else "-",
                           f"{r['torch_lines_x_fused']:.2f}x" if "torch_lines_x_fused" in r else "-"] for r in stages])
     return lines
+
+
+def _models_section(step: dict) -> list[str]:
+    m = step.get("models")
+    if not m or "rates" not in m:
+        return _not_measured("Other models and formats", step)
+    c, g = m["config"], m.get("fp8_gemm")
+    cut = "" if m.get("complete", True) else (f" **Cut short**: only {', '.join(m.get('sections_done', []))} "
+                                             "finished.")
+    lines = ["## Other models and formats", "",
+             f"`python -m artifact.benchmarks.bench_models_gpu` on {c['device']}: copy bandwidth "
+             f"{m['rates']['copy_gbs']:.0f} GB/s. FP8 GEMMs: e4m3 operands with one scale per row "
+             f"(`torch._scaled_mm`, and the engine's `Fp8Linear` with its per-row activation quantization) against "
+             f"{c['dtype']} at {c['gemm_model']}'s projection shapes. Decode: dummy weights, floor = (weights read + KV) / "
+             f"bandwidth, a mixture of experts counting the experts its tokens picked. {m.get('note', '')}{cut}", ""]
+    if g:
+        lines += _table(["projection", "M x N x K", f"{g['dtype']} TFLOP/s", "_scaled_mm TFLOP/s", "Fp8Linear TFLOP/s"],
+                        [[r["proj"], f"{r['m']}x{r['n']}x{r['k']}", f"{r['float_tflops']:.1f}",
+                          f"{r['scaled_mm_tflops']:.1f} ({r['scaled_mm_x_float']:.2f}x)",
+                          f"{r['fp8_linear_tflops']:.1f} ({r['fp8_linear_x_float']:.2f}x)"] for r in g["rows"]])
+    rows = []
+    for model in m.get("models", []):
+        name = model["model"] + (":fp8" if model["quantization"] == "fp8" else "")
+        if model.get("prefill"):
+            rows.append([name, f"prefill {model['prefill']['tokens']}", f"{model['prefill']['ms']:.2f}", "-", "-", "-"])
+        for d in model.get("decode", []):
+            experts = f"{d['experts_touched_per_layer']:.1f} ({d['experts_uniform_per_layer']:.1f} uniform)" \
+                if "experts_touched_per_layer" in d else "-"
+            rows.append([name, f"decode {d['batch']}x{d['context']}", f"{d['eager_ms']:.2f} / " +
+                         (f"{d['graphs_ms']:.2f}" if "graphs_ms" in d else d.get("error", "-")),
+                         f"{d['floor_ms']:.2f}", f"{d['over_floor']:.2f}x" if "over_floor" in d else "-", experts])
+    if rows:
+        lines += _table(["model", "step", "ms (eager / graphs)", "floor ms", "graphs / floor", "experts a layer"], rows)
+    for model in m.get("models", []):
+        k = model.get("kernels") or {}
+        if k:
+            fell = "; ".join(f"{f.get('kernel')} fell back to {f.get('instead')}" for f in k.get("fallbacks", []))
+            lines.append(f"- {model['model']}{':fp8' if model['quantization'] == 'fp8' else ''}: warm-up "
+                         f"{_fmt(model.get('warm_up_s'))} s, {k.get('warm_up_compiles', '-')} Triton compiles in it, "
+                         f"{k.get('compiles_after_warm_up', '-')} after it; " + (fell or "no kernel fell back"))
+    lines += [f"- **{e['model']} failed**: {e['error'][:300]}" for e in m.get("errors", [])]
+    return lines + [""]
 
 
 def _served_section(step: dict) -> list[str]:

@@ -153,6 +153,21 @@ def bench_step(ctx: Context, timeout: float) -> dict:
     return finished(done, f"{met} of {len(goals)} goals met", engine=data)
 
 
+def models_step(ctx: Context, timeout: float) -> dict:
+    """The other models and formats (`artifact.benchmarks.bench_models_gpu`): its JSON is rewritten
+    after each section, so a cap keeps what was measured."""
+    out = ctx.logs / "models.json"
+    done = procs.run(procs.python("-m", "artifact.benchmarks.bench_models_gpu", *ctx.plan.models_args, "--output", str(out)),
+                     ctx.logs / "models.txt", timeout, ctx.env, cwd=ctx.root)
+    if not out.exists():
+        return finished(done, "no results")
+    data = json.loads(out.read_text())
+    goals, errors = data.get("goals", []), data.get("errors", [])
+    what = f"{sum(g['met'] for g in goals)} of {len(goals)} goals met" + (
+        f"; {len(errors)} model(s) failed: {', '.join(e['model'] for e in errors)}" if errors else "")
+    return finished(done, what, models=data)
+
+
 def profile_step(ctx: Context, timeout: float) -> dict:
     path = ctx.work / "profile.json"
     if ctx.given_profile is not None:

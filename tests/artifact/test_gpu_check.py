@@ -388,8 +388,8 @@ def test_the_stalest_plan_is_one_never_run_then_the_oldest_then_the_one_with_ste
     # the same date: the plan with steps that never ran goes first
     tied = dict(full, engine=entry("2026-11-27T10:00:00Z", "env", "bench"))
     assert record.stalest(tied, PLAN_STEPS) == "engine"
-    assert record.never_ran(tied["engine"], PLAN_STEPS["engine"]) == ["install", "build", "mps-start", "profile",
-                                                                       "mps-stop"]
+    assert record.never_ran(tied["engine"], PLAN_STEPS["engine"]) == ["install", "build", "models", "mps-start",
+                                                                       "profile", "mps-stop"]
 
 
 def test_the_committed_record_says_what_the_h200_runs_covered():
