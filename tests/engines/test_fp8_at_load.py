@@ -12,11 +12,11 @@ What is asserted, and why these bounds:
   a cached prefix, a decode step) within cosine 0.98 of the float model's, their error at most 16
   times the bf16 model's (e4m3's unit roundoff is 16 times bf16's: 2^-4 against 2^-8), and the
   prefill's top token unchanged. These random models amplify rounding (weights of std 0.2, logits
-  nearly tied): measured cosine 0.983-0.996, 6-9 times bf16's error. Teacher-forced on transformers'
-  greedy continuations, the FP8 model picks the same token at >= 60 % of the steps (measured 69 % and
-  81 %; bf16: 96 % and 99 %), so their free-running greedy tokens part after a few steps — on
-  SmolLM2-135M's own weights (dequantized to fp32, then quantized to FP8) the logits stayed within
-  cosine 0.9988 (README "FP8 checkpoints");
+  nearly tied): measured cosine 0.983-0.996, 6-9 times bf16's error. Teacher-forced on a text of 209
+  bytes, the FP8 model's top token is fp32's at >= 65 % of the positions (measured 75 % for Llama,
+  84 % for Qwen3; bf16: 99 % for both), so on these models free-running greedy tokens part after a
+  few steps, and no test asserts them equal to fp32's. On SmolLM2-135M's own weights (dequantized to
+  fp32, then quantized to FP8) the logits stayed within cosine 0.9988 of fp32's (README "FP8 at load");
 * one real server (prefill and decode workers sharing the FP8 state) serves exactly the offline
   engine's greedy tokens for the same FP8 model;
 * the refusals: a quantized GGUF, tensor parallelism, a weight holding inf."""
@@ -38,7 +38,8 @@ transformers = pytest.importorskip("transformers")
 
 LLAMA, QWEN3 = "LlamaForCausalLM", "Qwen3ForCausalLM"
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ", "Once upon a time, in a small village at the edge"]
-NEW_TOKENS = 32
+TEXT = ("The capital of France is Paris, and the capital of Italy is Rome. def fibonacci(n):\n    return n if n < 2 "
+        "else fibonacci(n - 1) + fibonacci(n - 2)\nOnce upon a time, in a small village at the edge of the forest")
 # e4m3: half a step of a normal value is 2^-4 of it; below 2^-6 the step is fixed at 2^-9 (half: 2^-10)
 E4M3_UNIT_ROUNDOFF, E4M3_SUBNORMAL_HALF_STEP = 2.0**-4, 2.0**-10
 ROW_ERROR = 16 / 448  # half the top binade's step (32) over e4m3's largest value: amax / 28
@@ -116,7 +117,7 @@ def _logits(config, state, ids: list[int], dtype: torch.dtype = torch.float32) -
 
 @pytest.mark.parametrize("arch", [LLAMA, QWEN3])
 def test_a_float_checkpoint_served_in_fp8_stays_near_the_float_model(arch, checkpoints):
-    path, ref = checkpoints[arch]
+    path, _ = checkpoints[arch]
     floats, kept = load_weights(str(path)), load_weights(str(path), quantization="fp8")
     assert kept.quantization == "fp8" and kept.dtype == torch.float32
     model = build_model(kept.config, kept.state)
@@ -141,28 +142,43 @@ def test_a_float_checkpoint_served_in_fp8_stays_near_the_float_model(arch, check
         if step == 0:
             assert int(got.argmax()) == int(want.argmax())
 
-    # teacher-forced on transformers' greedy continuations: the FP8 model's top token at each step
-    prompts = [tok.encode(p) for p in PROMPTS]
-    agree = 0
-    for prompt, cont in zip(prompts, tiny.greedy_batch(ref, prompts, NEW_TOKENS)):
-        seq = prompt + cont
-        runner = ModelRunner(model, KVPool(kept.config, 8, 16, torch.float32))
-        logits = runner.forward([SeqChunk(seq, 0, list(range(8)), "all")]).all_logits[0]
-        agree += sum(a == b for a, b in zip(logits[len(prompt) - 1:-1].argmax(-1).tolist(), cont))
-    print(f"{arch}: fp8 top-1 agreement with fp32 greedy, teacher-forced: {agree}/{len(prompts) * NEW_TOKENS}")
-    assert agree >= 0.6 * len(prompts) * NEW_TOKENS
+    # teacher-forced on a text: the FP8 model's top token at each of its positions against fp32's
+    ids = tok.encode(TEXT)
+    pages = list(range(-(-len(ids) // 16)))
+    top = [ModelRunner(build_model(w.config, w.state), KVPool(w.config, len(pages), 16, torch.float32))
+           .forward([SeqChunk(ids, 0, pages, "all")]).all_logits[0].argmax(-1) for w in (kept, floats)]
+    agree = float((top[0] == top[1]).float().mean())
+    print(f"{arch}: fp8 top-1 agreement with fp32, teacher-forced over {len(ids)} positions: {agree:.3f}")
+    assert agree >= 0.65
+
+
+def _greedy(config, state, prompts: list[list[int]], n: int) -> list[list[int]]:
+    """n greedy tokens after each prompt, the prompts run as one batch: a prefill, then decode steps."""
+    runner = ModelRunner(build_model(config, state), KVPool(config, 16, 16, torch.float32))
+    per_seq = -(-(max(map(len, prompts)) + n) // 16)
+    pages = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(len(prompts))]
+    logits = runner.forward([SeqChunk(ids, 0, p) for ids, p in zip(prompts, pages)]).last_logits
+    out = [[] for _ in prompts]
+    for _ in range(n):
+        for seq, row in zip(out, logits):
+            seq.append(int(row.argmax()))
+        logits = runner.forward([SeqChunk(seq[-1:], len(ids) + len(seq) - 1, p)
+                                 for ids, seq, p in zip(prompts, out, pages)]).last_logits
+    return out
 
 
 def test_served_in_fp8_through_a_real_server(checkpoints):
     """`bullet launch --quantization fp8` on a CPU: the FP8 state crosses to both workers through
-    shared memory and they serve the offline engine's greedy tokens for the same FP8 model."""
-    import bullet
+    shared memory and they serve the greedy tokens of the same FP8 model run here."""
     from tests.server_utils import ServerProcess
 
     path = str(checkpoints[LLAMA][0])
-    params = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}
-    offline = bullet.LLM(path, dtype="float32", quantization="fp8", max_total_tokens=1024)
-    want = [o.output_ids for o in offline.generate(PROMPTS, params)]
+    params = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+    prompts = [tiny.byte_tokenizer().encode(p) for p in PROMPTS]
+    w, f = load_weights(path, quantization="fp8"), load_weights(path)
+    want = _greedy(w.config, w.state, prompts, params["max_new_tokens"])
+    # (the fp32 model's tokens part from these: equal tokens below say the server ran the FP8 model)
+    assert want != _greedy(f.config, f.state, prompts, params["max_new_tokens"])
     with ServerProcess("--model-path", path, "--quantization", "fp8", "--dtype", "float32",
                        "--max-total-tokens", "1024", "--policy", "static") as server:
         status, body = server.post("/generate", {"text": PROMPTS, "sampling_params": params})
