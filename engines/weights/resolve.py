@@ -178,7 +178,8 @@ def load_weights(model_path: str | None = None, load_format: str = "auto", dtype
         from engines.quant import quantize_state  # deferred: as above
 
         state = quantize_state(config, state)
-    if quantization == "fp8":  # a float source's projections to FP8; an FP8 checkpoint's are kept as stored
+    # a float source's projections to FP8; an FP8 checkpoint stays as stored (what it left in float, too)
+    if quantization == "fp8" and not (fmt == "safetensors" and _source_is_fp8(path)):
         from engines.quant import fp8  # deferred: as above
 
         try:
