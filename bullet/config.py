@@ -34,7 +34,9 @@ class ServerArgs(BaseModel):
         "float16 | bfloat16 | float32 (float16 halves the bytes each decode step reads, and the pool's size)")
     quantization: str = Field("auto", description="auto (int8 W8A8 for a quantized GGUF on a CPU when --dtype is "
                               "auto and --tp-size is 1; an FP8 checkpoint kept in FP8 on CUDA, dequantized on a CPU; else none) | none (dequantize to "
-                              "--dtype) | w8a8_int8 | fp8 (an FP8 checkpoint as stored)")
+                              "--dtype) | w8a8_int8 | fp8 (the attention and dense-MLP projections in FP8 e4m3: an FP8 checkpoint's as "
+                              "stored; a float checkpoint's (safetensors, F32/F16/BF16 GGUF, dummy) quantized at load, one "
+                              "scale per output row; not with a quantized GGUF or --tp-size > 1)")
     device: str = Field("cpu", description="cpu | cuda | cuda:<index> | auto (a GPU if one is visible)")
     served_model_name: str | None = Field(None, description="model name reported by the API (default: from the path)")
     seed: int = Field(0, description="seed for dummy weights")
@@ -183,6 +185,11 @@ class ServerArgs(BaseModel):
     def _consistent(self):
         if self.max_total_tokens < self.page_size:
             raise ValueError("max_total_tokens must hold at least one page")
+        if self.tp_size > 1 and self.quantization in ("w8a8_int8", "fp8"):
+            # the ranks split float matrices by rows and columns (engines.tensor_parallel); refused here,
+            # before a model is read, rather than after the load
+            raise ValueError(f"--tp-size {self.tp_size} serves float weights: --quantization {self.quantization} "
+                             "is not split across ranks (use --quantization none or auto, or --tp-size 1)")
         return self
 
     @property

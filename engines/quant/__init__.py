@@ -1,5 +1,7 @@
-"""How the weights are served: as floats (`none`), or as int8 W8A8 (`w8a8_int8`, SGLang's name for
-the same scheme) — int8 weights per output channel, int8 activations per token, on a rotated model.
+"""How the weights are served: as floats (`none`), as int8 W8A8 (`w8a8_int8`, SGLang's name for
+the same scheme) — int8 weights per output channel, int8 activations per token, on a rotated model —
+or with the projections in FP8 (`fp8`, `engines.quant.fp8`: an FP8 checkpoint as stored, or a float
+source quantized at load).
 
 `auto` serves int8 only where nothing of value is lost: the weights came quantized (a GGUF whose
 projections are 4/5/8-bit: the file already traded precision for size, and re-quantizing those to
@@ -23,9 +25,10 @@ FOLDED_NORMS = (".input_norm.weight", ".post_attn_norm.weight")  # and the final
 
 def resolve_quantization(name: str | None, device: torch.device, source_quantized: bool,
                          source_fp8: bool = False) -> str:
-    """`none`, `w8a8_int8` or `fp8` (an FP8 checkpoint's projections kept in FP8: `engines.quant.fp8`).
-    `auto` keeps FP8 on a CUDA device and dequantizes it on a CPU. Raises ValueError when a form is
-    asked for where it cannot run."""
+    """`none`, `w8a8_int8` or `fp8` (the projections in FP8, `engines.quant.fp8`: an FP8 checkpoint's
+    as stored, a float source's quantized at load with one scale per row). `auto` keeps an FP8
+    checkpoint in FP8 on a CUDA device and dequantizes it on a CPU; a float source stays float.
+    Raises ValueError when a form is asked for where it cannot run."""
     name = name or "auto"
     if name not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {name!r}; choose {', '.join(QUANTIZATIONS)}")
@@ -36,9 +39,11 @@ def resolve_quantization(name: str | None, device: torch.device, source_quantize
         return "w8a8_int8" if source_quantized and int8_ok else "none"
     if name == "w8a8_int8" and not int8_ok:
         raise ValueError("w8a8_int8 needs a CPU device and torch's fbgemm quantized engine")
-    if name == "fp8" and not source_fp8:
-        raise ValueError("fp8 serves the weights of an FP8 checkpoint (quantization_config quant_method fp8) as "
-                         "they are stored; quantizing a float checkpoint to FP8 at load is not implemented")
+    if name == "fp8" and source_quantized:
+        raise ValueError("fp8 quantizes a float source (safetensors, an F32/F16/BF16 GGUF, dummy weights) or serves "
+                         "an FP8 checkpoint as stored; this GGUF's projections are already quantized (4/5/8-bit), "
+                         "and re-quantizing them to FP8 would add error to error: serve it with --quantization auto "
+                         "(int8 on a CPU), w8a8_int8 or none")
     return name
 
 

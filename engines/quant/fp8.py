@@ -14,7 +14,11 @@ the blocks. Its product:
 * scales per block of K (block-wise checkpoints): the weight is dequantized to the activation's dtype
   for the product (memory stays at a byte per weight; the GEMM runs in bf16).
 
-The CUDA branch is written to torch's documented contract and checked on a CPU here (torch's CPU
+A float checkpoint served with `--quantization fp8` is quantized at load (`quantize_state`): the same
+projections to e4m3 with one scale per output row (the row's largest magnitude maps to 448), so every
+one takes the row-wise `torch._scaled_mm` path above.
+
+The CUDA branch is written to torch's documented contract and checked on a CPU (torch's CPU
 `_scaled_mm` runs the same call); its speed on a GPU is unmeasured."""
 
 from __future__ import annotations
@@ -23,10 +27,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engines.model_config import ModelConfig
+
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
 SCALE_SUFFIX = "_scale_inv"  # X.weight -> X.weight_scale_inv
 BLOCK_SUFFIX = "_block"  # X.weight -> X.weight_block: bk, the columns one scale covers (in the state only)
+# the projections held in FP8 (nn.Linear modules of a layer, model naming): attention and the dense MLP;
+# a sparse layer's experts and router, the embedding and the head stay in the float dtype
+PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+
+
+def is_projection_weight(name: str) -> bool:
+    """`layers.{i}.{projection}.weight` (model naming) for one of `PROJECTIONS`."""
+    parts = name.split(".")
+    return len(parts) == 4 and parts[0] == "layers" and parts[2] in PROJECTIONS and parts[3] == "weight"
 
 
 def block_scales(scale: torch.Tensor, shape: tuple[int, int], block: tuple[int, int] | None) -> torch.Tensor:
@@ -70,6 +85,50 @@ def quantize_rows_dynamic(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     amax = x.abs().amax(dim=1, keepdim=True).float().clamp_(min=1e-12)
     scale = amax / FP8_MAX
     return (x.float() / scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8), scale
+
+
+def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A float matrix w [N, K] -> (e4m3 [N, K], float32 scales [N, 1]) with w ~ q * scale: each row's
+    largest magnitude maps to e4m3's largest value (scale = amax / 448), rounded to nearest in float32.
+    A row of zeros gets scale 1 (its e4m3 values are zeros). ValueError for a non-finite weight: its
+    scale would carry the inf or NaN into every value of the row."""
+    if w.dim() != 2 or not w.dtype.is_floating_point:
+        raise ValueError(f"expected a float matrix, got {w.dtype} of shape {tuple(w.shape)}")
+    wf = w.float()
+    amax = wf.abs().amax(dim=1, keepdim=True)
+    if not bool(torch.isfinite(amax).all()):
+        raise ValueError("the weight holds inf or NaN: it has no FP8 scale")
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    # amax / scale may round a hair above 448, which e4m3fn (no infinity) would turn into NaN
+    return (wf / scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8), scale
+
+
+def quantize_state(config: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A float state dict (model naming, fused layout: `engines.weights`) -> the same state with each
+    layer's attention and dense-MLP projections (`PROJECTIONS`) in FP8, the layout `build_model` turns
+    into `Fp8Linear`s:
+
+    * `layers.{i}.{p}.weight`: torch.float8_e4m3fn [N, K]
+    * `layers.{i}.{p}.weight_scale_inv`: float32 [N, 1] (w ~ weight * scale, one scale per output row)
+    * `layers.{i}.{p}.weight_block`: int64 scalar K (one scale covers the whole row)
+
+    Every other tensor (embedding, head, norms, biases, a sparse layer's router and experts) is the
+    input's own, and a projection already in FP8 (an FP8 checkpoint's) is kept as it is. The input is
+    not modified; the output holds none of its float projections, so dropping the input frees them.
+    Tensors stay on their device. Fused matrices (q/k/v, gate/up) quantize per row, so fusing before or
+    after quantizing gives the same state. `config` names the model in errors."""
+    out: dict[str, torch.Tensor] = {}
+    for name, t in state.items():
+        if not is_projection_weight(name) or name + SCALE_SUFFIX in state:
+            out[name] = t
+            continue
+        try:
+            q, scale = quantize_weight(t)
+        except ValueError as exc:
+            raise ValueError(f"{config.name}: {name}: {exc}") from exc
+        out[name], out[name + SCALE_SUFFIX] = q, scale
+        out[name + BLOCK_SUFFIX] = torch.tensor(t.shape[1], dtype=torch.int64, device=t.device)
+    return out
 
 
 class Fp8Linear(nn.Module):

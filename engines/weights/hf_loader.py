@@ -50,8 +50,6 @@ _HF_MODULE = {
 }
 
 
-# the projections that stay FP8 with keep_fp8 (nn.Linear modules of the layer)
-_FP8_PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 # a sparse layer's stacked experts: their per-expert sources under model.layers.N.mlp.experts.{e}
 _HF_EXPERTS = {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}
 
@@ -260,7 +258,7 @@ def load_hf_dir(path: Path, dtype: torch.dtype, keep_fp8: bool = False) -> tuple
             state[name] = ckpt.experts(name)
             continue
         sources = hf_sources(name)
-        if keep_fp8 and parts[0] == "layers" and parts[2] in _FP8_PROJECTIONS and parts[3] == "weight":
+        if keep_fp8 and fp8.is_projection_weight(name):
             kept = ckpt.take_fp8(sources)
             if kept is not None:
                 state[name], state[name + fp8.SCALE_SUFFIX], bk = kept

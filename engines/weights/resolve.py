@@ -130,7 +130,8 @@ def _source_is_fp8(path: Path) -> bool:
 def load_weights(model_path: str | None = None, load_format: str = "auto", dtype: torch.dtype = torch.float32,
                  seed: int = 0, quantization: str = "none", device: torch.device | str = "cpu") -> LoadedWeights:
     """`quantization`: none | w8a8_int8 | fp8 | auto for the model served on `device` (see
-    `engines.quant.resolve_quantization`; the int8 model computes in float32 whatever `dtype` says).
+    `engines.quant.resolve_quantization`; the int8 model computes in float32 whatever `dtype` says;
+    fp8 quantizes a float source's projections at load, `engines.quant.fp8.quantize_state`).
     Dummy weights are drawn on `device`; the other formats are read into host memory."""
     path, fmt = resolve_model_path(model_path, load_format)
     device = torch.device(device)
@@ -157,9 +158,10 @@ def load_weights(model_path: str | None = None, load_format: str = "auto", dtype
         from engines.weights.dummy import dummy_weights  # deferred: only the format being loaded imports its loader
 
         config = dummy_config(model_path)
-        # drawn where they are served (a GPU draws an 8B model in a moment); int8 quantizes host tensors
+        # drawn where they are served (a GPU draws an 8B model in a moment, and quantizes it to FP8 there);
+        # int8 quantizes host tensors
         state = dummy_weights(config, float_dtype, seed,
-                              device if quantization == "none" else torch.device("cpu"))
+                              torch.device("cpu") if quantization == "w8a8_int8" else device)
     elif fmt == "gguf":
         from engines.weights.gguf_loader import load_gguf  # deferred: as above (the gguf library)
 
@@ -176,6 +178,14 @@ def load_weights(model_path: str | None = None, load_format: str = "auto", dtype
         from engines.quant import quantize_state  # deferred: as above
 
         state = quantize_state(config, state)
+    # a float source's projections to FP8; an FP8 checkpoint stays as stored (what it left in float, too)
+    if quantization == "fp8" and not (fmt == "safetensors" and _source_is_fp8(path)):
+        from engines.quant import fp8  # deferred: as above
+
+        try:
+            state = fp8.quantize_state(config, state)
+        except ValueError as exc:
+            raise ModelLoadError(str(exc)) from exc
     if cache_entry is not None:
         served_cache.store_entry(cache_entry, config, state, quantization, float_dtype)
     return LoadedWeights(config, state, path, fmt, quantization, float_dtype)

@@ -1,5 +1,5 @@
-"""A disk cache of the served state derived from a GGUF file: the dequantized floats, or the rotated
-int8 model built from them.
+"""A disk cache of the served state derived from a GGUF file: the dequantized floats, the rotated
+int8 model built from them, or their projections quantized to FP8.
 
 Deriving it costs seconds every start (measured on 2 EPYC cores for the default SmolLM2 Q4_1: parsing
 the GGUF's metadata 3.4 s, dequantizing 2 s, rotating and quantizing to int8 3.2 s); reading it back
@@ -35,7 +35,7 @@ MAX_ENTRY_BYTES = 1 << 30
 MAX_TOTAL_BYTES = 2 << 30
 FORMAT = 1  # bump when the entry layout changes
 _DERIVING_CODE = ("weights/gguf_loader.py", "weights/layout.py", "quant/__init__.py", "quant/int8.py",
-                  "quant/rotation.py", "weights/served_cache.py")
+                  "quant/fp8.py", "quant/rotation.py", "weights/served_cache.py")
 
 
 def enabled() -> bool:

@@ -25,8 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--load-format", default="auto", choices=["auto", "gguf", "safetensors", "dummy"])
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16 (as the server will run)")
-    p.add_argument("--quantization", default="none", choices=["none", "w8a8_int8"],
-                   help="the weights as the server serves them (a quantized GGUF is served w8a8_int8 by default on a CPU)")
+    p.add_argument("--quantization", default="none", choices=["none", "w8a8_int8", "fp8"],
+                   help="the weights as the server serves them (a quantized GGUF is served w8a8_int8 by default on a CPU; "
+                   "fp8: the projections in FP8, as `bullet launch --quantization fp8` serves them)")
     p.add_argument("--cores", default=None, help="CPU cores to profile on, e.g. '0-1' (default: all allowed)")
     p.add_argument("--output", default=None, help="profile JSON to write (default: the cache path the server reads, "
                    "under $BULLET_CACHE_DIR/profiles or ~/.cache/bullet/profiles)")

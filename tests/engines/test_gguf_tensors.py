@@ -101,3 +101,27 @@ def test_a_tensor_without_a_place_is_an_error_naming_it(llama32, tmp_path):
     write_gguf(llama32, tmp_path / "extra.gguf", {"blk.0.attn_q.bias": np.zeros(64)})
     with pytest.raises(ModelLoadError, match=r"does not use: \['blk.0.attn_q.bias'\]"):
         load_gguf(tmp_path / "extra.gguf", torch.float32)
+
+
+def test_a_float_gguf_served_in_fp8_is_quantized_at_load_and_cached(llama32, tmp_path, monkeypatch):
+    """`--quantization fp8` on an F32 GGUF: its projections in e4m3 with one scale per row, the state
+    cached (safetensors holds float8 and the int64 block entries) and read back bit for bit."""
+    from engines.model.build import build_model
+    from engines.quant import fp8
+    from engines.weights import load_weights
+
+    monkeypatch.setenv("BULLET_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("BULLET_WEIGHTS_CACHE", "1")
+    write_gguf(llama32, tmp_path / "tiny.gguf")
+    floats = load_weights(str(tmp_path / "tiny.gguf"), dtype=torch.float32, quantization="none")
+    derived = load_weights(str(tmp_path / "tiny.gguf"), dtype=torch.float32, quantization="fp8")
+    assert derived.quantization == "fp8" and list((tmp_path / "cache" / "weights").glob("tiny-*.safetensors"))
+    q, scale = fp8.quantize_weight(floats.state["layers.1.gate_up_proj.weight"])
+    assert torch.equal(derived.state["layers.1.gate_up_proj.weight"].view(torch.uint8), q.view(torch.uint8))
+    assert torch.equal(derived.state["layers.1.gate_up_proj.weight_scale_inv"], scale)
+    cached = load_weights(str(tmp_path / "tiny.gguf"), dtype=torch.float32, quantization="fp8")
+    assert cached.quantization == "fp8" and cached.state.keys() == derived.state.keys()
+    bits = lambda t: t.contiguous().reshape(-1).view(torch.uint8)  # noqa: E731 (float8 has no == in torch)
+    assert all(cached.state[k].dtype == v.dtype and torch.equal(bits(cached.state[k]), bits(v))
+               for k, v in derived.state.items())
+    assert sum(isinstance(m, fp8.Fp8Linear) for m in build_model(cached.config, cached.state).modules()) == 8
