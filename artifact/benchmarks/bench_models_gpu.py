@@ -97,7 +97,7 @@ def projection_shapes(config: ModelConfig) -> list[tuple[str, int, int]]:
 
 def fp8_linear(weight: torch.Tensor) -> fp8.Fp8Linear:
     """The engine's FP8 projection around `weight`, quantized per row."""
-    q, scale = fp8.quantize_rows_dynamic(weight)
+    q, scale = fp8.quantize_weight(weight)
     layer = fp8.Fp8Linear(weight.shape[1], weight.shape[0], bk=weight.shape[1]).to(weight.device)
     layer.weight.copy_(q)
     layer.weight_scale_inv.copy_(scale)
