@@ -1,6 +1,6 @@
 """The mixture-of-experts CPU path against a dense model of the same active parameters.
 
-  python -m artifact.benchmarks.bench_moe [--dtype float32 bfloat16] [--threads 1 2] [--repeats 5]
+  python -m artifact.benchmarks.bench_moe [--dtype float32 bfloat16] [--threads 1 2] [--repeats 5] [--row-form]
 
 Two models with dummy weights, built from Hugging Face style configs through the engine's own config
 and model code: a Qwen3-MoE (every layer sparse: `--experts` SwiGLU experts of width
@@ -26,7 +26,9 @@ CPU time (what other processes' load does not inflate); on several, wall time.
 Per step it reports MoE / dense time and whether the goal (at most 1.5x) is met, beside the ratio of
 the bytes the step reads (weights it touches plus the KV cache): a decode row reads its top-k
 experts, as many bytes as the dense MLP, but a batch of rows picks up to `--experts` distinct ones —
-counted per layer in an extra, untimed step. Writes <results>/moe.json (with the CPU's vector
+counted per layer in an extra, untimed step. `--row-form` also times the MoE with its experts' few-row
+forms off (`engines.model.moe.COLUMN_ROWS`, `NATIVE_BF16_ROWS`: every expert as x @ W^T through
+MKL/oneDNN), in the same rounds. Writes <results>/moe.json (with the CPU's vector
 flags, torch's version and the thread count; results dir: BULLET_RESULTS_DIR or artifact/results)
 and <results>/moe.md (the table)."""
 
@@ -48,6 +50,7 @@ from engines.weights.dummy import dummy_weights
 GOAL = 1.5  # MoE step time / dense step time, at most
 PAGE_SIZE = 16
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+FEW_ROW_KNOBS = ("COLUMN_ROWS", "NATIVE_BF16_ROWS")  # engines.model.moe's few-row forms; --row-form sets them 0
 
 
 def configs(args) -> dict[str, ModelConfig]:
@@ -68,7 +71,7 @@ def configs(args) -> dict[str, ModelConfig]:
 class Side:
     """One model and its runner; steps return their time in seconds."""
 
-    def __init__(self, config: ModelConfig, state: dict, args):
+    def __init__(self, config: ModelConfig, state: dict, args, few_rows: dict | None = None):
         pages = max(-(-args.prompt // PAGE_SIZE), max(args.batches) * -(-(args.context + 1) // PAGE_SIZE)) + 1
         self.config = config
         self.runner = ModelRunner(build_model(config, state), KVPool(config, pages, PAGE_SIZE, state["norm.weight"].dtype))
@@ -77,6 +80,14 @@ class Side:
         self.prompt = torch.randint(100, config.vocab_size, (args.prompt,), generator=gen).tolist()
         self.tokens = torch.randint(100, config.vocab_size, (max(args.batches),), generator=gen).tolist()
         self.context = args.context
+        # the grouped path's few-row forms (engines.model.moe), as this side runs them
+        self.few_rows = few_rows or {k: getattr(moe, k) for k in FEW_ROW_KNOBS}
+
+    def shared(self, few_rows: dict) -> "Side":
+        """The same model and pool, its experts run with other few-row forms ({knob: 0}: off)."""
+        twin = object.__new__(Side)
+        twin.__dict__.update(self.__dict__, few_rows=few_rows)
+        return twin
 
     def chunks(self, step: str, arg: int) -> list[SeqChunk]:
         if step == "prefill":
@@ -88,9 +99,16 @@ class Side:
         """One step (a decode step's rows sit on context the pool's pages hold: its values do not
         change the work)."""
         chunks, clock = self.chunks(step, arg), _clock()
-        t = clock()
-        self.runner.forward(chunks)
-        return clock() - t
+        kept = {k: getattr(moe, k) for k in FEW_ROW_KNOBS}
+        for k, v in self.few_rows.items():
+            setattr(moe, k, v)
+        try:
+            t = clock()
+            self.runner.forward(chunks)
+            return clock() - t
+        finally:
+            for k, v in kept.items():
+                setattr(moe, k, v)
 
     def experts_touched(self, step: str, arg: int) -> list[int]:
         """Distinct experts each sparse layer ran in one (untimed) step; [] for the dense model."""
@@ -142,14 +160,20 @@ def measure(sides: dict[str, Side], args, dtype_name: str) -> list[dict]:
         bytes_ = {n: step_bytes(s.config, step, arg, touched if n == "moe" else [], elem, args.context)
                   for n, s in sides.items()}
         ratio = moe_ms / dense_ms
+        before = {}
+        if "moe_rows" in sides:  # every expert in oneDNN's/MKL's row form: the grouped path before its few-row forms
+            rows_ms = statistics.median(samples["moe_rows"]) * 1e3
+            before = {"moe_rows_ms": rows_ms, "rows_ratio": rows_ms / dense_ms}
         rows.append({"dtype": dtype_name, "threads": torch.get_num_threads(), "step": key, "moe_ms": moe_ms,
-                     "dense_ms": dense_ms, "ratio": ratio, "goal_met": ratio <= GOAL,
+                     "dense_ms": dense_ms, "ratio": ratio, "goal_met": ratio <= GOAL, **before,
                      "experts_touched_per_layer": statistics.mean(touched),
                      "bytes_ratio": bytes_["moe"] / bytes_["dense"], "moe_bytes": bytes_["moe"],
                      "dense_bytes": bytes_["dense"],
                      "samples_ms": {n: [s * 1e3 for s in v] for n, v in samples.items()}})
         print(f"[bench_moe] {dtype_name} {torch.get_num_threads()}t {key}: moe {moe_ms:.1f} ms, dense "
-              f"{dense_ms:.1f} ms, x{ratio:.2f} (bytes x{rows[-1]['bytes_ratio']:.2f})", flush=True)
+              f"{dense_ms:.1f} ms, x{ratio:.2f} (bytes x{rows[-1]['bytes_ratio']:.2f})"
+              + (f"; row form only {before['moe_rows_ms']:.1f} ms, x{before['rows_ratio']:.2f}" if before else ""),
+              flush=True)
     return rows
 
 
@@ -161,12 +185,14 @@ def active_shares(cfg: ModelConfig) -> dict:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| dtype | threads | step | MoE ms | dense ms | MoE / dense | goal <= 1.5x | experts / layer | bytes MoE / dense |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    before = all("moe_rows_ms" in r for r in rows)
+    head = "| dtype | threads | step | MoE ms | dense ms | MoE / dense | goal <= 1.5x | experts / layer | bytes MoE / dense |"
+    lines = [head + (" row form only ms | its MoE / dense |" if before else ""), "|---" * (11 if before else 9) + "|"]
     for r in rows:
         lines.append(f"| {r['dtype']} | {r['threads']} | {r['step']} | {r['moe_ms']:.1f} | {r['dense_ms']:.1f} | "
                      f"{r['ratio']:.2f} | {'met' if r['goal_met'] else 'NOT met'} | "
-                     f"{r['experts_touched_per_layer']:.1f} | {r['bytes_ratio']:.2f} |")
+                     f"{r['experts_touched_per_layer']:.1f} | {r['bytes_ratio']:.2f} |"
+                     + (f" {r['moe_rows_ms']:.1f} | {r['rows_ratio']:.2f} |" if before else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -187,6 +213,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--prompt", type=int, default=512, help="prefill prompt length")
     ap.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32], help="decode batch sizes")
     ap.add_argument("--context", type=int, default=256, help="tokens each decode row attends over")
+    ap.add_argument("--row-form", action="store_true",
+                    help="also time the MoE with every expert in row form (x @ W^T through MKL/oneDNN: "
+                         "moe.COLUMN_ROWS = moe.NATIVE_BF16_ROWS = 0), the grouped path before its few-row "
+                         "forms, in the same rounds")
     ap.add_argument("--name", default="moe", help="results file stem")
     return ap
 
@@ -201,6 +231,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for dtype_name in args.dtype:
         # the same values in both dtypes: fp32 draws (engines.weights.dummy), cast
         sides = {name: Side(cfg, dummy_weights(cfg, DTYPES[dtype_name]), args) for name, cfg in cfgs.items()}
+        if args.row_form:
+            sides["moe_rows"] = sides["moe"].shared({k: 0 for k in FEW_ROW_KNOBS})
         for threads in args.threads:
             torch.set_num_threads(threads)
             rows += measure(sides, args, dtype_name)
@@ -213,7 +245,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     (RESULTS / f"{args.name}.md").write_text(markdown(rows))
     print_table([{**r, "goal": "met" if r["goal_met"] else "NOT met"} for r in rows],
                 ["dtype", "threads", "step", "moe_ms", "dense_ms", "ratio", "goal", "experts_touched_per_layer",
-                 "bytes_ratio"], title=f"MoE vs dense of the same active parameters ({path})")
+                 "bytes_ratio"] + (["moe_rows_ms", "rows_ratio"] if args.row_form else []), title=f"MoE vs dense of the same active parameters ({path})")
     return rows
 
 
