@@ -9,11 +9,11 @@ output is the sum of its experts' outputs times their probabilities.
 `grouped_experts` is the path of every device: the (token,
 pick) rows are sorted by expert, so each expert that any token picked runs once, as two GEMMs over
 its own rows (SwiGLU's product between them is `fused.silu_mul`, one kernel on a GPU); the results
-go back to their rows, are weighted and summed over the picks (on a CPU in float32, an expert with
-at most `COLUMN_ROWS` rows — decode's usual case — runs as weight @ columns: `_expert_columns`
-says why). It reads the per-expert row counts on
-the host, so a CUDA decode graph cannot capture it. On CUDA tensors the Triton kernels of
-`engines.model.triton_moe` run instead (the same computation, no host read: graphs capture them),
+go back to their rows, are weighted and summed over the picks. On a CPU an expert with a few rows
+(decode's usual case) runs in a form measured faster there: weight @ columns in float32
+(`_expert_columns`), torch's own GEMM instead of oneDNN's in bfloat16 (`_without_onednn`). It
+reads the per-expert row counts on the host, so a CUDA decode graph cannot capture it. On CUDA
+tensors the Triton kernels of `engines.model.triton_moe` run instead (the same computation, no host read: graphs capture them),
 where triton imports and the fused kernels are on (`BULLET_FUSED_KERNELS`); else the grouped path,
 and `engines.cuda_graphs.graph_blocker` keeps decode eager."""
 
@@ -55,7 +55,8 @@ def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, g
     out = torch.empty((t * k, x.shape[1]), dtype=x.dtype, device=x.device)
     cpu = x.device.type == "cpu" and not fused.fused_on(x)
     columns = COLUMN_ROWS if cpu and x.dtype == torch.float32 else 0
-    native = NATIVE_BF16_ROWS if cpu and x.dtype == torch.bfloat16 else 0
+    # (where torch's backend flags are frozen, `_without_onednn` may not switch: oneDNN then runs them)
+    native = NATIVE_BF16_ROWS if cpu and x.dtype == torch.bfloat16 and not torch.backends.flags_frozen() else 0
     start = 0
     for expert, n in enumerate(counts):
         if n:
@@ -91,8 +92,9 @@ def _without_onednn():
     over 1, 2 and 3 rows took 320, 326 and 324 us through oneDNN (MKL-DNN 3.12, one thread of an
     AVX-512-BF16 EPYC, an expert of 768x1024 and 1024x384: ~7 GB/s of weights) and 168, 265 and 382
     us through torch's own kernels. The same sums with float32 accumulation in another order:
-    results equal within bfloat16 rounding. The switch is process-wide, so it is put back at once
-    (a worker's forward runs on one Python thread)."""
+    results equal within bfloat16 rounding. The switch is process-wide, so it is put back at once (a
+    worker's forward runs on one Python thread; another thread's GEMM in that window would take
+    torch's kernels too, with results equal within the same rounding)."""
     kept = torch.backends.mkldnn.enabled
     torch.backends.mkldnn.enabled = False
     try:
@@ -109,10 +111,11 @@ def _expert_columns(rows: torch.Tensor, gate_up: torch.Tensor, down: torch.Tenso
     expert's matrices. On a CPU in float32 (MKL, one thread of an AVX-512 EPYC, an expert of
     768x1024 and 1024x384) x @ W^T took 405, 592 and 703 us for 1, 2 and 3 rows (its matrix-vector
     product streamed the down projection's 384-long rows at 9 GB/s, its 2- and 3-row GEMMs slower
-    still), this form 298, 304 and 402 us (13-19 GB/s); at 4 rows both took ~560 us. A single row is given a
-    second, equal column so that it takes the matrix product too. The same sums in another order:
-    the results equal the row form's within float32 rounding (as the row form's own results for a
-    row already differ with how many rows share its GEMM). In bfloat16 the row form was the faster."""
+    still), this form 298, 304 and 402 us (13-19 GB/s); at 4 rows both took ~560 us. A single row is
+    given a second, equal column so that it takes the matrix product too. The same sums in another
+    order: the results equal the row form's within float32 rounding (as the row form's own results
+    for a row already differ with how many rows share its GEMM). In bfloat16 this form was slower
+    than the row form (`_without_onednn` is bfloat16's)."""
     n = rows.shape[0]
     # each right operand is the transposed view of contiguous rows: given as a contiguous [K, n]
     # matrix instead, MKL took a path 5x slower (measured)
