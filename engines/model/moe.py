@@ -9,14 +9,17 @@ output is the sum of its experts' outputs times their probabilities.
 `grouped_experts` is the path of every device: the (token,
 pick) rows are sorted by expert, so each expert that any token picked runs once, as two GEMMs over
 its own rows (SwiGLU's product between them is `fused.silu_mul`, one kernel on a GPU); the results
-go back to their rows, are weighted and summed over the picks. It reads the per-expert row counts on
-the host, so a CUDA decode graph cannot capture it. On CUDA tensors the Triton kernels of
-`engines.model.triton_moe` run instead (the same computation, no host read: graphs capture them),
+go back to their rows, are weighted and summed over the picks. On a CPU an expert with a few rows
+(decode's usual case) runs in a form measured faster there: weight @ columns in float32
+(`_expert_columns`), torch's own GEMM instead of oneDNN's in bfloat16 (`_without_onednn`). It
+reads the per-expert row counts on the host, so a CUDA decode graph cannot capture it. On CUDA
+tensors the Triton kernels of `engines.model.triton_moe` run instead (the same computation, no host read: graphs capture them),
 where triton imports and the fused kernels are on (`BULLET_FUSED_KERNELS`); else the grouped path,
 and `engines.cuda_graphs.graph_blocker` keeps decode eager."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 
@@ -50,15 +53,77 @@ def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, g
     counts = torch.bincount(flat, minlength=gate_up.shape[0]).tolist()
     rows = x[order // k]
     out = torch.empty((t * k, x.shape[1]), dtype=x.dtype, device=x.device)
+    cpu = x.device.type == "cpu" and not fused.fused_on(x)
+    columns = COLUMN_ROWS if cpu and x.dtype == torch.float32 else 0
+    # (where torch's backend flags are frozen, `_without_onednn` may not switch: oneDNN then runs them)
+    native = NATIVE_BF16_ROWS if cpu and x.dtype == torch.bfloat16 and not torch.backends.flags_frozen() else 0
     start = 0
     for expert, n in enumerate(counts):
         if n:
             end = start + n
-            out[start:end] = F.linear(fused.silu_mul(F.linear(rows[start:end], gate_up[expert])), down[expert])
+            if n <= columns:
+                out[start:end] = _expert_columns(rows[start:end], gate_up[expert], down[expert])
+            elif n <= native:
+                with _without_onednn():
+                    out[start:end] = _expert_rows(rows[start:end], gate_up[expert], down[expert])
+            else:
+                out[start:end] = _expert_rows(rows[start:end], gate_up[expert], down[expert])
             start = end
     per_pick = torch.empty_like(out)
     per_pick[order] = out  # back to (token, pick) order
     return (per_pick.view(t, k, -1) * weights.unsqueeze(-1)).sum(dim=1)
+
+
+# On a CPU, an expert with at most COLUMN_ROWS rows runs weights-first in float32 (`_expert_columns`),
+# one with at most NATIVE_BF16_ROWS rows in bfloat16 runs on torch's own GEMM (`_without_onednn`); 0
+# turns either off (the benchmark times the MoE with both off beside it)
+COLUMN_ROWS = 3
+NATIVE_BF16_ROWS = 2
+
+
+def _expert_rows(rows: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """One expert's SwiGLU over its rows [n, H] -> [n, H]: x @ W^T twice."""
+    return F.linear(fused.silu_mul(F.linear(rows, gate_up)), down)
+
+
+@contextlib.contextmanager
+def _without_onednn():
+    """torch's own CPU GEMM for the block instead of oneDNN's. Why: in bfloat16 an expert's SwiGLU
+    over 1, 2 and 3 rows took 320, 326 and 324 us through oneDNN (MKL-DNN 3.12, one thread of an
+    AVX-512-BF16 EPYC, an expert of 768x1024 and 1024x384: ~7 GB/s of weights) and 168, 265 and 382
+    us through torch's own kernels. The same sums with float32 accumulation in another order:
+    results equal within bfloat16 rounding. The switch is process-wide, so it is put back at once (a
+    worker's forward runs on one Python thread; another thread's GEMM in that window would take
+    torch's kernels too, with results equal within the same rounding)."""
+    kept = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = False
+    try:
+        yield
+    finally:
+        torch.backends.mkldnn.enabled = kept
+
+
+def _expert_columns(rows: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """One expert's SwiGLU over a few rows [n, H] -> [n, H], as weight @ columns: gate_up @ x^T
+    [2I, n], SwiGLU over its row halves, down @ that [H, n].
+
+    Why: a decode step runs each picked expert for one to three rows, so its time is the bytes of the
+    expert's matrices. On a CPU in float32 (MKL, one thread of an AVX-512 EPYC, an expert of
+    768x1024 and 1024x384) x @ W^T took 405, 592 and 703 us for 1, 2 and 3 rows (its matrix-vector
+    product streamed the down projection's 384-long rows at 9 GB/s, its 2- and 3-row GEMMs slower
+    still), this form 298, 304 and 402 us (13-19 GB/s); at 4 rows both took ~560 us. A single row is
+    given a second, equal column so that it takes the matrix product too. The same sums in another
+    order: the results equal the row form's within float32 rounding (as the row form's own results
+    for a row already differ with how many rows share its GEMM). In bfloat16 this form was slower
+    than the row form (`_without_onednn` is bfloat16's)."""
+    n = rows.shape[0]
+    # each right operand is the transposed view of contiguous rows: given as a contiguous [K, n]
+    # matrix instead, MKL took a path 5x slower (measured)
+    cols = (rows if n > 1 else rows.expand(2, -1)).contiguous().T  # [H, n or 2]
+    h = gate_up @ cols
+    width = h.shape[0] // 2
+    act = (F.silu(h[:width]) * h[width:]).T.contiguous()  # SwiGLU's product (fused.silu_mul_reference), rows
+    return (down @ act.T)[:, :n].T
 
 
 @functools.lru_cache(maxsize=1)

@@ -92,6 +92,49 @@ def test_grouped_experts_equal_a_per_token_loop(renormalize):
                                _naive_moe(same, router, gate_up, down, top_k, renormalize), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_few_row_experts_take_their_faster_form_and_compute_the_same(dtype, monkeypatch):
+    """Experts with 1 to 5 rows: on a CPU in float32 those with at most `moe.COLUMN_ROWS` rows run as
+    weight @ columns (a single row padded to two), in bfloat16 those with at most
+    `moe.NATIVE_BF16_ROWS` on torch's own GEMM (oneDNN off, and back on after), the others in row
+    form; every expert's output is the definition's (per row, per pick) whichever form ran, and the
+    row form alone gives the same."""
+    gen = torch.Generator().manual_seed(2)
+    hidden, experts, width = 16, 7, 8
+    # two distinct picks a row; rows per expert: 1, 2, 3, 4, 5, 1 and none
+    ids = torch.tensor([[4, 3], [4, 3], [4, 3], [4, 3], [4, 2], [2, 1], [2, 1], [0, 5]])
+    x = torch.randn(ids.shape[0], hidden, generator=gen).to(dtype)
+    weights = torch.softmax(torch.randn(ids.shape, generator=gen), -1).to(dtype)
+    gate_up = (torch.randn(experts, 2 * width, hidden, generator=gen) / 4).to(dtype)
+    down = (torch.randn(experts, hidden, width, generator=gen) / 4).to(dtype)
+    want = torch.zeros(x.shape, dtype=torch.float64)
+    for t in range(x.shape[0]):
+        for j, e in enumerate(ids[t].tolist()):
+            h = gate_up[e].double() @ x[t].double()
+            want[t] += float(weights[t, j]) * (down[e].double() @ (torch.nn.functional.silu(h[:width]) * h[width:]))
+    sizes, native = [], []
+    real, real_native = moe._expert_columns, moe._without_onednn
+    monkeypatch.setattr(moe, "_expert_columns", lambda r, g, d: sizes.append(r.shape[0]) or real(r, g, d))
+    monkeypatch.setattr(moe, "_without_onednn", lambda: native.append(torch.backends.mkldnn.enabled) or real_native())
+    mkldnn = torch.backends.mkldnn.enabled
+    got = moe.grouped_experts(x, weights, ids, gate_up, down)
+    assert torch.backends.mkldnn.enabled == mkldnn  # put back
+    counts = [n for n in torch.bincount(ids.flatten(), minlength=experts).tolist() if n]
+    fp32 = dtype == torch.float32
+    assert sizes == ([n for n in counts if n <= moe.COLUMN_ROWS] if fp32 else []) and (not fp32 or 1 in sizes)
+    assert len(native) == (0 if fp32 else len([n for n in counts if n <= moe.NATIVE_BF16_ROWS])) and (fp32 or native)
+    tol = {"atol": 1e-5, "rtol": 1e-5} if fp32 else {"atol": 2e-2, "rtol": 2e-2}
+    torch.testing.assert_close(got.double(), want, **tol)
+    monkeypatch.setattr(moe, "COLUMN_ROWS", 0)
+    monkeypatch.setattr(moe, "NATIVE_BF16_ROWS", 0)
+    sizes.clear(), native.clear()
+    torch.testing.assert_close(moe.grouped_experts(x, weights, ids, gate_up, down).double(), want, **tol)
+    assert sizes == [] and native == []
+    with moe._without_onednn():
+        assert not torch.backends.mkldnn.enabled
+    assert torch.backends.mkldnn.enabled == mkldnn
+
+
 def test_fused_stages_and_paged_kernels_compute_the_reference(checkpoints, monkeypatch):
     """The GPU's path on CPU tensors (the fused Triton RMSNorm/RoPE/SwiGLU stages, interpreted, and the
     Triton paged-attention kernels): the grouped experts' SwiGLU products go through the fused

@@ -1,0 +1,254 @@
+"""The mixture-of-experts CPU path against a dense model of the same active parameters.
+
+  python -m artifact.benchmarks.bench_moe [--dtype float32 bfloat16] [--threads 1 2] [--repeats 5] [--row-form]
+
+Two models with dummy weights, built from Hugging Face style configs through the engine's own config
+and model code: a Qwen3-MoE (every layer sparse: `--experts` SwiGLU experts of width
+`--moe-intermediate`, `--top-k` per token, picks renormalised) and a dense Qwen3 with the same
+attention, hidden size, layers and vocabulary whose SwiGLU is `top_k x moe_intermediate` wide. A
+token then computes with the same parameters in both (the same FLOPs), except the MoE's router, a
+`hidden x experts` GEMM per layer that the dense model has no counterpart for: it is counted against
+the MoE (the JSON gives its share of the active parameters: 0.8 % at the defaults).
+
+The defaults scale Qwen3-30B-A3B (hidden 2048, 48 layers, 32 q heads and 4 KV heads of 128, 128
+experts, top-8, expert width 768, vocabulary 151936) down to a size one run measures in a few
+minutes on two cores, keeping its ratios: 128 experts and top-8 (so a batch touches as many distinct
+experts), expert width / hidden 0.375 (384 / 1024), q width twice the hidden size and 8 q heads per
+KV head (16 and 2 of 128), the MLP's active parameters twice the attention's, and an LM head of
+~11 % of the active parameters (vocabulary 12288).
+
+Each step runs through the engine's runner as a CPU worker builds it (`ModelRunner(model, pool)`,
+its default attention path), on pages handed out in a shuffled order: prefill of one prompt of
+`--prompt` tokens, and one decode step at each of `--batches` (every row `--context` tokens deep).
+Rounds alternate the two models; the medians are reported. On one thread the clock is the thread's
+CPU time (what other processes' load does not inflate); on several, wall time.
+
+Per step it reports MoE / dense time and whether the goal (at most 1.5x) is met, beside the ratio of
+the bytes the step reads (weights it touches plus the KV cache): a decode row reads its top-k
+experts, as many bytes as the dense MLP, but a batch of rows picks up to `--experts` distinct ones —
+counted per layer in an extra, untimed step. `--row-form` also times the MoE with its experts' few-row
+forms off (`engines.model.moe.COLUMN_ROWS`, `NATIVE_BF16_ROWS`: every expert as x @ W^T through
+MKL/oneDNN), in the same rounds. Writes <results>/moe.json (with the CPU's vector
+flags, torch's version and the thread count; results dir: BULLET_RESULTS_DIR or artifact/results)
+and <results>/moe.md (the table)."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from engines.kv_pool import KVPool
+from engines.model import moe
+from engines.model.build import build_model
+from engines.model_config import ModelConfig
+from engines.runner import ModelRunner, SeqChunk
+from engines.weights.dummy import dummy_weights
+
+GOAL = 1.5  # MoE step time / dense step time, at most
+PAGE_SIZE = 16
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+FEW_ROW_KNOBS = ("COLUMN_ROWS", "NATIVE_BF16_ROWS")  # engines.model.moe's few-row forms; --row-form sets them 0
+
+
+def configs(args) -> dict[str, ModelConfig]:
+    """The MoE config and its dense twin (same attention, hidden, layers, vocabulary)."""
+    common = {"hidden_size": args.hidden, "num_hidden_layers": args.layers, "num_attention_heads": args.heads,
+              "num_key_value_heads": args.kv_heads, "head_dim": args.head_dim, "vocab_size": args.vocab,
+              "max_position_embeddings": 8192, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
+              "tie_word_embeddings": False}
+    sparse = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+              "intermediate_size": args.top_k * args.moe_intermediate, "num_experts": args.experts,
+              "num_experts_per_tok": args.top_k, "moe_intermediate_size": args.moe_intermediate,
+              "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [], **common}
+    dense = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+             "intermediate_size": args.top_k * args.moe_intermediate, **common}
+    return {"moe": ModelConfig.from_hf_dict(sparse, "moe"), "dense": ModelConfig.from_hf_dict(dense, "dense")}
+
+
+class Side:
+    """One model and its runner; steps return their time in seconds."""
+
+    def __init__(self, config: ModelConfig, state: dict, args, few_rows: dict | None = None):
+        pages = max(-(-args.prompt // PAGE_SIZE), max(args.batches) * -(-(args.context + 1) // PAGE_SIZE)) + 1
+        self.config = config
+        self.runner = ModelRunner(build_model(config, state), KVPool(config, pages, PAGE_SIZE, state["norm.weight"].dtype))
+        self.pages = torch.randperm(pages, generator=torch.Generator().manual_seed(0)).tolist()
+        gen = torch.Generator().manual_seed(1)
+        self.prompt = torch.randint(100, config.vocab_size, (args.prompt,), generator=gen).tolist()
+        self.tokens = torch.randint(100, config.vocab_size, (max(args.batches),), generator=gen).tolist()
+        self.context = args.context
+        # the grouped path's few-row forms (engines.model.moe), as this side runs them
+        self.few_rows = few_rows or {k: getattr(moe, k) for k in FEW_ROW_KNOBS}
+
+    def shared(self, few_rows: dict) -> "Side":
+        """The same model and pool, its experts run with other few-row forms ({knob: 0}: off)."""
+        twin = object.__new__(Side)
+        twin.__dict__.update(self.__dict__, few_rows=few_rows)
+        return twin
+
+    def chunks(self, step: str, arg: int) -> list[SeqChunk]:
+        if step == "prefill":
+            return [SeqChunk(self.prompt[:arg], 0, self.pages[: -(-arg // PAGE_SIZE)])]
+        need = -(-(self.context + 1) // PAGE_SIZE)
+        return [SeqChunk([self.tokens[i]], self.context, self.pages[i * need : (i + 1) * need]) for i in range(arg)]
+
+    def run(self, step: str, arg: int) -> float:
+        """One step (a decode step's rows sit on context the pool's pages hold: its values do not
+        change the work)."""
+        chunks, clock = self.chunks(step, arg), _clock()
+        kept = {k: getattr(moe, k) for k in FEW_ROW_KNOBS}
+        for k, v in self.few_rows.items():
+            setattr(moe, k, v)
+        try:
+            t = clock()
+            self.runner.forward(chunks)
+            return clock() - t
+        finally:
+            for k, v in kept.items():
+                setattr(moe, k, v)
+
+    def experts_touched(self, step: str, arg: int) -> list[int]:
+        """Distinct experts each sparse layer ran in one (untimed) step; [] for the dense model."""
+        seen: list[int] = []
+        hooks = [m.register_forward_pre_hook(lambda _m, a: seen.append(int(a[2].unique().numel())))
+                 for m in self.runner.model.modules() if isinstance(m, moe.Experts)]
+        try:
+            self.runner.forward(self.chunks(step, arg))
+        finally:
+            for h in hooks:
+                h.remove()
+        return seen
+
+
+def _clock():
+    return time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
+
+
+def steps(args) -> list[tuple[str, str, int]]:
+    return [(f"prefill_{args.prompt}", "prefill", args.prompt)] + [(f"decode_b{b}", "decode", b) for b in args.batches]
+
+
+def step_bytes(config: ModelConfig, step: str, arg: int, touched: list[int], elem: int, context: int) -> float:
+    """Bytes a step reads: attention projections, the MLP weights it touches (the dense MLP, or the
+    router and the experts some row picked), the LM head, and the KV cache attention reads."""
+    h, layers = config.hidden_size, config.num_hidden_layers
+    attention = h * (config.q_size + 2 * config.kv_size) + config.q_size * h
+    if config.is_moe:
+        mlp = sum(h * config.num_experts + n * 3 * h * config.moe_intermediate_size for n in touched)
+    else:
+        mlp = layers * 3 * h * config.intermediate_size
+    rows = arg if step == "decode" else 0
+    kv = rows * (context + 1) * layers * 2 * config.kv_size * elem  # a prefill reads its own K/V as it computes them
+    return float((layers * attention + mlp + config.vocab_size * h) * elem + kv)
+
+
+def measure(sides: dict[str, Side], args, dtype_name: str) -> list[dict]:
+    elem = torch.tensor([], dtype=DTYPES[dtype_name]).element_size()
+    rows = []
+    for key, step, arg in steps(args):
+        samples: dict[str, list[float]] = {name: [] for name in sides}
+        for side in sides.values():
+            side.run(step, arg)  # warm-up
+        for r in range(args.repeats):
+            for name in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
+                samples[name].append(sides[name].run(step, arg))
+        touched = sides["moe"].experts_touched(step, arg)
+        moe_ms, dense_ms = (statistics.median(samples[n]) * 1e3 for n in ("moe", "dense"))
+        bytes_ = {n: step_bytes(s.config, step, arg, touched if n == "moe" else [], elem, args.context)
+                  for n, s in sides.items()}
+        ratio = moe_ms / dense_ms
+        before = {}
+        if "moe_rows" in sides:  # every expert in oneDNN's/MKL's row form: the grouped path before its few-row forms
+            rows_ms = statistics.median(samples["moe_rows"]) * 1e3
+            before = {"moe_rows_ms": rows_ms, "rows_ratio": rows_ms / dense_ms}
+        rows.append({"dtype": dtype_name, "threads": torch.get_num_threads(), "step": key, "moe_ms": moe_ms,
+                     "dense_ms": dense_ms, "ratio": ratio, "goal_met": ratio <= GOAL, **before,
+                     "experts_touched_per_layer": statistics.mean(touched),
+                     "bytes_ratio": bytes_["moe"] / bytes_["dense"], "moe_bytes": bytes_["moe"],
+                     "dense_bytes": bytes_["dense"],
+                     "samples_ms": {n: [s * 1e3 for s in v] for n, v in samples.items()}})
+        print(f"[bench_moe] {dtype_name} {torch.get_num_threads()}t {key}: moe {moe_ms:.1f} ms, dense "
+              f"{dense_ms:.1f} ms, x{ratio:.2f} (bytes x{rows[-1]['bytes_ratio']:.2f})"
+              + (f"; row form only {before['moe_rows_ms']:.1f} ms, x{before['rows_ratio']:.2f}" if before else ""),
+              flush=True)
+    return rows
+
+
+def active_shares(cfg: ModelConfig) -> dict:
+    active = cfg.num_parameters(active=True) - cfg.vocab_size * cfg.hidden_size  # the embedding computes nothing
+    router = cfg.num_hidden_layers * cfg.hidden_size * cfg.num_experts
+    return {"active_params": active, "router_params": router, "router_share": router / active,
+            "total_params": cfg.num_parameters()}
+
+
+def markdown(rows: list[dict]) -> str:
+    before = all("moe_rows_ms" in r for r in rows)
+    head = "| dtype | threads | step | MoE ms | dense ms | MoE / dense | goal <= 1.5x | experts / layer | bytes MoE / dense |"
+    lines = [head + (" row form only ms | its MoE / dense |" if before else ""), "|---" * (11 if before else 9) + "|"]
+    for r in rows:
+        lines.append(f"| {r['dtype']} | {r['threads']} | {r['step']} | {r['moe_ms']:.1f} | {r['dense_ms']:.1f} | "
+                     f"{r['ratio']:.2f} | {'met' if r['goal_met'] else 'NOT met'} | "
+                     f"{r['experts_touched_per_layer']:.1f} | {r['bytes_ratio']:.2f} |"
+                     + (f" {r['moe_rows_ms']:.1f} | {r['rows_ratio']:.2f} |" if before else ""))
+    return "\n".join(lines) + "\n"
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dtype", nargs="+", default=list(DTYPES), choices=list(DTYPES))
+    ap.add_argument("--threads", nargs="+", type=int, default=[1, 2], help="torch thread counts, each measured")
+    ap.add_argument("--repeats", type=int, default=5, help="timed steps per model and step (medians reported)")
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--kv-heads", type=int, default=2)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--vocab", type=int, default=12288)
+    ap.add_argument("--experts", type=int, default=128)
+    ap.add_argument("--top-k", type=int, default=8)
+    ap.add_argument("--moe-intermediate", type=int, default=384, help="expert width; the dense MLP is top-k times it")
+    ap.add_argument("--prompt", type=int, default=512, help="prefill prompt length")
+    ap.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32], help="decode batch sizes")
+    ap.add_argument("--context", type=int, default=256, help="tokens each decode row attends over")
+    ap.add_argument("--row-form", action="store_true",
+                    help="also time the MoE with every expert in row form (x @ W^T through MKL/oneDNN: "
+                         "moe.COLUMN_ROWS = moe.NATIVE_BF16_ROWS = 0), the grouped path before its few-row "
+                         "forms, in the same rounds")
+    ap.add_argument("--name", default="moe", help="results file stem")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    args = parser().parse_args(argv)
+    from artifact.benchmarks.bench_llamacpp import cpu_flags  # deferred: the artifact's helpers, not the engine's
+    from artifact.benchmarks.common import RESULTS, print_table, write_results
+
+    cfgs = configs(args)
+    rows: list[dict] = []
+    for dtype_name in args.dtype:
+        # the same values in both dtypes: fp32 draws (engines.weights.dummy), cast
+        sides = {name: Side(cfg, dummy_weights(cfg, DTYPES[dtype_name]), args) for name, cfg in cfgs.items()}
+        if args.row_form:
+            sides["moe_rows"] = sides["moe"].shared({k: 0 for k in FEW_ROW_KNOBS})
+        for threads in args.threads:
+            torch.set_num_threads(threads)
+            rows += measure(sides, args, dtype_name)
+        del sides
+    meta = {"cpu_flags": cpu_flags(), "torch": torch.__version__, "threads": args.threads, "goal": GOAL,
+            "configs": {n: c.model_dump(mode="json") for n, c in cfgs.items()}, "moe_params": active_shares(cfgs["moe"]),
+            "dense_active_params": cfgs["dense"].num_parameters() - cfgs["dense"].vocab_size * args.hidden,
+            "args": vars(args), "results": rows}
+    path = write_results(args.name, meta)
+    (RESULTS / f"{args.name}.md").write_text(markdown(rows))
+    print_table([{**r, "goal": "met" if r["goal_met"] else "NOT met"} for r in rows],
+                ["dtype", "threads", "step", "moe_ms", "dense_ms", "ratio", "goal", "experts_touched_per_layer",
+                 "bytes_ratio"] + (["moe_rows_ms", "rows_ratio"] if args.row_form else []),
+                title=f"MoE vs dense of the same active parameters ({path})")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
