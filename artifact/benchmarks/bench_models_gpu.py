@@ -10,7 +10,9 @@ Sections, each written to the JSON as soon as it is measured (a run stopped by a
 * **FP8 GEMMs** — the four projections of a Llama-3.1-8B layer (q/k/v, o, gate/up, down) at
   `--gemm-tokens` rows: `F.linear` in the serving dtype (bf16 on a GPU), `torch._scaled_mm` on e4m3 operands with one scale per row
   of each (the kernel alone), and the engine's `Fp8Linear` (the kernel plus quantizing the activation
-  per row, what a served step pays). Rates are model FLOPs (2 x M x N x K) over the median time; the
+  per row, what a served step pays), and where the device runs torch's block-scaled recipe (Hopper) the
+  weight in 128 x 128 blocks as an FP8 checkpoint stores it (`Fp8Linear` with its block-scaled GEMM,
+  the activation quantized per 1 x 128 group). Rates are model FLOPs (2 x M x N x K) over the median time; the
   ratio is the four shapes' FLOPs over their summed times.
 * **Models** — per `--models` entry (`NAME[:fp8]`: a built-in config or a config.json, dummy weights
   drawn on the device, `:fp8` its projections quantized to e4m3 per row at load, what
@@ -46,7 +48,7 @@ from artifact.benchmarks.device_rates import copy_bandwidth, median, synchronize
 from engines import kernel_fallbacks
 from engines.model.moe import Experts
 from engines.model_config import ModelConfig
-from engines.quant import fp8
+from engines.quant import fp8, fp8_blockwise
 from engines.triton_compiles import COUNTER
 from engines.weights.resolve import dummy_config
 
@@ -104,10 +106,27 @@ def fp8_linear(weight: torch.Tensor) -> fp8.Fp8Linear:
     return layer
 
 
+def block_linear(weight: torch.Tensor) -> fp8.Fp8Linear:
+    """The engine's FP8 projection around `weight` quantized in 128 x 128 blocks (an FP8 checkpoint's
+    form), prepared as a load prepares it: the block-scaled GEMM where the device runs it."""
+    n, k = weight.shape
+    blocks = weight.float().view(n // 128, 128, k // 128, 128).abs().amax(dim=(1, 3)).clamp_(min=1e-12) / fp8.FP8_MAX
+    rows = fp8.block_scales(blocks, (n, k), (128, 128))
+    layer = fp8.Fp8Linear(k, n, bk=128).to(weight.device)
+    layer.weight.copy_((weight.float() / rows.repeat_interleave(128, dim=1)).to(fp8.FP8))
+    layer.weight_scale_inv.copy_(rows)
+    layer.prepare()
+    return layer
+
+
 def fp8_gemms(config: ModelConfig, tokens: int, dtype: torch.dtype, device: torch.device, repeats: int) -> dict:
     gen, label = torch.Generator(device=device).manual_seed(0), str(dtype).removeprefix("torch.")
     rows, totals = [], {"float": 0.0, "scaled_mm": 0.0, "fp8_linear": 0.0}
     flops_all = 0.0
+    # block-scaled (128 x 128) weights, an FP8 checkpoint's form: timed where the device runs their GEMM
+    blocked = fp8_blockwise.works_on(device) and all(n % 128 == 0 == k % 128 for _, n, k in projection_shapes(config))
+    if blocked:
+        totals["block_linear"] = 0.0
     for name, n, k in projection_shapes(config):
         x = torch.randn(tokens, k, dtype=dtype, device=device, generator=gen)
         w = torch.randn(n, k, dtype=dtype, device=device, generator=gen).mul_(0.02)
@@ -117,6 +136,9 @@ def fp8_gemms(config: ModelConfig, tokens: int, dtype: torch.dtype, device: torc
         runs = {"float": lambda: F.linear(x, w),
                 "scaled_mm": lambda: torch._scaled_mm(xq, wq.t(), scale_a=sx, scale_b=sw, out_dtype=dtype),
                 "fp8_linear": lambda: layer(x)}
+        if blocked:
+            block = block_linear(w)
+            runs["block_linear"] = lambda: block(x)
         flops = 2.0 * tokens * n * k
         row = {"proj": name, "m": tokens, "n": n, "k": k}
         for key, run in runs.items():
@@ -125,16 +147,22 @@ def fp8_gemms(config: ModelConfig, tokens: int, dtype: torch.dtype, device: torc
             row[f"{key}_ms"], row[f"{key}_tflops"] = seconds * 1e3, flops / seconds / 1e12
         row["scaled_mm_x_float"] = row["float_ms"] / row["scaled_mm_ms"]
         row["fp8_linear_x_float"] = row["float_ms"] / row["fp8_linear_ms"]
+        if blocked:
+            row["block_linear_x_float"] = row["float_ms"] / row["block_linear_ms"]
         rows.append(row)
         flops_all += flops
         print(f"[models] {name} {tokens}x{n}x{k}: {label} {row['float_tflops']:.1f} TFLOP/s, _scaled_mm "
               f"{row['scaled_mm_tflops']:.1f} ({row['scaled_mm_x_float']:.2f}x), Fp8Linear {row['fp8_linear_tflops']:.1f} "
-              f"({row['fp8_linear_x_float']:.2f}x)", flush=True)
+              f"({row['fp8_linear_x_float']:.2f}x)"
+              + (f", block-scaled {row['block_linear_x_float']:.2f}x" if blocked else ""), flush=True)
         del x, w, layer, xq
     return {"tokens": tokens, "dtype": label, "rows": rows,
             "tflops": {key: flops_all / s / 1e12 for key, s in totals.items()},
             "scaled_mm_x_float": totals["float"] / totals["scaled_mm"],
-            "fp8_linear_x_float": totals["float"] / totals["fp8_linear"]}
+            "fp8_linear_x_float": totals["float"] / totals["fp8_linear"],
+            "block_linear_x_float": totals["float"] / totals["block_linear"] if blocked else None,
+            "block_note": "" if blocked else "block-scaled GEMM not timed: this device does not run torch's "
+                                             "1x128 by 128x128 recipe (engines.quant.fp8_blockwise.works_on)"}
 
 
 # -- decode against the floor --------------------------------------------------------------------------

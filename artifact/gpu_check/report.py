@@ -288,10 +288,14 @@ def _models_section(step: dict) -> list[str]:
              f"{c['dtype']} at {c['gemm_model']}'s projection shapes. Decode: dummy weights, floor = (weights read + KV) / "
              f"bandwidth, a mixture of experts counting the experts its tokens picked. {m.get('note', '')}{cut}", ""]
     if g:
-        lines += _table(["projection", "M x N x K", f"{g['dtype']} TFLOP/s", "_scaled_mm TFLOP/s", "Fp8Linear TFLOP/s"],
+        lines += _table(["projection", "M x N x K", f"{g['dtype']} TFLOP/s", "_scaled_mm TFLOP/s", "Fp8Linear TFLOP/s",
+                         "block-scaled Fp8Linear TFLOP/s"],
                         [[r["proj"], f"{r['m']}x{r['n']}x{r['k']}", f"{r['float_tflops']:.1f}",
                           f"{r['scaled_mm_tflops']:.1f} ({r['scaled_mm_x_float']:.2f}x)",
-                          f"{r['fp8_linear_tflops']:.1f} ({r['fp8_linear_x_float']:.2f}x)"] for r in g["rows"]])
+                          f"{r['fp8_linear_tflops']:.1f} ({r['fp8_linear_x_float']:.2f}x)",
+                          f"{r['block_linear_tflops']:.1f} ({r['block_linear_x_float']:.2f}x)" if "block_linear_tflops" in r
+                          else "-"] for r in g["rows"]])
+        lines += [g["block_note"], ""] if g.get("block_note") else []
     rows = []
     for model in m.get("models", []):
         name = model["model"] + (":fp8" if model["quantization"] == "fp8" else "")

@@ -13,7 +13,7 @@ from engines.model.qwen3_moe import Qwen3MoeModel
 from engines.model.rope import RotaryEmbedding
 from engines.model_config import ModelConfig
 from engines.quant import down_block_of, is_int8_state
-from engines.quant.fp8 import is_fp8_state, use_fp8_linears
+from engines.quant.fp8 import Fp8Linear, is_fp8_state, use_fp8_linears
 from engines.quant.int8 import Int8Linear
 
 # Mistral and Qwen2 are Llama's decoder with a switch of the config (engines.architectures)
@@ -55,5 +55,7 @@ def build_model(config: ModelConfig, state: dict[str, torch.Tensor], device: tor
     for module in model.modules():
         if isinstance(module, Int8Linear):
             module.pack()
+        elif isinstance(module, Fp8Linear):  # block scales in the layout of the block-scaled GEMM, where it runs
+            module.prepare()
 
     return model.eval().requires_grad_(False)

@@ -11,8 +11,10 @@ the blocks. Its product:
 
 * one scale per row (a per-tensor checkpoint): `torch._scaled_mm` with the activation quantized to
   e4m3 per row on the fly, and the weight's scales per column of the product ("row-wise" scaling);
-* scales per block of K (block-wise checkpoints): the weight is dequantized to the activation's dtype
-  for the product (memory stays at a byte per weight; the GEMM runs in bf16).
+* scales in 128 x 128 blocks (Qwen3-FP8's), on a Hopper GPU that runs torch's block-scaled recipe:
+  one FP8 GEMM with the activation quantized per 1 x 128 group (`engines.quant.fp8_blockwise`);
+* other block-wise scales, or that recipe unavailable: the weight is dequantized to the activation's
+  dtype for the product (memory stays at a byte per weight; the GEMM runs in bf16).
 
 A float checkpoint served with `--quantization fp8` is quantized at load (`quantize_state`): the same
 projections to e4m3 with one scale per output row (the row's largest magnitude maps to 448), so every
@@ -28,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engines.model_config import ModelConfig
+from engines.quant import fp8_blockwise
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
@@ -143,10 +146,20 @@ class Fp8Linear(nn.Module):
         self.register_buffer("weight_block", torch.tensor(bk, dtype=torch.int64))
         self.register_buffer("bias", torch.empty(out_features) if bias else None)
         self.bk = bk
+        self.block_scales: torch.Tensor | None = None  # B's scales for the block-scaled GEMM (`prepare`)
 
     @property
     def rowwise(self) -> bool:
         return self.weight_scale_inv.shape[1] == 1
+
+    def prepare(self) -> None:
+        """Once the weight is on its device (`build_model`): where it is in 128 x 128 blocks and the
+        device runs the block-scaled FP8 GEMM (`fp8_blockwise.works_on`), keep its scales in that
+        GEMM's layout, so each product is one FP8 GEMM instead of a dequantized weight's bf16 GEMM."""
+        if self.rowwise or not fp8_blockwise.works_on(self.weight.device):
+            return
+        self.block_scales = fp8_blockwise.weight_scales(self.weight_scale_inv, self.out_features, self.in_features,
+                                                        self.bk)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -156,12 +169,16 @@ class Fp8Linear(nn.Module):
             y = torch._scaled_mm(xq, self.weight.t(), scale_a=sx, scale_b=self.weight_scale_inv.view(1, -1),
                                  out_dtype=x.dtype)
             y = y if self.bias is None else y + self.bias
+        elif self.block_scales is not None and x2.dtype == torch.bfloat16:
+            y = fp8_blockwise.product(x2, self.weight, self.block_scales, x.dtype)
+            y = y if self.bias is None else y + self.bias
         else:
             y = F.linear(x2, dequantize_rows(self.weight, self.weight_scale_inv, self.bk, x.dtype), self.bias)
         return y.view(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         scales = "per row" if self.rowwise else f"per row and {self.bk} columns"
+        scales += ", block-scaled GEMM" if self.block_scales is not None else ""
         return f"in={self.in_features}, out={self.out_features}, fp8 e4m3, scales {scales}"
 
 

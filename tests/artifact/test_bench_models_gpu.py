@@ -30,6 +30,7 @@ def test_the_tiny_cpu_run_measures_every_section(tmp_path):
     gemm = data["fp8_gemm"]
     assert [r["proj"] for r in gemm["rows"]] == ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
     assert all(r["float_ms"] > 0 and r["scaled_mm_ms"] > 0 and r["fp8_linear_ms"] > 0 for r in gemm["rows"])
+    assert gemm["block_linear_x_float"] is None and "does not run" in gemm["block_note"]  # a CPU has no such GEMM
     got = {(m["model"], m["quantization"]): m for m in data["models"]}
     assert set(got) == {("tiny-qwen3", "none"), ("tiny-qwen3-moe", "none"), ("tiny-llama", "fp8")}
     for m in got.values():
