@@ -67,11 +67,6 @@ def product(x: torch.Tensor, weight: torch.Tensor, b_scales: torch.Tensor, out_d
                        F.ScalingType.BlockWise128x128, output_dtype=out_dtype)
 
 
-def fits(x: torch.Tensor) -> bool:
-    """The activations the recipe takes: bf16 on a CUDA device that passed `works_on`."""
-    return x.is_cuda and x.dtype == torch.bfloat16 and works_on(x.device)
-
-
 def reference_product(xq: torch.Tensor, a_scales: torch.Tensor, weight: torch.Tensor, b_scales: torch.Tensor) -> torch.Tensor:
     """What the recipe computes, in float64 on any device: sum over k-groups of the two scales times
     the group's e4m3 partial product."""
