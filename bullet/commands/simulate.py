@@ -98,6 +98,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step-time-scale", type=float, default=d.step_time_scale,
                    help="every step's kernels take this many times the device model's latency (a served "
                         "machine slower than its profile: `python -m artifact.served_steps` measures it)")
+    p.add_argument("--corun-scale", type=float, default=d.corun_scale,
+                   help="a step running beside the other worker's takes this many times what the device model "
+                        "prices for it (1: as profiled): a what-if for partitions that hold each other back more "
+                        "(> 1) or less (< 1) than the profile measured; every system whose two workers run at "
+                        "once pays it (bullet, static, naive and the ablations), chunked and sglang never co-run")
     p.add_argument("--role-step-time", action="append", default=[], metavar="ROLE=SCALE[,OVERHEAD_MS]",
                    type=role_step_time,
                    help="for one worker role (prefill, decode, unified): its steps' time scale and the overhead "
@@ -170,6 +175,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         max_total_tokens=args.max_total_tokens,
         step_overhead_s=None if args.step_overhead_ms is None else args.step_overhead_ms / 1e3,
         step_time_scale=args.step_time_scale, role_step_times=dict(args.role_step_time),
+        corun_scale=args.corun_scale,
         attention_setup_s=args.attention_setup_ms / 1e3,
         noise=args.noise, contention_model=not args.no_contention, contention_floor=args.contention_floor,
         prefill_slowdown=args.prefill_slowdown, policy_contention=not args.blind_policy,

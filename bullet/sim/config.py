@@ -69,6 +69,10 @@ class SimConfig:
     # slower than its profile (another load on its cores, a host whose speed drifts), measured from the
     # served run's own step log (`artifact.served_steps`). 1.0: the profile as measured
     step_time_scale: float = 1.0
+    # a step beside the other worker's takes this many times the device model's co-run price: a what-if
+    # for partitions that isolate worse (> 1) or better (< 1) than the profile's co-runs measured
+    # (`bullet.sim.device`); 1.0: as profiled. Every system whose workers co-run pays it, none other does
+    corun_scale: float = 1.0
     # per worker role (prefill, decode, unified): (scale, overhead s) in place of the two above for that
     # role's steps — two workers whose served steps ran off the profile by different amounts (a served
     # prefill worker paying a per-prompt set-up its decode worker never saw); fitted per role by

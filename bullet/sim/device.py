@@ -20,6 +20,10 @@ charged partly at each speed. Within one configuration:
   prefill of that many tokens, prefill's slowdown beside a decode batch of that size.
 * noise: each step's latency is multiplied by a seeded factor drawn uniformly from [1-n, 1+n]
   (Bullet §3.2.3 measures 95 % of co-running latencies within ±6.8 % of their mean).
+* co-run scale: a step that runs beside the other worker's takes `corun_scale` times what the model
+  above prices (1.0: as profiled) — a what-if for shares that hold each other back more than the
+  profile's co-runs measured (> 1: SMs shared that the partition says are not, power or L2 limits)
+  or less (< 1), charged to every system whose two workers run at once (`SimConfig.corun_scale`).
 * time scale: and by `time_scale` (1.0: the device model as profiled) — a served machine that ran
   its steps slower than its profile, as its step log measured (`SimConfig.step_time_scale`).
 
@@ -122,11 +126,14 @@ class SimulatedDevice:
     def __init__(self, estimator: Estimator, loop: EventLoop, contention: AnalyticContention | None = None,
                  noise: float = 0.0, seed: int = 0, overlap_share: str = "demand", step_overhead_s: float = 0.0,
                  measured_corun: bool = False, time_scale: float = 1.0,
-                 role_step_times: dict[str, tuple[float, float]] | None = None, ledger: bool = False):
+                 role_step_times: dict[str, tuple[float, float]] | None = None, ledger: bool = False,
+                 corun_scale: float = 1.0):
         if not 0.0 <= noise < 1.0:
             raise ValueError(f"noise must lie in [0, 1), got {noise}")
         if not time_scale > 0:
             raise ValueError(f"step_time_scale (--step-time-scale) must be positive, got {time_scale}")
+        if not corun_scale > 0:
+            raise ValueError(f"corun_scale (--corun-scale) must be positive, got {corun_scale}")
         role_step_times = {role: (float(scale), float(overhead)) for role, (scale, overhead) in (role_step_times or {}).items()}
         for role, (scale, overhead) in role_step_times.items():
             if not scale > 0 or overhead < 0:
@@ -136,7 +143,7 @@ class SimulatedDevice:
             raise ValueError(f"overlap_share must be one of {OVERLAP_SHARES}, got {overlap_share!r}")
         self.est, self.loop, self.contention, self.noise = estimator, loop, contention, noise
         self.overlap_share, self.step_overhead_s = overlap_share, step_overhead_s
-        self.measured_corun, self.time_scale = measured_corun, time_scale
+        self.measured_corun, self.time_scale, self.corun_scale = measured_corun, time_scale, corun_scale
         self.role_step_times = role_step_times
         self.total = estimator.hardware.units
         self.rng = random.Random(seed)
@@ -226,6 +233,11 @@ class SimulatedDevice:
         return {role: self._step_alone(step, units[role]) for role, step in self.running.items()}
 
     def _pair(self, prefill: Step, decode: Step) -> tuple[float, float]:
+        """(prefill, decode) latencies side by side, x `corun_scale` (1.0: the device model's own)."""
+        p, d = self._pair_priced(prefill, decode)
+        return (p, d) if self.corun_scale == 1.0 else (p * self.corun_scale, d * self.corun_scale)
+
+    def _pair_priced(self, prefill: Step, decode: Step) -> tuple[float, float]:
         """(prefill, decode) latencies side by side: `effective_units` and the contention model,
         without the dictionaries (every start and end of a step while the other runs asks)."""
         total = self.total

@@ -77,7 +77,7 @@ class Simulation:
                                       step_overhead(config, self.device_estimator),
                                       measured_corun=config.contention_model and measured_contention(self.device_estimator),
                                       time_scale=config.step_time_scale, role_step_times=config.role_step_times,
-                                      ledger=config.ledger)
+                                      ledger=config.ledger, corun_scale=config.corun_scale)
         self.log = RequestLog()
         self.board = StateBoard(self.clock)
         self.allocator = LocalPageAllocator(pages, config.page_size)

@@ -100,3 +100,36 @@ def test_noise_stays_within_its_bounds_and_is_seeded(est):
     assert a == b and a != c
     assert all(0.95 * base <= x <= 1.05 * base for x in a)
     assert max(a) - min(a) > 0.03 * base
+
+
+@pytest.mark.parametrize("scale", [0.8, 1.5])
+def test_a_corun_scale_prices_only_the_steps_that_run_side_by_side(est, scale):
+    """`corun_scale`: a what-if for partitions that isolate worse (or better) than the profile —
+    steps beside each other take `scale` times the model's co-run price; a step alone, none of it."""
+    loop = EventLoop(VirtualClock())
+    plain, _ = device(est)
+    what_if = SimulatedDevice(est, loop, AnalyticContention(est), 0.0, 0, "demand", corun_scale=scale)
+    for dev in (plain, what_if):
+        dev.start("decode", DecodeWork(128, 128 * 1500), 20, lambda e: None)
+    assert what_if.latencies() == plain.latencies()  # alone: as priced
+    for dev in (plain, what_if):
+        dev.start("prefill", PrefillWork((4096,), 4, False), 88, lambda e: None)
+    side_by_side, priced = what_if.latencies(), plain.latencies()
+    assert side_by_side == {role: pytest.approx(scale * t, rel=1e-12) for role, t in priced.items()}
+    with pytest.raises(ValueError, match="corun_scale"):
+        SimulatedDevice(est, loop, corun_scale=0.0)
+
+
+def test_a_corun_scale_leaves_a_single_worker_system_alone():
+    """chunked runs one worker: nothing of it ever co-runs, so the what-if changes none of its
+    requests' latencies (bullet's, whose workers co-run, it does change)."""
+    from bullet.sim import Simulation
+
+    requests = [(0.02 * i, 600 + 50 * i, 12) for i in range(12)]
+    runs = {}
+    for policy in ("chunked:512", "bullet"):
+        for scale in (1.0, 1.6):
+            config = SimConfig(policy=policy, noise=0.0, step_overhead_s=0.0, corun_scale=scale)
+            runs[policy, scale] = [(r.ttft, r.tpot) for r in Simulation(config, requests).run().records]
+    assert runs["chunked:512", 1.0] == runs["chunked:512", 1.6]
+    assert runs["bullet", 1.0] != runs["bullet", 1.6]
