@@ -229,13 +229,19 @@ def _kernels_section(bench: dict, replay: dict) -> list[str]:
     return lines + [""]
 
 
+def _cut_note(bench: dict) -> str:
+    """What a benchmark stopped at its cap finished (its JSON is rewritten after every section)."""
+    if bench.get("complete", True):
+        return ""
+    return (f" **Cut short**: only {', '.join(bench.get('sections_done', []))} finished; the sections after them "
+            "were not measured.")
+
+
 def _engine_section(step: dict) -> list[str]:
     e = step.get("engine")
     if not e or "rates" not in e:
         return _not_measured("Engine micro-benchmark", step)
-    r, c = e["rates"], e["config"]
-    cut = "" if e.get("complete", True) else (f" **Cut short**: only {', '.join(e.get('sections_done', []))} "
-                                             "finished; the sections after them were not measured.")
+    r, c, cut = e["rates"], e["config"], _cut_note(e)
     lines = ["## Engine micro-benchmark", "",
              f"{c['model']} ({c['dtype']}, dummy weights) on {c['device']} through `ModelRunner` / `DecodeGraphs`; "
              f"measured copy bandwidth {r['copy_gbs']:.0f} GB/s (read + write of {r['copy_mib']:.0f} MiB), "
@@ -278,9 +284,7 @@ def _models_section(step: dict) -> list[str]:
     m = step.get("models")
     if not m or "rates" not in m:
         return _not_measured("Other models and formats", step)
-    c, g = m["config"], m.get("fp8_gemm")
-    cut = "" if m.get("complete", True) else (f" **Cut short**: only {', '.join(m.get('sections_done', []))} "
-                                             "finished.")
+    c, g, cut = m["config"], m.get("fp8_gemm"), _cut_note(m)
     lines = ["## Other models and formats", "",
              f"`python -m artifact.benchmarks.bench_models_gpu` on {c['device']}: copy bandwidth "
              f"{m['rates']['copy_gbs']:.0f} GB/s. FP8 GEMMs: e4m3 operands with one scale per row "

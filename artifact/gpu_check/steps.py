@@ -141,31 +141,33 @@ def _junit_cases(xml: Path) -> list[dict]:
     return cases
 
 
-def bench_step(ctx: Context, timeout: float) -> dict:
-    out = ctx.logs / "engine.json"
-    done = procs.run(procs.python("-m", "artifact.benchmarks.bench_engine_gpu", *ctx.plan.bench_args, "--output", str(out)),
-                     ctx.logs / "bench.txt", timeout, ctx.env, cwd=ctx.root)
-    if not out.exists():
-        return finished(done, "no results")
-    data = json.loads(out.read_text())
+def _benchmark(ctx: Context, timeout: float, module: str, args: tuple[str, ...], name: str) -> tuple[procs.Finished, dict | None]:
+    """Run `python -m module args --output <logs>/<name>.json`: how it ended, and its JSON (None if it
+    wrote none; the benchmarks rewrite it after each section, so a cap keeps what was measured)."""
+    out = ctx.logs / f"{name}.json"
+    done = procs.run(procs.python("-m", module, *args, "--output", str(out)), ctx.logs / f"{name}.txt", timeout,
+                     ctx.env, cwd=ctx.root)
+    return done, json.loads(out.read_text()) if out.exists() else None
+
+
+def _goals_met(data: dict) -> str:
     goals = data.get("goals", [])
-    met = sum(g["met"] for g in goals)
-    return finished(done, f"{met} of {len(goals)} goals met", engine=data)
+    return f"{sum(g['met'] for g in goals)} of {len(goals)} goals met"
+
+
+def bench_step(ctx: Context, timeout: float) -> dict:
+    done, data = _benchmark(ctx, timeout, "artifact.benchmarks.bench_engine_gpu", ctx.plan.bench_args, "engine")
+    return finished(done, "no results") if data is None else finished(done, _goals_met(data), engine=data)
 
 
 def models_step(ctx: Context, timeout: float) -> dict:
-    """The other models and formats (`artifact.benchmarks.bench_models_gpu`): its JSON is rewritten
-    after each section, so a cap keeps what was measured."""
-    out = ctx.logs / "models.json"
-    done = procs.run(procs.python("-m", "artifact.benchmarks.bench_models_gpu", *ctx.plan.models_args, "--output", str(out)),
-                     ctx.logs / "models.txt", timeout, ctx.env, cwd=ctx.root)
-    if not out.exists():
+    """The other models and formats (`artifact.benchmarks.bench_models_gpu`)."""
+    done, data = _benchmark(ctx, timeout, "artifact.benchmarks.bench_models_gpu", ctx.plan.models_args, "models")
+    if data is None:
         return finished(done, "no results")
-    data = json.loads(out.read_text())
-    goals, errors = data.get("goals", []), data.get("errors", [])
-    what = f"{sum(g['met'] for g in goals)} of {len(goals)} goals met" + (
-        f"; {len(errors)} model(s) failed: {', '.join(e['model'] for e in errors)}" if errors else "")
-    return finished(done, what, models=data)
+    errors = data.get("errors", [])
+    failed = f"; {len(errors)} model(s) failed: {', '.join(e['model'] for e in errors)}" if errors else ""
+    return finished(done, _goals_met(data) + failed, models=data)
 
 
 def profile_step(ctx: Context, timeout: float) -> dict:
