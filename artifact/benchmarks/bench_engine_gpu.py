@@ -339,18 +339,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decode", type=parse_decode, default=None, help="BATCHxCONTEXT,... (default: per device)")
     ap.add_argument("--mixed", type=parse_mixed, default=None,
                     help="PROMPT+BATCHxCONTEXT,... mixed steps, split and one extend (default: per device)")
-    ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (a CPU run; default: torch's)")
-    ap.add_argument("--output", type=Path, default=None, help="JSON file (default: artifact/results/engine_gpu.json)")
+    add_run_args(ap, "engine_gpu.json")
     args = ap.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("bench_engine_gpu: --device cuda but torch sees no CUDA device (use --device cpu for the tiny run)")
+    if not ready(args, "bench_engine_gpu"):
         return 2
     from artifact.benchmarks.common import RESULTS, machine, print_table  # deferred: rich, only to report
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     sizes, device, dtype = SIZES[args.device], torch.device(args.device), DTYPES[args.dtype]
     prefill = args.prefill_tokens or sizes["prefill"]
     decode = args.decode or parse_decode(sizes["decode"])
@@ -410,6 +405,23 @@ def main(argv: list[str] | None = None) -> int:
     for f in payload["kernels"]["fallbacks"]:
         print(f"[bench] kernel fallback: {f['kernel']} -> {f['instead']} ({f['error']})")
     return 0
+
+
+def add_run_args(ap: argparse.ArgumentParser, default_output: str) -> None:
+    """The flags every device benchmark takes: --repeats, --threads, --output."""
+    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (a CPU run; default: torch's)")
+    ap.add_argument("--output", type=Path, default=None, help=f"JSON file (default: artifact/results/{default_output})")
+
+
+def ready(args: argparse.Namespace, prog: str) -> bool:
+    """False (said why) for --device cuda without a CUDA device; else torch's threads set as asked."""
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print(f"{prog}: --device cuda but torch sees no CUDA device (use --device cpu for the tiny run)")
+        return False
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return True
 
 
 def write_atomically(path: Path, payload: dict) -> None:

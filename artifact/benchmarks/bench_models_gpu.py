@@ -36,14 +36,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import json
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from artifact.benchmarks.bench_engine_gpu import DTYPES, Bench, parse_decode, write_atomically
+from artifact.benchmarks.bench_engine_gpu import DTYPES, Bench, add_run_args, parse_decode, ready, write_atomically
 from artifact.benchmarks.device_rates import copy_bandwidth, median, synchronize, wall_seconds
 from engines import kernel_fallbacks
 from engines.model.moe import Experts
@@ -295,17 +293,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decode", type=parse_decode, default=None, help="BATCHxCONTEXT,... (default: per device)")
     ap.add_argument("--prefill-tokens", type=int, default=None)
     ap.add_argument("--gemm-tokens", type=int, default=None, help="rows of the FP8/bf16 GEMMs (default: per device)")
-    ap.add_argument("--repeats", type=int, default=None)
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (a CPU run; default: torch's)")
-    ap.add_argument("--output", type=Path, default=None, help="JSON file (default: artifact/results/models_gpu.json)")
+    add_run_args(ap, "models_gpu.json")
     args = ap.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("bench_models_gpu: --device cuda but torch sees no CUDA device (use --device cpu for the tiny run)")
+    if not ready(args, "bench_models_gpu"):
         return 2
     from artifact.benchmarks.common import RESULTS, machine, print_table  # deferred: rich, only to report
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     sizes, device = SIZES[args.device], torch.device(args.device)
     dtype = DTYPES[args.dtype or ("bfloat16" if device.type == "cuda" else "float32")]
     models = args.models or parse_models(sizes["models"])
