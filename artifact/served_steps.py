@@ -108,7 +108,7 @@ def priced_by_role(rows: Iterable[dict], est: Estimator) -> dict[str, list[Price
     for row in rows:
         try:
             began = new.began(row)
-            priced = _price(row, est, prefills)
+            priced = price_row(row, est, prefills)
         except (TypeError, ValueError, KeyError) as exc:  # a row of another shape: not ours to price
             log.debug("step row skipped (%s): %s", exc, row)
             continue
@@ -181,7 +181,10 @@ class PrefillSpans:
         return None
 
 
-def _price(row: dict, est: Estimator, prefills: PrefillSpans | None = None) -> tuple[float, float] | None:
+def price_row(row: dict, est: Estimator, prefills: PrefillSpans | None = None) -> tuple[float, float] | None:
+    """(observed s, the device model's s) of one timeline row, None where the model cannot price it
+    (module docstring: a prefill group beside its recorded decode batch, a decode step beside the
+    prefill group its start fell in, a hybrid step)."""
     obs_ms, units = row.get("obs_ms"), row.get("units")
     if not row.get("run") or obs_ms is None or not units or not 0 < units <= est.hardware.units or obs_ms <= 0:
         return None

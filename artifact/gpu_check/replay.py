@@ -55,6 +55,8 @@ def replay_step(ctx: Context, timeout: float) -> dict:
     timelines = ctx.logs / "timeline"
     # and, from the same timelines, each worker's Triton compiles while serving and kernel fallbacks
     costs = {"step_costs": step_costs(timelines), "kernels": served_kernels(timelines)} if timelines.is_dir() else {}
+    if timelines.is_dir() and ctx.profile is not None and Path(ctx.profile).is_file():
+        costs["corun"] = corun_by_system(Path(ctx.profile), timelines)
     out = ctx.logs / "validation"
     cmd = replay_command(ctx, out)
     if isinstance(cmd, str):
@@ -64,6 +66,17 @@ def replay_step(ctx: Context, timeout: float) -> dict:
     if done.returncode != 0 or not table.is_file():
         return finished(done, "", **costs)
     return finished(done, summary(out.with_suffix(".json")), markdown=table.read_text(), **costs)
+
+
+def corun_by_system(profile: Path, timelines: Path) -> dict:
+    """Each two-worker system's co-run scale (`artifact.served_corun`): what its co-running steps cost
+    against the profile's co-run table — the `--corun-scale` the partition ledger's verdict depends on."""
+    from artifact.served_corun import corun_scale  # deferred: the estimator, on the path once installed
+    from estimator.profile import load_estimator
+
+    est = load_estimator(str(profile))
+    two_workers = [d for d in sorted(timelines.iterdir()) if (d / "prefill.jsonl").exists() or (d / "prefill.jsonl.gz").exists()]
+    return {d.name: corun_scale(est, [d]) for d in two_workers}
 
 
 def summary(json_path: Path) -> str:

@@ -175,12 +175,28 @@ def _costs_section(step: dict) -> list[str]:
     costs = step.get("step_costs")
     if not costs:
         return []
-    return ["## What the served steps cost", "",
+    return ["## What the served steps cost", "", *_corun_lines(step.get("corun") or {}),
             "Straight lines through every worker's step timeline (`python -m artifact.step_costs logs/timeline`): "
             "a decode step against its context on each share; a mixed step of a full chunk budget against the decode "
             "rows beside it (what a decode row adds to a step that computes anyway); a prefill layer group's time "
             "per layer by tokens (equal across sizes: launches, not math, set the pace). Outliers (over 3x the "
             "median: set-ups, first steps) left out.", "", *markdown(costs), ""]
+
+
+def _corun_lines(corun: dict) -> list[str]:
+    """Each two-worker system's co-run scale S, against what the partition ledger's verdict needs."""
+    if not corun:
+        return []
+    lines = ["Co-running steps against the profile's co-run table (`python -m artifact.served_corun`: per role and "
+             "share, observed/priced beside the other worker over the same alone; 1 = as profiled). The simulated "
+             "verdict (`docs/sim/ledger.md` §4) holds bullet >= 1.2x the best baseline on two workloads for S <~ 1.13 "
+             "and a win beyond Azure-Code for S <~ 1.4.", ""]
+    for system, c in corun.items():
+        judged = ", ".join(f"{s['role']} on {s['units']} units {s['scale']:.2f} ({s['beside_steps']} beside, "
+                           f"{s['alone_steps']} alone)" for s in c.get("shares", []) if "scale" in s)
+        lines.append(f"- {system}: S = {_fmt(c.get('scale'))}" + (f" — {judged}" if judged else
+                     " — no share ran enough steps both alone and beside the other worker's"))
+    return lines + [""]
 
 
 def _not_measured(title: str, step: dict) -> list[str]:

@@ -369,6 +369,9 @@ def test_the_replay_step_replays_a_gpu_runs_served_points(tmp_path):
     section = "\n".join(report._replay_section(out))
     assert section.startswith("## Simulator vs this run") and "| bullet | 24 |" in section and "\n# " not in section
     # and what the served steps cost, from the timelines alone: chunked's mixed steps paid 0.37 ms per decode row
+    # and the co-run scale of each two-worker system (static's steps co-ran as the profile priced them)
+    assert set(out["corun"]) == {"bullet", "static"} and 0.9 < out["corun"]["static"]["scale"] < 1.1
+    assert "- static: S = 0.99" in "\n".join(report._costs_section(out))
     mixed = out["step_costs"]["chunked-1024"]["unified"]
     (fit,) = [v for k, v in mixed.items() if k.startswith("mixed")]
     assert 0.3 < fit["b_ms"] < 0.45 and fit["steps"] > 100
