@@ -235,7 +235,7 @@ def test_quick_profile_predicts_fresh_measurements(tiny_profile):
     """Near the same configurations measured again: what catches a profile that is wrong (a unit, a
     share, a case mixed up), not a judgement of its accuracy, which a shared 2-core machine's noise
     would decide (2-4 ms steps move by half under a busy neighbour; a fresh-clone run measured one
-    decode step at 2.08x its prediction, the profile's own samples of it taken at a slower moment); the
+    decode step at 2.08x its prediction, on a machine with nothing else running); the
     estimator's accuracy is the artifact's estimator benchmark's to measure. So: the cases together
     within a factor of 2 (geometric mean: a unit or share mixed up moves every case), each within 3
     (a case priced as another is off by more)."""
