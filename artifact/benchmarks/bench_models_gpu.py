@@ -108,10 +108,9 @@ def block_linear(weight: torch.Tensor) -> fp8.Fp8Linear:
     """The engine's FP8 projection around `weight` quantized in 128 x 128 blocks (an FP8 checkpoint's
     form), prepared as a load prepares it: the block-scaled GEMM where the device runs it."""
     n, k = weight.shape
-    blocks = weight.float().view(n // 128, 128, k // 128, 128).abs().amax(dim=(1, 3)).clamp_(min=1e-12) / fp8.FP8_MAX
-    rows = fp8.block_scales(blocks, (n, k), (128, 128))
+    wq, rows = fp8_blockwise.quantize_blocks(weight)
     layer = fp8.Fp8Linear(k, n, bk=128).to(weight.device)
-    layer.weight.copy_((weight.float() / rows.repeat_interleave(128, dim=1)).to(fp8.FP8))
+    layer.weight.copy_(wq)
     layer.weight_scale_inv.copy_(rows)
     layer.prepare()
     return layer

@@ -48,6 +48,15 @@ def weight_scales(scale_rows: torch.Tensor, n: int, k: int, bk: int) -> torch.Te
     return out.t()  # [L4, N/128], stride (1, L4)
 
 
+def quantize_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A float weight [N, K] (multiples of 128) -> (e4m3 [N, K], `Fp8Linear`'s row scales [N, K/128]):
+    each 128 x 128 block's largest magnitude maps to 448, as block-wise FP8 checkpoints store it."""
+    n, k = w.shape
+    blocks = w.float().view(n // GROUP, GROUP, k // GROUP, GROUP).abs().amax(dim=(1, 3)).clamp_(min=1e-12) / FP8_MAX
+    rows = blocks.repeat_interleave(GROUP, dim=0)
+    return (w.float() / rows.repeat_interleave(GROUP, dim=1)).to(FP8), rows
+
+
 def quantize_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] (K a multiple of 128) -> (e4m3 [M, K], float32 scales [M, K/128] with stride (1, M)):
     each 1 x 128 group's largest magnitude maps to 448. Tensor ops only: a CUDA graph captures it."""
@@ -89,10 +98,7 @@ def works_on(device: torch.device) -> bool:
         return False  # torch 2.13 offers the recipe on Hopper only; others dequantize without trying
     try:
         gen = torch.Generator(device=device).manual_seed(0)
-        w = torch.randn(256, 256, device=device, generator=gen)
-        blocks = w.view(2, GROUP, 2, GROUP).abs().amax(dim=(1, 3)) / FP8_MAX  # [nb, kb]
-        rows = blocks.repeat_interleave(GROUP, dim=0)  # [N, K/128]
-        wq = (w / rows.repeat_interleave(GROUP, dim=1)).to(FP8)
+        wq, rows = quantize_blocks(torch.randn(256, 256, device=device, generator=gen))
         x = torch.randn(16, 256, device=device, generator=gen, dtype=torch.bfloat16)
         got = product(x, wq, weight_scales(rows, 256, 256, GROUP), torch.bfloat16).float()
         want = F.linear(x.float(), wq.float() * rows.repeat_interleave(GROUP, dim=1))

@@ -16,9 +16,10 @@ from engines.quant import fp8, fp8_blockwise as bw
 def block_weight(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A float weight, its e4m3 form in 128 x 128 blocks and the row scales `Fp8Linear` keeps."""
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.05
+    wq, rows = bw.quantize_blocks(w)
     blocks = w.view(n // 128, 128, k // 128, 128).abs().amax(dim=(1, 3)) / fp8.FP8_MAX  # [nb, kb]
-    rows = fp8.block_scales(blocks, (n, k), (128, 128))
-    return w, (w / rows.repeat_interleave(128, dim=1)).to(fp8.FP8), rows
+    assert torch.equal(rows, fp8.block_scales(blocks, (n, k), (128, 128)))  # a checkpoint's scales, per row
+    return w, wq, rows
 
 
 @pytest.mark.parametrize("m,k,n", [(1, 512, 384), (5, 384, 256), (64, 1024, 768)])
