@@ -201,6 +201,7 @@ def _bucket_keys(phase: str, size_bucket: int, units_bucket: int) -> tuple[str, 
 # scheduler asks about the same few all the time, and the factor is on its hot path
 _KEYS_OF_CALL: dict[tuple, tuple[str, str, str]] = {}
 _KEYS_LIMIT = 1 << 16
+CO_RUN = "+co"  # the phase's tree of steps that ran beside the other worker's (OnlineCorrection)
 
 
 class OnlineCorrection(BaseModel):
@@ -215,13 +216,20 @@ class OnlineCorrection(BaseModel):
     shift that lasts is learnt one step late, a one-off is not learnt at all. On an H200 the first
     layer group of every prompt of a new length took 50-70 ms instead of 3-10 (a per-shape kernel
     plan) and the very first step 713 ms: folded at weight 0.25, each made every prefill prediction
-    for the next several steps 1.3-3x too long (the decisions of the bullet policy rest on them)."""
+    for the next several steps 1.3-3x too long (the decisions of the bullet policy rest on them).
+
+    Steps that ran beside the other worker's (`co=True`) learn in a tree of their own (`CO_RUN`
+    appended to the phase), whose first value is the solo correction of the same state: what a
+    co-run costs beyond the contention model is learnt apart from the estimator's error alone. With
+    one tree for both, a co-run that cost twice its price made every step look twice as slow — decode
+    alone on every unit after a burst, prefill alone while decode idles (found in simulation with
+    `--corun-scale 2`)."""
 
     weight: float = Field(0.25, gt=0, le=1, description="EWMA weight of a new observation")
     units_buckets: int = Field(4, gt=0)
     spike: float = Field(3.0, gt=1, description="an observation this many times off the current correction, "
                                                 "either way, waits for the next one to confirm it")
-    factors: dict[str, float] = Field(default_factory=dict)  # "phase", "phase/s", "phase/s/u"
+    factors: dict[str, float] = Field(default_factory=dict)  # "phase", "phase/s", "phase/s/u" (and "phase+co"...)
     # per phase: the spike held back (whether it was slow, and its observe() arguments), until the next one
     _held: dict[str, tuple[bool, tuple[int, int, int, float]]] = PrivateAttr(default_factory=dict)
     _spikes_held: int = PrivateAttr(0)
@@ -237,47 +245,63 @@ class OnlineCorrection(BaseModel):
         units_bucket = min(self.units_buckets - 1, units * self.units_buckets // (total_units + 1))
         return _bucket_keys(phase, size_bucket, units_bucket)
 
-    def factor(self, phase: str, size: int, units: int, total_units: int) -> float:
-        factors = self.factors
-        if not factors:
-            return 1.0
+    def _found(self, phase: str, size: int, units: int, total_units: int) -> float | None:
+        """The finest factor the tree of `phase` holds for this state (None: it holds none)."""
         call = (phase, size, units, total_units, self.units_buckets)
         keys = _KEYS_OF_CALL.get(call)
         if keys is None:
             if len(_KEYS_OF_CALL) >= _KEYS_LIMIT:
                 _KEYS_OF_CALL.clear()
             keys = _KEYS_OF_CALL[call] = self.keys(phase, size, units, total_units)
+        factors = self.factors
         for key in keys:
             found = factors.get(key)
             if found is not None:
                 return found
-        return 1.0
+        return None
 
-    def observe(self, phase: str, size: int, units: int, total_units: int, ratio: float) -> None:
-        """Fold one observed / predicted ratio (of the uncorrected prediction) into every level —
-        unless it is a spike (see the class): then it waits for the phase's next observation."""
+    def factor(self, phase: str, size: int, units: int, total_units: int, co: bool = False) -> float:
+        """The correction of a prediction; `co`: of a step beside the other worker's (its own tree,
+        else the solo one)."""
+        if not self.factors:
+            return 1.0
+        if co:
+            found = self._found(phase + CO_RUN, size, units, total_units)
+            if found is not None:
+                return found
+        found = self._found(phase, size, units, total_units)
+        return 1.0 if found is None else found
+
+    def observe(self, phase: str, size: int, units: int, total_units: int, ratio: float, co: bool = False) -> None:
+        """Fold one observed / predicted ratio (of the uncorrected prediction) into every level of the
+        tree of `phase` (`co`: of a step beside the other worker's) — unless it is a spike (see the
+        class): then it waits for the tree's next observation."""
         # a private attribute is a pydantic __getattr__ per access (microseconds; this runs every
         # step): read from the dict pydantic keeps them in
         held_by_phase = self.__pydantic_private__["_held"]
-        held = held_by_phase.pop(phase, None) if held_by_phase else None
-        current = self.factor(phase, size, units, total_units)
+        tree = phase + CO_RUN if co else phase
+        held = held_by_phase.pop(tree, None) if held_by_phase else None
+        current = self.factor(phase, size, units, total_units, co)
         up = ratio > current * self.spike
         if up or ratio * self.spike < current:
             if held is not None and held[0] == up:  # two in a row, the same way: the error is real
-                self._fold(phase, *held[1])
-                self._fold(phase, size, units, total_units, ratio)
+                self._fold(phase, co, *held[1])
+                self._fold(phase, co, size, units, total_units, ratio)
                 return
             if held is not None:  # the one before was a one-off: dropped
                 self._spikes_held += 1
-            held_by_phase[phase] = (up, (size, units, total_units, ratio))
+            held_by_phase[tree] = (up, (size, units, total_units, ratio))
             return
         if held is not None:
             self._spikes_held += 1
-        self._fold(phase, size, units, total_units, ratio)
+        self._fold(phase, co, size, units, total_units, ratio)
 
-    def _fold(self, phase: str, size: int, units: int, total_units: int, ratio: float) -> None:
-        parent, factors, weight = 1.0, self.factors, self.weight
-        for key in reversed(self.keys(phase, size, units, total_units)):
+    def _fold(self, phase: str, co: bool, size: int, units: int, total_units: int, ratio: float) -> None:
+        # a level seen for the first time starts from its parent; the co-run tree's root from the solo
+        # correction of this state
+        parent = self.factor(phase, size, units, total_units) if co else 1.0
+        factors, weight = self.factors, self.weight
+        for key in reversed(self.keys(phase + CO_RUN if co else phase, size, units, total_units)):
             old = factors.get(key, parent)
             factors[key] = old + weight * (ratio - old)
             parent = old

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Iterable, Iterator, Sequence
 
 from engines.model_config import ModelConfig
-from estimator.calibration import PHASES, AlphaCurve, Calibration, by_units
+from estimator.calibration import CO_RUN, PHASES, AlphaCurve, Calibration, by_units
 from estimator.contention import ContentionModel
 from estimator.hardware import DTYPE_BYTES, HardwareSpec
 from estimator.kernel_model import KernelModel
@@ -113,7 +113,8 @@ class Estimator:
             raise ValueError(f"units must be in 1..{self.hardware.units}, got {units}")
         seconds = self._prefill(seq_lens, units, num_layers, include_head, co_decode_batch, True, cached)
         if self._corrects("prefill"):
-            seconds *= self.calibration.online.factor("prefill", sum(seq_lens), units, self.hardware.units)
+            seconds *= self.calibration.online.factor("prefill", sum(seq_lens), units, self.hardware.units,
+                                                       co_decode_batch > 0)
         return seconds
 
     def decode_time(self, batch: int, context: int, units: int, co_prefill_tokens: int = 0,
@@ -127,7 +128,7 @@ class Estimator:
             raise ValueError(f"units must be in 1..{self.hardware.units}, got {units}")
         seconds = self._decode(batch, context, units, co_prefill_tokens, include_head, num_layers, True)
         if self._corrects("decode"):
-            seconds *= self.calibration.online.factor("decode", batch, units, self.hardware.units)
+            seconds *= self.calibration.online.factor("decode", batch, units, self.hardware.units, co_prefill_tokens > 0)
         return seconds
 
     def prediction_epoch(self, phase: str) -> int | None:
@@ -146,7 +147,7 @@ class Estimator:
             return False
         seen = self._online_phases
         if seen[0] is not factors or seen[1] != len(factors):  # another dict, or keys added since
-            seen = self._online_phases = (factors, len(factors), frozenset(k.split("/", 1)[0] for k in factors))
+            seen = self._online_phases = (factors, len(factors), frozenset(k.split("/", 1)[0].removesuffix(CO_RUN) for k in factors))
         return phase in seen[2]
 
     # ---- one state over many shares ------------------------------------------------------------
@@ -159,7 +160,7 @@ class Estimator:
                       cached: Sequence[int] | None = None) -> Iterator[float]:
         """`prefill_time(seq_lens, u, ...)` for each `u` of `units`, lazily."""
         total, online, memo = self.hardware.units, self.calibration.online, self._prefill_memo
-        corrects = self._corrects("prefill")
+        corrects, co = self._corrects("prefill"), co_decode_batch > 0
         lens, tokens = tuple(seq_lens), sum(seq_lens)
         cached = tuple(cached) if cached and any(cached) else None
         for u in units:
@@ -169,7 +170,7 @@ class Estimator:
             if seconds is None:
                 seconds = self._prefill(lens, u, num_layers, include_head, co_decode_batch, True, cached)
             if corrects:
-                seconds *= online.factor("prefill", tokens, u, total)
+                seconds *= online.factor("prefill", tokens, u, total, co)
             yield seconds
 
     def decode_times(self, batch: int, context: int, units: Iterable[int], co_prefill_tokens: int = 0) -> Iterator[float]:
@@ -177,7 +178,7 @@ class Estimator:
         if batch < 0 or context < 0:
             raise ValueError(f"a decode batch needs batch >= 0 and context >= 0, got ({batch}, {context})")
         total, online, memo = self.hardware.units, self.calibration.online, self._decode_memo
-        corrects = self._corrects("decode")
+        corrects, co = self._corrects("decode"), co_prefill_tokens > 0
         for u in units:
             if not 0 < u <= total:
                 raise ValueError(f"units must be in 1..{total}, got {u}")
@@ -185,7 +186,7 @@ class Estimator:
             if seconds is None:
                 seconds = self._decode(batch, context, u, co_prefill_tokens, True, None, True)
             if corrects:
-                seconds *= online.factor("decode", batch, u, total)
+                seconds *= online.factor("decode", batch, u, total, co)
             yield seconds
 
     def decode_time_for(self, context_lens: Sequence[int], units: int, co_prefill_tokens: int = 0,
@@ -377,7 +378,8 @@ class Estimator:
                         include_head: bool = True, co_decode_batch: int = 0) -> None:
         predicted = self._prefill(seq_lens, units, num_layers, include_head, co_decode_batch, True)
         if predicted > 0 and seconds > 0:
-            self.calibration.online.observe("prefill", sum(seq_lens), units, self.hardware.units, seconds / predicted)
+            self.calibration.online.observe("prefill", sum(seq_lens), units, self.hardware.units, seconds / predicted,
+                                            co_decode_batch > 0)
 
     def observe_decode(self, context_lens: Sequence[int], units: int, seconds: float, co_prefill_tokens: int = 0,
                        include_head: bool = True, num_layers: int | None = None) -> None:
@@ -385,7 +387,8 @@ class Estimator:
         batch, context = self.decode_reads(context_lens)
         predicted = self._decode(batch, context, units, co_prefill_tokens, include_head, num_layers, True)
         if predicted > 0 and seconds > 0:
-            self.calibration.online.observe("decode", batch, units, self.hardware.units, seconds / predicted)
+            self.calibration.online.observe("decode", batch, units, self.hardware.units, seconds / predicted,
+                                            co_prefill_tokens > 0)
 
     def __repr__(self) -> str:
         kinds = ", ".join(sorted(self.calibration.kinds())) or "none"

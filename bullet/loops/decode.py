@@ -35,6 +35,7 @@ class DecodeCore(LoopCore):
         self.tombstones: dict[int, float] = {}
         self.paused = False
         self._flag_paused = False  # whether self.flags holds PAUSED (only publish changes that bit)
+        self._published_idle = True  # the last state published said no step runs (no batch)
         self.pauses = 0
         self.handed_back = 0  # requests given back to prefill when the pool ran out
         self.gave_way_after = 0  # layers the running step had done when it gave units to prefill (0: it did not)
@@ -89,6 +90,11 @@ class DecodeCore(LoopCore):
                 return Wake.until(view.now + PAUSED_POLL_S)  # prefill is evicting cached pages for us
             self._hand_back(self.running.pop())  # every request waits for a page: the newest goes back
             return Wake.NOW
+        if self._flag_paused or self._published_idle:
+            # prefill reads whether decode runs a step (paused or idle last time it looked): say so before
+            # it starts, not at its end — prefill takes the units of a decode it believes paused, and labels
+            # its own step alone or beside decode by it (its online correction learns the two apart)
+            self.publish()
         return self.launch(batch, lambda done: env.executor.run_decode(batch, done, self._between_layers),
                            lambda seconds: self._step_done(view, decision, batch, seconds))
 
@@ -148,7 +154,7 @@ class DecodeCore(LoopCore):
             reason += f"; gave units to prefill after layer {self.gave_way_after}"
             self.gave_way_after = 0
         else:
-            self.policy.observe(decision, seconds, view)
+            self.policy.observe(decision, seconds, view, self.read_peer())
         self.steps += 1
         if self.env.timeline.enabled:
             self.record(view.now, self.env.partition.current_units, run=True, batch=len(batch),
@@ -189,6 +195,7 @@ class DecodeCore(LoopCore):
         if self.paused != self._flag_paused:  # flag arithmetic is slow: only when it changes
             self.flags = self.flags | WorkerFlags.PAUSED if self.paused else self.flags & ~WorkerFlags.PAUSED
             self._flag_paused = self.paused
+        self._published_idle = not self.running
         self.publish_state(idle=not self.running, batch_size=len(self.running),
                            tokens_in_flight=total_seq_len(self.running), tpot_obs_ms=self.last_step_ms,
                            step_obs_ms=self.last_step_ms)

@@ -157,7 +157,7 @@ class PrefillCore(LoopCore):
         inflight = self.inflight
         self.last_step_ms = seconds * 1e3
         inflight.layers_done += layers
-        self.policy.observe(decision, seconds, view)
+        self.policy.observe(decision, seconds, view, self.read_peer())
         self.steps += 1
         if self.env.timeline.enabled:
             self.record(view.now, self.env.partition.current_units, run=True, layers=decision.num_layers,

@@ -21,10 +21,10 @@ import bisect
 import math
 
 from bullet.policies.predict import TPOT_MARGIN, LearningPredictor, Predictor, decode_outlook, percentile
-from bullet.policies.views import DecodeDecision, DecodePolicy, DecodeView, largest_at_most
+from bullet.policies.views import DecodeDecision, DecodePolicy, DecodeView, largest_at_most, ran_beside
 from bullet.types.request import seq_lens
 from bullet.types.slo import SLO
-from bullet.types.worker_state import Predictions
+from bullet.types.worker_state import Predictions, WorkerState
 
 IDLE_UNITS_RULES = ("all", "efficient")
 IDLE_SLACK = 0.10  # "efficient": a step at most 10 % slower than on every unit
@@ -159,8 +159,11 @@ class BulletDecodePolicy(DecodePolicy):
         bound = self.est.decode_time_for(lens, self.total) * (1.0 + IDLE_SLACK)
         return next((u for u in self.feasible[:-1] if self.est.decode_time_for(lens, u) <= bound), None)
 
-    def observe(self, decision: DecodeDecision, seconds: float, view: DecodeView) -> None:
+    def observe(self, decision: DecodeDecision, seconds: float, view: DecodeView,
+                peer_after: WorkerState | None = None) -> None:
         if self.learner is None or not view.running:
             return
-        co = view.peer.tokens_in_flight if prefill_active(view.peer) else 0
+        peer, co = view.peer, 0  # beside prefill or alone: learnt apart (estimator.calibration)
+        if ran_beside(peer, peer_after):
+            co = max(1, peer.tokens_in_flight, peer_after.tokens_in_flight if peer_after is not None else 0)
         self.learner.observe_decode(seq_lens(view.running), decision.units, seconds, co_prefill_tokens=co)

@@ -34,7 +34,7 @@ from typing import Callable
 
 from bullet.types.request import Request, priority_first
 from bullet.types.slo import SLO
-from bullet.types.worker_state import Predictions, WorkerFlags
+from bullet.types.worker_state import Predictions, WorkerFlags, WorkerState
 from bullet.policies.predict import (
     TPOT_MARGIN,
     LearningPredictor,
@@ -47,7 +47,7 @@ from bullet.policies.predict import (
     prefill_seconds_over,
 )
 from bullet.policies.preemption import choose_preemptors
-from bullet.policies.views import PrefillDecision, PrefillPolicy, PrefillView, largest_at_most
+from bullet.policies.views import PrefillDecision, PrefillPolicy, PrefillView, largest_at_most, ran_beside
 
 HAND_BACK_RULES = ("off", "decode-step", "bounded")
 SPLIT_RULES = ("spatial", "aggregate")
@@ -404,11 +404,16 @@ class BulletPrefillPolicy(PrefillPolicy):
                 best, best_p = worst, p
         return best_p
 
-    def observe(self, decision: PrefillDecision, seconds: float, view: PrefillView) -> None:
+    def observe(self, decision: PrefillDecision, seconds: float, view: PrefillView,
+                peer_after: WorkerState | None = None) -> None:
         lengths = decision.lengths
         if self.learner is None or not lengths or decision.num_layers <= 0:
             return
+        # beside decode or alone: the online correction learns the two apart (estimator.calibration)
+        peer, batch = view.peer, 0
+        if ran_beside(peer, peer_after):
+            batch = max(1, peer.batch_size, peer_after.batch_size if peer_after is not None else 0)
         # decision.num_layers is what ran (decided before the step: the in-flight batch object has
         # moved on by now, so its remaining layers no longer say)
         self.learner.observe_prefill(lengths, decision.units, seconds, num_layers=decision.num_layers,
-                include_head=False, co_decode_batch=view.peer.batch_size)
+                include_head=False, co_decode_batch=batch)

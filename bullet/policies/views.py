@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from bullet.types.request import Request
-from bullet.types.worker_state import Predictions, WorkerState
+from bullet.types.worker_state import Predictions, WorkerFlags, WorkerState
 
 
 @dataclass
@@ -104,8 +104,9 @@ class PrefillPolicy(ABC):
     @abstractmethod
     def decide(self, view: PrefillView) -> PrefillDecision: ...
 
-    def observe(self, decision: PrefillDecision, seconds: float, view: PrefillView) -> None:
-        """Feedback: how long the decided step took."""
+    def observe(self, decision: PrefillDecision, seconds: float, view: PrefillView,
+                peer_after: WorkerState | None = None) -> None:
+        """Feedback: how long the decided step took (`peer_after`: decode's state at its end)."""
 
 
 class DecodePolicy(ABC):
@@ -114,13 +115,25 @@ class DecodePolicy(ABC):
     @abstractmethod
     def decide(self, view: DecodeView) -> DecodeDecision: ...
 
-    def observe(self, decision: DecodeDecision, seconds: float, view: DecodeView) -> None:
-        """Feedback: how long the decided step took."""
+    def observe(self, decision: DecodeDecision, seconds: float, view: DecodeView,
+                peer_after: WorkerState | None = None) -> None:
+        """Feedback: how long the decided step took (`peer_after`: prefill's state at its end)."""
 
     def units_mid_step(self, peer: WorkerState, current_units: int) -> int | None:
         """Between two layers of a running step, with the peer's state as it is now:
         the units to go on with, or None to keep the step's share to its end (the default)."""
         return None
+
+
+def ran_beside(before: WorkerState, after: WorkerState | None) -> bool:
+    """Whether the peer ran a step beside one of ours, from its state when ours was decided (`before`)
+    and when ours ended (`after`): it finished a step meanwhile, or it holds units, not paused, at our
+    end. The state at the decision alone mislabels both ways: a decode that starts its first batch
+    mid-step, a decode that pauses for the prefill step just decided (found in simulation: an online
+    correction that learnt co-runs from such labels took prefill alone for twice as slow as it is)."""
+    if after is None:
+        return before.compute_units > 0 and not before.flags & WorkerFlags.PAUSED
+    return after.step != before.step or (after.compute_units > 0 and not after.flags & WorkerFlags.PAUSED)
 
 
 def largest_at_most(units: Sequence[int], limit: int) -> int | None:

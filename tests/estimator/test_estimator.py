@@ -217,3 +217,29 @@ def test_a_lone_spike_is_not_learnt_a_lasting_shift_is(llama3_8b, a100):
     decode = est.decode_time(16, 16 * 900, 30)
     est.observe_decode([900] * 16, 30, 10 * decode)
     assert est.prefill_time([1024], 78) == base and est.decode_time(16, 16 * 900, 30) == decode
+
+
+def test_co_run_steps_learn_apart_from_solo_steps(llama3_8b, a100):
+    """A step beside the other worker's corrects co-run predictions only, starting from the solo
+    correction of its state: a co-run that costs twice its price does not make solo steps look slow,
+    and solo steps' error still reaches co-run predictions that have not been observed."""
+    est = Estimator(llama3_8b, a100)
+    solo, co = est.decode_time(16, 16 * 900, 30), est.decode_time(16, 16 * 900, 30, co_prefill_tokens=2048)
+    est.observe_decode([900] * 16, 30, 1.2 * solo)  # solo: 1.05
+    assert est.decode_time(16, 16 * 900, 30, co_prefill_tokens=2048) == pytest.approx(1.05 * co)  # borrowed
+    est.observe_decode([900] * 16, 30, 2.0 * co, co_prefill_tokens=2048)  # from 1.05, a quarter of the way to 2
+    assert est.decode_time(16, 16 * 900, 30, co_prefill_tokens=2048) == pytest.approx((1.05 + 0.25 * 0.95) * co)
+    assert est.decode_time(16, 16 * 900, 30) == pytest.approx(1.05 * solo)  # solo untouched
+    for _ in range(20):
+        est.observe_decode([900] * 16, 30, 2.0 * co, co_prefill_tokens=2048)
+    assert est.decode_time(16, 16 * 900, 30, co_prefill_tokens=2048) == pytest.approx(2.0 * co, rel=0.01)
+    assert list(est.decode_times(16, 16 * 900, [30], co_prefill_tokens=2048)) == [
+        est.decode_time(16, 16 * 900, 30, co_prefill_tokens=2048)]  # the batched form agrees
+    assert est.decode_time(16, 16 * 900, 30) == pytest.approx(1.05 * solo)
+    # the same for prefill beside a decode batch; a prefill worker's estimator that only saw co-runs corrects
+    p_co = est.prefill_time([1024], 78, co_decode_batch=16)
+    p_solo = est.prefill_time([1024], 78)
+    est.observe_prefill([1024], 78, 1.8 * p_co, co_decode_batch=16)
+    assert est.prefill_time([1024], 78, co_decode_batch=16) == pytest.approx(1.2 * p_co)
+    assert list(est.prefill_times([1024], [78], co_decode_batch=16)) == [pytest.approx(1.2 * p_co)]
+    assert est.prefill_time([1024], 78) == p_solo
