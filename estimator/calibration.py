@@ -245,32 +245,27 @@ class OnlineCorrection(BaseModel):
         units_bucket = min(self.units_buckets - 1, units * self.units_buckets // (total_units + 1))
         return _bucket_keys(phase, size_bucket, units_bucket)
 
-    def _found(self, phase: str, size: int, units: int, total_units: int) -> float | None:
-        """The finest factor the tree of `phase` holds for this state (None: it holds none)."""
-        call = (phase, size, units, total_units, self.units_buckets)
+    def factor(self, phase: str, size: int, units: int, total_units: int, co: bool = False) -> float:
+        """The correction of a prediction; `co`: of a step beside the other worker's (its own tree,
+        else the solo one)."""
+        factors = self.factors
+        if not factors:
+            return 1.0
+        # the scheduler's hot path: both trees' keys of a call found in one look-up of the cache
+        call = (phase, size, units, total_units, self.units_buckets, co)
         keys = _KEYS_OF_CALL.get(call)
         if keys is None:
             if len(_KEYS_OF_CALL) >= _KEYS_LIMIT:
                 _KEYS_OF_CALL.clear()
-            keys = _KEYS_OF_CALL[call] = self.keys(phase, size, units, total_units)
-        factors = self.factors
+            keys = self.keys(phase, size, units, total_units)
+            if co:
+                keys = self.keys(phase + CO_RUN, size, units, total_units) + keys
+            _KEYS_OF_CALL[call] = keys
         for key in keys:
             found = factors.get(key)
             if found is not None:
                 return found
-        return None
-
-    def factor(self, phase: str, size: int, units: int, total_units: int, co: bool = False) -> float:
-        """The correction of a prediction; `co`: of a step beside the other worker's (its own tree,
-        else the solo one)."""
-        if not self.factors:
-            return 1.0
-        if co:
-            found = self._found(phase + CO_RUN, size, units, total_units)
-            if found is not None:
-                return found
-        found = self._found(phase, size, units, total_units)
-        return 1.0 if found is None else found
+        return 1.0
 
     def observe(self, phase: str, size: int, units: int, total_units: int, ratio: float, co: bool = False) -> None:
         """Fold one observed / predicted ratio (of the uncorrected prediction) into every level of the
