@@ -48,19 +48,26 @@ class LayeredExecutor(ScriptedExecutor):
         super().run_decode(batch, on_done)
 
 
-def serve(tmp_path, est, yield_at: str):
+def decode_core(tmp_path, est, make_executor, tpot_slo: str = "100ms", **server_args):
+    """The bullet decode core on a manual clock beside a state board, as a worker builds it;
+    `make_executor(device, clock, board)` gives its executor. Returns (clock, board, executor, env, core)."""
     clock = ManualClock()
     board = StateBoard(clock)
-    executor = LayeredExecutor(Role.DECODE, SimulatedDevice(est, EventLoop(VirtualClock())), None, clock, _finish(est),
-                               board=board)
+    executor = make_executor(SimulatedDevice(est, EventLoop(VirtualClock())), clock, board)
     partition = SimulatedPartition(Role.DECODE.partition_side, est.hardware)
     executor.partition = partition
-    args = ServerArgs(policy="bullet", ttft_slo="1.5ms/token", tpot_slo="100ms", max_total_tokens=PAGES * 16,
-                      partition_backend="none", disable_radix_cache=True, max_running_requests=1 << 20,
-                      decode_yield_at=yield_at)
+    args = ServerArgs(policy="bullet", ttft_slo="1.5ms/token", tpot_slo=tpot_slo, max_total_tokens=PAGES * 16,
+                      partition_backend="none", disable_radix_cache=True, max_running_requests=1 << 20, **server_args)
     env = LoopEnv(role=Role.DECODE, clock=clock, state=board, allocator=LocalPageAllocator(PAGES, 16),
                   partition=partition, timeline=Timeline(str(tmp_path), "decode"), executor=executor, outbox=Finished())
-    core = build_core(env, args, LAYERS, policy_estimator(SimConfig(), est), None)
+    return clock, board, executor, env, build_core(env, args, LAYERS, policy_estimator(SimConfig(), est), None)
+
+
+def serve(tmp_path, est, yield_at: str):
+    clock, board, executor, env, core = decode_core(
+        tmp_path, est, lambda device, clock, board: LayeredExecutor(Role.DECODE, device, None, clock, _finish(est),
+                                                                    board=board),
+        decode_yield_at=yield_at)
     messages = handoff_messages(4, seed=1)
     driver = WorkerDriver(core, ScriptedInbox(clock, messages), lambda: len(env.outbox.done) == 4 and core.idle)
     driver.run()

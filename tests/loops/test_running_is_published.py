@@ -6,27 +6,19 @@ with a prefill burst that makes decode pause and then ends."""
 
 from __future__ import annotations
 
-from bullet.config import ServerArgs
-from bullet.loops.base import LoopEnv
-from bullet.loops.factory import build_core
-from bullet.loops.timeline import Timeline
 from bullet.policies.bullet_prefill import BulletPrefillPolicy
 from bullet.policies.views import PrefillDecision, ran_beside
-from bullet.shm.page_allocator import LocalPageAllocator
 from bullet.sim.board import StateBoard
-from bullet.sim.config import SimConfig, policy_estimator
-from bullet.sim.device import SimulatedDevice
-from bullet.sim.events import EventLoop, VirtualClock
-from bullet.sim.partition import SimulatedPartition
 from bullet.types.roles import Role
 from bullet.types.slo import SLO
 from bullet.types.worker_state import WorkerFlags, WorkerState
 from bullet.workers.driver import WorkerDriver
 from tests.loops.test_decision_trace import est  # noqa: F401  (fixture)
-from tests.loops.test_decision_trace import Finished, ManualClock, ScriptedExecutor, ScriptedInbox, _finish, handoff_messages
+from tests.loops.test_decision_trace import ScriptedExecutor, ScriptedInbox, _finish, handoff_messages
+from tests.loops.test_mid_step_yield import decode_core
 from tests.policies.fakes import FakePredictor, decode_state, prefill_view, req
 
-PAGES, LAYERS, BURST_STEP, BURST_S = 4096, 32, 3, 0.02
+BURST_STEP, BURST_S = 3, 0.02
 
 
 class WatchingExecutor(ScriptedExecutor):
@@ -64,17 +56,10 @@ class BurstEnds(ScriptedInbox):
 
 
 def test_decode_says_it_runs_before_a_step_after_idling_or_pausing(tmp_path, est):
-    clock = ManualClock()
-    board = StateBoard(clock)
-    executor = WatchingExecutor(Role.DECODE, SimulatedDevice(est, EventLoop(VirtualClock())), None, clock, _finish(est),
-                                board=board)
-    partition = SimulatedPartition(Role.DECODE.partition_side, est.hardware)
-    executor.partition = partition
-    args = ServerArgs(policy="bullet", ttft_slo="1.5ms/token", tpot_slo="200ms", max_total_tokens=PAGES * 16,
-                      partition_backend="none", disable_radix_cache=True, max_running_requests=1 << 20)
-    env = LoopEnv(role=Role.DECODE, clock=clock, state=board, allocator=LocalPageAllocator(PAGES, 16),
-                  partition=partition, timeline=Timeline(str(tmp_path), "decode"), executor=executor, outbox=Finished())
-    core = build_core(env, args, LAYERS, policy_estimator(SimConfig(), est), None)
+    clock, board, executor, env, core = decode_core(
+        tmp_path, est, lambda device, clock, board: WatchingExecutor(Role.DECODE, device, None, clock, _finish(est),
+                                                                     board=board),
+        tpot_slo="200ms")
     messages = handoff_messages(4, seed=1)
     driver = WorkerDriver(core, BurstEnds(clock, messages, executor, board),
                           lambda: len(env.outbox.done) == 4 and core.idle)
