@@ -199,7 +199,7 @@ def _bucket_keys(phase: str, size_bucket: int, units_bucket: int) -> tuple[str, 
 
 # the keys of each (phase, size, units, total units, units buckets) a prediction asked about: a
 # scheduler asks about the same few all the time, and the factor is on its hot path
-_KEYS_OF_CALL: dict[tuple, tuple[str, str, str]] = {}
+_KEYS_OF_CALL: dict[tuple, tuple[str, ...]] = {}  # a co-run call: its tree's three keys, then the solo tree's
 _KEYS_LIMIT = 1 << 16
 CO_RUN = "+co"  # the phase's tree of steps that ran beside the other worker's (OnlineCorrection)
 
@@ -230,7 +230,8 @@ class OnlineCorrection(BaseModel):
     spike: float = Field(3.0, gt=1, description="an observation this many times off the current correction, "
                                                 "either way, waits for the next one to confirm it")
     factors: dict[str, float] = Field(default_factory=dict)  # "phase", "phase/s", "phase/s/u" (and "phase+co"...)
-    # per phase: the spike held back (whether it was slow, and its observe() arguments), until the next one
+    # per tree ("phase", "phase+co"): the spike held back (whether it was slow, and its observe() arguments),
+    # until the tree's next one
     _held: dict[str, tuple[bool, tuple[int, int, int, float]]] = PrivateAttr(default_factory=dict)
     _spikes_held: int = PrivateAttr(0)
 

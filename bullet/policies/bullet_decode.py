@@ -21,7 +21,7 @@ import bisect
 import math
 
 from bullet.policies.predict import TPOT_MARGIN, LearningPredictor, Predictor, decode_outlook, percentile
-from bullet.policies.views import DecodeDecision, DecodePolicy, DecodeView, largest_at_most, ran_beside
+from bullet.policies.views import DecodeDecision, DecodePolicy, DecodeView, beside_size, largest_at_most
 from bullet.types.request import seq_lens
 from bullet.types.slo import SLO
 from bullet.types.worker_state import Predictions, WorkerState
@@ -163,7 +163,5 @@ class BulletDecodePolicy(DecodePolicy):
                 peer_after: WorkerState | None = None) -> None:
         if self.learner is None or not view.running:
             return
-        peer, co = view.peer, 0  # beside prefill or alone: learnt apart (estimator.calibration)
-        if ran_beside(peer, peer_after):
-            co = max(1, peer.tokens_in_flight, peer_after.tokens_in_flight if peer_after is not None else 0)
+        co = beside_size(view.peer, peer_after, "tokens_in_flight")  # beside prefill or alone: learnt apart
         self.learner.observe_decode(seq_lens(view.running), decision.units, seconds, co_prefill_tokens=co)

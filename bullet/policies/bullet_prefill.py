@@ -47,7 +47,7 @@ from bullet.policies.predict import (
     prefill_seconds_over,
 )
 from bullet.policies.preemption import choose_preemptors
-from bullet.policies.views import PrefillDecision, PrefillPolicy, PrefillView, largest_at_most, ran_beside
+from bullet.policies.views import PrefillDecision, PrefillPolicy, PrefillView, beside_size, largest_at_most
 
 HAND_BACK_RULES = ("off", "decode-step", "bounded")
 SPLIT_RULES = ("spatial", "aggregate")
@@ -410,9 +410,7 @@ class BulletPrefillPolicy(PrefillPolicy):
         if self.learner is None or not lengths or decision.num_layers <= 0:
             return
         # beside decode or alone: the online correction learns the two apart (estimator.calibration)
-        peer, batch = view.peer, 0
-        if ran_beside(peer, peer_after):
-            batch = max(1, peer.batch_size, peer_after.batch_size if peer_after is not None else 0)
+        batch = beside_size(view.peer, peer_after, "batch_size")
         # decision.num_layers is what ran (decided before the step: the in-flight batch object has
         # moved on by now, so its remaining layers no longer say)
         self.learner.observe_prefill(lengths, decision.units, seconds, num_layers=decision.num_layers,

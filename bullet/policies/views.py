@@ -136,6 +136,14 @@ def ran_beside(before: WorkerState, after: WorkerState | None) -> bool:
     return after.step != before.step or (after.compute_units > 0 and not after.flags & WorkerFlags.PAUSED)
 
 
+def beside_size(before: WorkerState, after: WorkerState | None, field: str) -> int:
+    """What the peer ran beside one of our steps, for pricing it (`field`: its batch size or its tokens
+    in flight, the larger of the two states, at least 1), or 0 where our step ran alone (`ran_beside`)."""
+    if not ran_beside(before, after):
+        return 0
+    return max(1, getattr(before, field), getattr(after, field) if after is not None else 0)
+
+
 def largest_at_most(units: Sequence[int], limit: int) -> int | None:
     """The largest of the ascending `units` that is at most `limit` (None: none is)."""
     at = bisect.bisect_right(units, limit)
