@@ -18,6 +18,7 @@ from pathlib import Path
 from artifact.bench_client import RequestRecord, read_bench_file
 from artifact.miss_breakdown import prompt_bucket
 from artifact.server import system_slug
+from bullet.loops.timeline import recorded_beside
 from bullet.types.slo import SLO
 
 
@@ -58,7 +59,7 @@ def timeline_shares(timeline_dir: Path) -> dict | None:
             for role, path in (("prefill", prefill), ("decode", decode))}
     prefill_busy, prefill_units = _time_by_units(rows["prefill"])
     decode_busy, decode_units = _time_by_units(rows["decode"])
-    alone = sum((r.get("obs_ms") or 0.0) / 1e3 for r in rows["decode"] if r.get("run") and not r.get("prefill_units"))
+    alone = sum((r.get("obs_ms") or 0.0) / 1e3 for r in rows["decode"] if r.get("run") and not recorded_beside(r))
     return {"prefill_busy_s": prefill_busy, "prefill_share_by_units": prefill_units,
             "decode_busy_s": decode_busy, "decode_share_by_units": decode_units,
             "decode_prefill_idle": alone / decode_busy if decode_busy else 0.0}

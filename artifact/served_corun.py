@@ -28,18 +28,11 @@ from pathlib import Path
 from typing import Iterable
 
 from artifact.served_steps import NewLengths, PrefillSpans, price_row, read_timelines
+from bullet.loops.timeline import recorded_beside
 from estimator.estimator import Estimator
 from estimator.profile import load_estimator
 
 MIN_STEPS = 5  # on each side (alone, beside) of a role
-
-
-def ran_beside(row: dict) -> bool:
-    """Whether the step ran while the other worker ran one: a prefill group beside a decode batch, a
-    decode step beside a prefill group (what the timelines record of the other worker)."""
-    if row.get("role") == "prefill":
-        return int(row.get("decode_batch") or 0) > 0
-    return row.get("role") == "decode" and bool(row.get("prefill_units"))
 
 
 def ratios(rows: Iterable[dict], est: Estimator) -> dict[tuple[str, int], dict[str, list[float]]]:
@@ -56,7 +49,7 @@ def ratios(rows: Iterable[dict], est: Estimator) -> dict[tuple[str, int], dict[s
         if priced is None or began or row.get("role") not in ("prefill", "decode"):
             continue
         observed, predicted = priced
-        side = "beside" if ran_beside(row) else "alone"
+        side = "beside" if recorded_beside(row) else "alone"
         key = (row["role"], int(row["units"]))
         out.setdefault(key, {"alone": [], "beside": []})[side].append(observed / predicted)
     return out

@@ -13,9 +13,11 @@ This fits, over every step a timeline records whose state the device model can p
     observed = overhead + scale x predicted
 
 by least squares (overhead clipped at 0, then the scale refitted), `predicted` being what the
-simulated device charges for that step: a prefill layer group beside the decode batch it recorded,
-a decode step alone or beside the prefill layer group whose span (its row's start and observed time,
-on the same host clock) holds the decode step's start, a hybrid step of the chunked baseline (its
+simulated device charges for that step: a prefill layer group or a decode step beside what its row
+says it ran beside (`beside`, the size the worker learnt the step as co-running with; in timelines
+before 2026-11-29, a prefill group beside the decode batch seen at its decision, a decode step beside
+the prefill layer group whose span — its row's start and observed time, on the same host clock —
+holds the decode step's start, `bullet.loops.timeline.recorded_beside`), a hybrid step of the chunked baseline (its
 chunks and decode rows). The timeline keeps a prefill batch's token count, not each prompt's: its
 prompts are taken as equal. Decode rows keep the batch's summed context.
 
@@ -53,6 +55,7 @@ from typing import Iterable
 
 import numpy as np
 
+from bullet.loops.timeline import recorded_beside
 from estimator.estimator import Estimator
 from estimator.profile import load_estimator
 
@@ -193,10 +196,10 @@ def price_row(row: dict, est: Estimator, prefills: PrefillSpans | None = None) -
         batch, tokens = max(1, int(row.get("batch") or 1)), int(row["tokens"])
         lens = [tokens // batch + (1 if i < tokens % batch else 0) for i in range(batch)]
         predicted = est.prefill_time(lens, units, num_layers=int(row["layers"]), include_head=False,
-                                     co_decode_batch=int(row.get("decode_batch") or 0))
+                                     co_decode_batch=recorded_beside(row))
     elif role == "decode" and row.get("batch"):
-        beside = 0
-        if row.get("prefill_units"):  # beside a prefill: the group its start fell in, if the timeline has it
+        beside = recorded_beside(row)
+        if beside and "beside" not in row:  # an older timeline: the prefill group its start fell in, if known
             beside = prefills.tokens_at(float(row["t"])) if prefills is not None else None
             if not beside:
                 return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 from bullet.loops.base import LoopCore, LoopEnv, Wake
-from bullet.policies.views import DecodeDecision, DecodePolicy, DecodeView
+from bullet.policies.views import DecodeDecision, DecodePolicy, DecodeView, beside_size
 from bullet.shm.page_allocator import OutOfPages
 from bullet.types.finish import Abort
 from bullet.types.request import Request, Status, total_seq_len
@@ -149,16 +149,17 @@ class DecodeCore(LoopCore):
             if r.status is finished:
                 done.append(r)
         self.last_step_ms = seconds * 1e3
-        reason = decision.reason
+        reason, peer_after = decision.reason, self.read_peer()
         if self.gave_way_after:  # the step ran on two shares: its time fits neither, nothing to learn from
             reason += f"; gave units to prefill after layer {self.gave_way_after}"
             self.gave_way_after = 0
         else:
-            self.policy.observe(decision, seconds, view, self.read_peer())
+            self.policy.observe(decision, seconds, view, peer_after)
         self.steps += 1
-        if self.env.timeline.enabled:
+        if self.env.timeline.enabled:  # prefill_units: at the decision; beside: what the step is learnt as
             self.record(view.now, self.env.partition.current_units, run=True, batch=len(batch),
                         context=total_seq_len(batch), prefill_units=view.peer.compute_units,
+                        beside=beside_size(view.peer, peer_after, "tokens_in_flight"),
                         pred_ms=decision.predicted_s * 1e3, obs_ms=seconds * 1e3, reason=reason)
         if done:
             gone = set(done)

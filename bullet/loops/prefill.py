@@ -9,7 +9,7 @@ from typing import Sequence
 
 from bullet.cache.prefix_cache import PrefixCache
 from bullet.loops.base import LoopCore, LoopEnv, Wake
-from bullet.policies.views import InflightPrefill, PrefillDecision, PrefillPolicy, PrefillView
+from bullet.policies.views import InflightPrefill, PrefillDecision, PrefillPolicy, PrefillView, beside_size
 from bullet.shm.page_allocator import OutOfPages, PageAllocator
 from bullet.types.finish import Abort, Length
 from bullet.types.request import Request, Status, enqueue
@@ -157,13 +157,14 @@ class PrefillCore(LoopCore):
         inflight = self.inflight
         self.last_step_ms = seconds * 1e3
         inflight.layers_done += layers
-        self.policy.observe(decision, seconds, view, self.read_peer())
+        peer_after = self.read_peer()
+        self.policy.observe(decision, seconds, view, peer_after)
         self.steps += 1
-        if self.env.timeline.enabled:
+        if self.env.timeline.enabled:  # decode_batch: at the decision; beside: what the step is learnt as
             self.record(view.now, self.env.partition.current_units, run=True, layers=decision.num_layers,
                         batch=len(inflight.requests), tokens=inflight.num_tokens, queue=len(self.queue),
-                        decode_batch=view.peer.batch_size, pred_ms=decision.predicted_s * 1e3,
-                        obs_ms=seconds * 1e3, reason=decision.reason)
+                        decode_batch=view.peer.batch_size, beside=beside_size(view.peer, peer_after, "batch_size"),
+                        pred_ms=decision.predicted_s * 1e3, obs_ms=seconds * 1e3, reason=decision.reason)
         if inflight.remaining_layers == 0:
             self._complete(inflight)
         self.publish()

@@ -1,7 +1,13 @@
 """Every scheduling decision and partition change, recorded for a timeline like Bullet Fig. 20:
 one JSON object per line in `<timeline_dir>/<role>.jsonl` (time, role, units, whether the worker ran,
 layers, batch, queue, tokens, predicted and observed step time, the rule that decided). Buffered,
-flushed every second and at exit; recording nothing when no directory is configured."""
+flushed every second and at exit; recording nothing when no directory is configured.
+
+A two-worker step row says what the other worker ran when the step was decided (`decode_batch` on a
+prefill row, `prefill_units` on a decode row) and, since 2026-11-29, what the step is learnt as
+running beside (`beside`: decode's batch for a prefill group, prefill's tokens in flight for a decode
+step, 0 alone; `bullet.policies.views.beside_size`, from the peer's state at the decision and at the
+step's end). `recorded_beside` reads either."""
 
 from __future__ import annotations
 
@@ -50,6 +56,17 @@ class Timeline:
             f.write("\n".join(self._buffer) + "\n")
         self._buffer.clear()
         self._last_flush = time.monotonic()
+
+
+def recorded_beside(row: dict) -> int:
+    """What a prefill or decode step row ran beside: its `beside` where the timeline recorded it, else
+    (timelines before 2026-11-29) the decision's view — a prefill group beside the decode batch it saw,
+    a decode step beside a prefill that held units (1: its size was not recorded)."""
+    if "beside" in row:
+        return int(row["beside"] or 0)
+    if row.get("role") == "prefill":
+        return int(row.get("decode_batch") or 0)
+    return 1 if row.get("role") == "decode" and row.get("prefill_units") else 0
 
 
 def load_timeline(directory: str | Path) -> list[dict]:

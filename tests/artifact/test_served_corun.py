@@ -25,12 +25,13 @@ def est():
     return load_estimator(str(H200_PROFILE))
 
 
-def server_rows(est, host: float, corun: float, decode_units: int = 40, alone_decode: bool = True) -> list[dict]:
+def server_rows(est, host: float, corun: float, decode_units: int = 40, alone_decode: bool = True,
+                steps: int = 12) -> list[dict]:
     """One server's timelines: prefill groups on 88 units, alone and beside a decode batch; decode
     steps on `decode_units`, alone and during a prefill group. Every step takes `host` x its price,
     those beside the other worker's `corun` x more."""
     rows, t = [], 0.0
-    for i in range(12):
+    for i in range(steps):
         beside = 8 if i % 2 else 0
         priced = est.prefill_time([600], 88, num_layers=4, include_head=False, co_decode_batch=beside)
         ms = priced * host * (corun if beside else 1.0) * 1e3
@@ -63,6 +64,30 @@ def test_the_scale_of_co_running_steps_is_recovered_whatever_the_hosts_speed(est
         assert out["roles"] == {"decode": pytest.approx(corun), "prefill": pytest.approx(corun)}
         prefill = next(s for s in out["shares"] if s["role"] == "prefill")
         assert (prefill["alone_steps"], prefill["beside_steps"]) == (5, 6)  # the first group began a new length
+
+
+def test_steps_count_as_what_the_worker_learnt_them_as_not_what_it_saw_at_the_decision(est, tmp_path):
+    """Since 2026-11-29 a row records `beside`: a prefill group that saw a decode batch which then paused
+    for it ran alone (priced and judged alone); a decode step that began while prefill was idle and
+    ran under a prefill group that started meanwhile ran beside it (priced beside its tokens)."""
+    rows = server_rows(est, 1.3, 1.25, steps=24)
+    for row in rows:
+        row["beside"] = row["decode_batch"] if row["role"] == "prefill" else 600 * bool(row["prefill_units"])
+    paused = [r for r in rows if r["role"] == "prefill" and not r["decode_batch"]]
+    for row in paused[1:4]:
+        row["decode_batch"] = 8  # seen at the decision; decode paused for the group: alone all the same
+    lone = [r for r in rows if r["role"] == "decode" and not r["prefill_units"]]
+    for row in lone[:2]:  # a prefill group started during the step
+        row.update(beside=600, obs_ms=est.decode_time(8, 4000, 40, co_prefill_tokens=600) * 1.3 * 1.25 * 1e3)
+    out = corun_scale(est, [write(rows, tmp_path / "labelled")])
+    assert out["scale"] == pytest.approx(1.25, rel=1e-9)
+    steps = {s["role"]: (s["alone_steps"], s["beside_steps"]) for s in out["shares"]}
+    assert steps == {"prefill": (11, 12), "decode": (10, 14)}
+    for row in rows:
+        del row["beside"]
+    old = corun_scale(est, [write(rows, tmp_path / "decision")])  # the decision's view, as before the label
+    assert {s["role"]: (s["alone_steps"], s["beside_steps"]) for s in old["shares"]} == {
+        "prefill": (8, 15), "decode": (12, 12)}
 
 
 def test_a_share_that_never_ran_alone_says_nothing(est, tmp_path):

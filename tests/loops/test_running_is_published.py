@@ -6,6 +6,7 @@ with a prefill burst that makes decode pause and then ends."""
 
 from __future__ import annotations
 
+from bullet.loops.timeline import load_timeline
 from bullet.policies.bullet_prefill import BulletPrefillPolicy
 from bullet.policies.views import PrefillDecision, ran_beside
 from bullet.sim.board import StateBoard
@@ -22,8 +23,8 @@ BURST_STEP, BURST_S = 3, 0.02
 
 
 class WatchingExecutor(ScriptedExecutor):
-    """Records decode's published state as each of its steps starts; after step BURST_STEP, prefill takes every
-    unit for a burst (decode's next decision pauses)."""
+    """Records decode's published state as each of its steps starts; during step BURST_STEP, prefill takes
+    every unit for a burst (decode's next decision pauses)."""
 
     def __init__(self, *args, board: StateBoard):
         super().__init__(*args)
@@ -31,11 +32,13 @@ class WatchingExecutor(ScriptedExecutor):
 
     def run_decode(self, batch, on_done, between_layers=None):
         self.seen.append(self.board.read(Role.DECODE))
-        super().run_decode(batch, on_done)
-        if len(self.seen) == BURST_STEP:
+        bursts = len(self.seen) == BURST_STEP
+        if bursts:  # the burst begins while this step runs
             total = self.partition.total_units
             self.board.publish(Role.PREFILL, WorkerState(batch_size=1, remaining_layers=8, tokens_in_flight=900,
                                                          compute_units=total, claimed_units=total))
+        super().run_decode(batch, on_done)
+        if bursts:
             self.burst_at = self.clock.t
 
 
@@ -67,6 +70,10 @@ def test_decode_says_it_runs_before_a_step_after_idling_or_pausing(tmp_path, est
     assert core.pauses >= 1 and len(executor.seen) > BURST_STEP + 1  # it idled first, paused, and ran again
     for state in executor.seen:  # what prefill read while each step ran
         assert state.compute_units > 0 and state.batch_size > 0 and not state.flags & WorkerFlags.PAUSED
+    env.timeline.flush()  # each step's row says what it is learnt as running beside: only the one the burst began in
+    steps = [r for r in load_timeline(tmp_path) if r.get("run")]
+    assert [r["beside"] for r in steps] == [0] * (BURST_STEP - 1) + [900] + [0] * (len(steps) - BURST_STEP)
+    assert steps[BURST_STEP - 1]["prefill_units"] == 0  # the decision saw prefill idle
 
 
 def test_a_step_ran_beside_the_peer_if_it_stepped_or_holds_units_at_the_end():
