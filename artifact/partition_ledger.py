@@ -110,7 +110,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     ap.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals per run")
     ap.add_argument("--estimator-profile", default=str(H200_PROFILE),
-                    help="the device model (default: the measured H200 profile shipped with the estimator)")
+                    help="the device model (default: the measured H200 profile shipped with the estimator; '' for "
+                         "none: the built-in device of --set hardware=NAME, a100 unless given, and its shipped calibration)")
     ap.add_argument("--ttft-slo", default="3ms/token")
     ap.add_argument("--tpot-slo", default="50ms")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="SimConfig overrides for every run")
@@ -136,7 +137,8 @@ def main(argv=None) -> int:
     summary = summarize(rows)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    header = (f"SIMULATED ({Path(args.estimator_profile).name}; TTFT {args.ttft_slo}, TPOT {args.tpot_slo}; "
+    device = Path(args.estimator_profile).name if args.estimator_profile else f"built-in {overrides.get('hardware') or 'a100'}"
+    header = (f"SIMULATED ({device}; TTFT {args.ttft_slo}, TPOT {args.tpot_slo}; "
               f"{args.duration:g} s of arrivals; seeds {' '.join(map(str, args.seeds))}; overrides "
               f"{parse_sets(args.set) or 'none'})")
     (out / "ledger.json").write_text(json.dumps({"header": header, "overrides": overrides, "rows": rows,

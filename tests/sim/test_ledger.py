@@ -56,3 +56,14 @@ def test_the_ledger_tool_writes_its_tables(tmp_path):
     assert set(data["summary"]["sharegpt"]) == {"bullet", "naive"}
     md = (tmp_path / "ledger.md").read_text()
     assert "SIMULATED" in md and "| bullet |" in md and "| naive |" in md
+
+
+def test_the_ledger_tool_runs_a_built_in_device_without_a_profile(tmp_path):
+    from artifact.partition_ledger import main
+
+    assert main(["--workloads", "arxiv", "--policies", "bullet", "--rates", "arxiv=2", "--estimator-profile", "",
+                 "--set", "hardware=a100", "--ttft-slo", "1.5ms/token", "--tpot-slo", "175ms", "--seeds", "1",
+                 "--duration", "2", "--jobs", "1", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "ledger.json").read_text())
+    assert data["header"].startswith("SIMULATED (built-in a100;") and data["overrides"]["hardware"] == "a100"
+    assert data["rows"][0]["ledger"]["busy_s"] > 0
