@@ -41,6 +41,7 @@ class DecodeCore(LoopCore):
         self.gave_way_after = 0  # layers the running step had done when it gave units to prefill (0: it did not)
         self.gave_way = 0  # steps that did
         self.last_step_end: float | None = None  # when the last step's tokens were out (policies bound the gap)
+        self.received = 0  # hand-offs from prefill so far (published: prefill counts the ones still in flight)
 
     @property
     def idle(self) -> bool:
@@ -48,10 +49,16 @@ class DecodeCore(LoopCore):
 
     # -- messages -----------------------------------------------------------------------------------
     def add(self, req: Request) -> None:
+        self.received += 1  # published with the batch that now holds it (or without it: aborted meanwhile)
         if self.tombstones.pop(req.uid, None) is not None:
             self._retire(req, Abort(message="aborted by the client"))
         else:
             self.running.append(req)
+
+    def handoff_dropped(self) -> None:
+        """A hand-off arrived that could not be taken (vetting dropped it): it counts as received."""
+        self.received += 1
+        self.publish()
 
     def abort(self, uid: int, message: str) -> None:
         now = self.now()
@@ -199,4 +206,4 @@ class DecodeCore(LoopCore):
         self._published_idle = not self.running
         self.publish_state(idle=not self.running, batch_size=len(self.running),
                            tokens_in_flight=total_seq_len(self.running), tpot_obs_ms=self.last_step_ms,
-                           step_obs_ms=self.last_step_ms)
+                           step_obs_ms=self.last_step_ms, handoffs_seen=self.received)

@@ -14,8 +14,6 @@ from bullet.shm.page_allocator import OutOfPages, PageAllocator
 from bullet.types.finish import Abort, Length
 from bullet.types.request import Request, Status, enqueue
 
-HANDOFF_SEEN_S = 1.0  # a live decode worker publishes many times a second
-
 
 def take_admitted(queue: list[Request], admit: Sequence[Request], allocator: PageAllocator,
                   cache: PrefixCache | None = None) -> list[Request]:
@@ -43,10 +41,10 @@ class PrefillCore(LoopCore):
                  max_running: int = 1 << 30):
         super().__init__(env)
         self.policy, self.num_layers, self.max_running = policy, num_layers, max_running
-        # requests handed to decode that its published batch may not count yet: (decode's publish
-        # count at the hand-off, when, how many); forgotten after two more publishes (received by
-        # then), or after HANDOFF_SEEN_S if decode publishes nothing (stopped, or not there at all)
-        self.unseen_handoffs: list[tuple[int, float, int]] = []
+        # requests handed to decode so far; those decode has not said it received (`handoffs_seen`)
+        # are in flight between the two: counted against --max-running-requests though neither batch holds
+        # them. `sent_before`: hand-offs sent before the decode process now running (pid `decode_pid`) started
+        self.handed_total, self.sent_before, self.decode_pid = 0, 0, 0
         self.cache = cache
         self.queue: list[Request] = []
         self.inflight: InflightPrefill | None = None
@@ -93,13 +91,22 @@ class PrefillCore(LoopCore):
         """Prompts that may start under `--max-running-requests`, as SGLang counts it: every request
         decoding, handed over and not yet decoding, or in a prefill batch holds a slot (so a capped
         server queues prompts before their first token instead of stretching every request's TPOT)."""
-        # (a count below the hand-off's: decode restarted, and its requests with it)
-        now = self.now()
-        self.unseen_handoffs = [(beat, t, n) for beat, t, n in self.unseen_handoffs
-                                if beat <= peer.heartbeat_count < beat + 2 and now - t < HANDOFF_SEEN_S]
-        held = peer.batch_size + peer.queued_requests + sum(n for _, _, n in self.unseen_handoffs)
+        held = peer.batch_size + peer.queued_requests + self.handoffs_in_flight(peer)
         held += sum(len(b.requests) for b in (self.inflight, self.suspended) if b is not None)
         return max(0, self.max_running - held)
+
+    def handoffs_in_flight(self, peer) -> int:
+        """Requests handed to decode that it has not received yet, counted exactly: a count of what was
+        sent against decode's published count of what arrived. (It used to be a guess — a hand-off was
+        taken as received after two more decode publishes — and under load a message slower than two
+        publishes let a capped server start a prompt beside a request still on its way to decode.) A
+        decode that (re)started counts from zero and never gets what was sent to the one before it: the
+        launcher fails those requests."""
+        if peer.pid != self.decode_pid:
+            if self.decode_pid:  # another process than the one that had published: a restart
+                self.sent_before = self.handed_total - peer.handoffs_seen
+            self.decode_pid = peer.pid
+        return max(0, self.handed_total - self.sent_before - peer.handoffs_seen)
 
     def iterate(self) -> Wake:
         """Decide, and start a layer group when the decision runs one."""
@@ -186,8 +193,7 @@ class PrefillCore(LoopCore):
                     self.cache.insert_computed(req)
                 self.env.outbox.handed_off(req)
                 handed += 1
-        if handed:
-            self.unseen_handoffs.append((self.read_peer().heartbeat_count, self.now(), handed))
+        self.handed_total += handed
         if reqs and reqs[0].first_token_time is not None:
             self.last_ttft_ms = (reqs[0].first_token_time - reqs[0].arrival) * 1e3
 

@@ -2,13 +2,14 @@
 (Bullet §3.4.1, "global metadata buffer"). One POSIX shared-memory segment per server instance,
 `/bullet-<instance_id>-state`, one 4 KiB page.
 
-Layout, version 5 (all little-endian; offsets in bytes):
+Layout, version 6 (all little-endian; offsets in bytes):
 
     header, offset 0, 128 bytes
       0   8  magic            b"BULLETSB"; stored last, with release order, by the creator, so an
                               attacher that sees it also sees the rest of the header
-      8   4  layout_version   u32 = 5; bumped on any change to this table (2: pause_budget_ms;
-                              3: decisions, repartitions; 4: unit_mask_ext; 5: claimed_units)
+      8   4  layout_version   u32 = 6; bumped on any change to this table (2: pause_budget_ms;
+                              3: decisions, repartitions; 4: unit_mask_ext; 5: claimed_units;
+                              6: handoffs_seen)
      12   4  header_size      u32 = 128
      16   4  block_stride     u32 = 256 (one block per worker, 256-byte aligned: no false sharing)
      20   4  num_blocks       u32 = 2
@@ -51,7 +52,9 @@ Layout, version 5 (all little-endian; offsets in bytes):
     176   4  claimed_units    u32  prefill: the share it has chosen while it runs on less, beside the
                               units a decode step holds until that step ends (0: none); decode's
                               next step takes the complement of it
-    180      (end; the rest of the 256-byte block is free for later versions)
+    180   8  handoffs_seen    u64  decode: requests handed over by prefill that it has received so
+                              far; prefill counts those it sent beyond this as still in flight
+    188      (end; the rest of the 256-byte block is free for later versions)
 
 All latencies are in milliseconds; heartbeat_ns is CLOCK_MONOTONIC, which is system-wide on Linux
 and so comparable between the two workers and the launcher."""
@@ -70,7 +73,7 @@ from bullet.types.roles import BLOCK_ROLES, Role
 from bullet.types.worker_state import ControlFlags, WorkerFlags, WorkerState
 
 MAGIC = b"BULLETSB"
-LAYOUT_VERSION = 5
+LAYOUT_VERSION = 6
 HEADER_SIZE = 128
 BLOCK_STRIDE = 256
 ROLES = tuple(r.value for r in BLOCK_ROLES)
@@ -87,7 +90,7 @@ class StateBufferLayoutError(RuntimeError):
 
 
 _FIELD_FORMATS = {"u64": "Q", "u32": "I", "f64": "d"}
-PAYLOAD_FORMAT = "QQQQQIIQQIIQQdddddddQQQI"
+PAYLOAD_FORMAT = "QQQQQIIQQIIQQdddddddQQQIQ"
 _PAYLOAD = struct.Struct("<" + PAYLOAD_FORMAT)
 PAYLOAD_SIZE = _PAYLOAD.size  # bytes after the block's sequence word
 _FIELD_NAMES = tuple(f.name for f in fields(WorkerState))

@@ -53,6 +53,9 @@ class WorkerState:
     # u32 prefill: the share it has chosen when that is more than it runs on (0: none) — it runs beside
     # the units a decode step holds until the step ends, and decode's next step takes the complement
     claimed_units: int = 0
+    # u64 decode: requests prefill handed over that it has received so far; prefill counts those it sent
+    # beyond this as in flight (they hold a `--max-running-requests` slot that neither batch shows)
+    handoffs_seen: int = 0
 
     @property
     def unit_mask(self) -> int:

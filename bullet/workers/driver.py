@@ -82,6 +82,8 @@ class WorkerDriver:
         reason = self.vet(msg)
         if reason is not None:
             log.warning("dropped a %s message: %s", type(msg).__name__, reason)
+            if isinstance(msg, Handoff) and role is Role.DECODE:
+                self.core.handoff_dropped()  # arrived all the same: prefill stops holding a slot for it
             return
         if isinstance(msg, (GenerateRequest, Recompute, Handoff)) and msg.params.constraint is not None:
             self.prefetch(msg.params.constraint)

@@ -148,7 +148,7 @@ def test_layout_docstring_matches_code():
     rows = sbmod.payload_table().splitlines()
     positions = [next(i for i, line in enumerate(doc) if line.startswith(row)) for row in rows]
     assert positions == sorted(positions)
-    assert struct.calcsize("<" + sbmod.PAYLOAD_FORMAT) == 180 - 8  # the table ends at 180
+    assert struct.calcsize("<" + sbmod.PAYLOAD_FORMAT) == 188 - 8  # the table ends at 188
 
 
 def test_two_instances_side_by_side(iid):
