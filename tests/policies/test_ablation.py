@@ -9,6 +9,7 @@ import pytest
 
 from bullet.config import ServerArgs
 from bullet.policies.ablation import PartitionOnlyDecode, PartitionOnlyPrefill, SchedulerOnlyDecode, SchedulerOnlyPrefill
+from bullet.policies.bullet_decode import BulletDecodePolicy
 from bullet.policies.bullet_prefill import BulletPrefillPolicy
 from bullet.policies.factory import make_decode_policy, make_prefill_policy
 from bullet.types.slo import SLO
@@ -52,7 +53,14 @@ def test_partition_only_decode_never_pauses_and_scheduler_only_decode_takes_ever
     busy_prefill = decode_state()  # a prefill that took every unit for a burst
     busy_prefill.compute_units, busy_prefill.queued_requests, busy_prefill.remaining_layers = TOTAL, 3, LAYERS
     po = PartitionOnlyDecode(FakePredictor(), SLO.parse("10s", "10s"), UNITS).decide(decode_view(1.0, running, busy_prefill))
-    assert po.run and po.units == UNITS[0]
+    assert po.run and po.units == UNITS[0]  # a loose TPOT: one unit keeps it
+    # a TPOT that one unit keeps with no margin (24 ms a step of 30) and two within 70 % of it (12 ms): Bullet
+    # pauses for the burst; partition-only runs on two, not on the smallest share
+    fresh = [req(f"f{i}", 100, 0.0, outputs=1, first_token_time=0.999) for i in range(4)]
+    slo = SLO.parse("10s", "30ms")
+    assert not BulletDecodePolicy(FakePredictor(), slo, UNITS).decide(decode_view(1.0, fresh, busy_prefill)).run
+    po = PartitionOnlyDecode(FakePredictor(), slo, UNITS).decide(decode_view(1.0, fresh, busy_prefill))
+    assert po.run and po.units == 2 and po.predicted_s == pytest.approx(0.012)
     so = SchedulerOnlyDecode(FakePredictor(), SLO.parse("10s", "100ms"), UNITS)
     busy_prefill.compute_units = TOTAL // 2
     d = so.decide(decode_view(1.0, running, busy_prefill))
