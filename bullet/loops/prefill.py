@@ -101,11 +101,11 @@ class PrefillCore(LoopCore):
         taken as received after two more decode publishes — and under load a message slower than two
         publishes let a capped server start a prompt beside a request still on its way to decode.) A
         decode that (re)started counts from zero and never gets what was sent to the one before it: the
-        launcher fails those requests."""
-        if peer.pid != self.decode_pid:
-            if self.decode_pid:  # another process than the one that had published: a restart
-                self.sent_before = self.handed_total - peer.handoffs_seen
-            self.decode_pid = peer.pid
+        launcher fails those requests. Prefill sees decode's pid before it hands anything over (it reads
+        this before each admission, and no request is routed before both workers publish); a restarted
+        prefill, beside a decode that has received many, starts from that decode's count."""
+        if peer.pid != self.decode_pid:  # a decode process seen for the first time: count from here
+            self.decode_pid, self.sent_before = peer.pid, self.handed_total - peer.handoffs_seen
         return max(0, self.handed_total - self.sent_before - peer.handoffs_seen)
 
     def iterate(self) -> Wake:
