@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from bullet.policies.bullet_decode import BulletDecodePolicy, prefill_active
 from bullet.policies.bullet_prefill import BulletPrefillPolicy
-from bullet.policies.predict import TPOT_MARGIN
 from bullet.policies.views import DecodeDecision, DecodeView, PrefillView
 from bullet.types.request import Request, seq_lens
 
@@ -42,10 +41,7 @@ class PartitionOnlyPrefill(BulletPrefillPolicy):
         if peer.batch_size and units == 0:
             return self.feasible[0], "partition only: both run, prefill on the least"
         if peer.batch_size and units >= self.total:
-            tokens = sum(batch_lens)
-            d = self.decode_units_for(peer.batch_size, peer.tokens_in_flight, tokens, self.slo.tpot * TPOT_MARGIN)
-            if d is None:
-                d = self.decode_near_best(peer.batch_size, peer.tokens_in_flight, tokens)
+            d = self.decode_units_with_slack(peer.batch_size, peer.tokens_in_flight, sum(batch_lens))
             return self._prefill_share(self.total - d), "partition only: both run, decode on the units that keep TPOT"
         return units, reason
 

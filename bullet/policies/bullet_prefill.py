@@ -351,6 +351,12 @@ class BulletPrefillPolicy(PrefillPolicy):
                 return d
         return None
 
+    def decode_units_with_slack(self, batch: int, context: int, co_tokens: int) -> int:
+        """Decode's share beside `co_tokens` of prefill while TPOT has slack (`split`): the fewest units
+        that keep its aim, else near its best."""
+        d = self.decode_units_for(batch, context, co_tokens, self.slo.tpot * TPOT_MARGIN)
+        return d if d is not None else self.decode_near_best(batch, context, co_tokens)
+
     def decode_near_best(self, batch: int, context: int, co_tokens: int) -> int:
         """Fewest units (leaving prefill at least its minimum) whose decode step is predicted within
         NEAR_BEST of the fastest such share. Where decode's step barely depends on its units (an eager,
