@@ -9,7 +9,11 @@ KV pool in place (AVX-512 / AVX2 / portable C, chosen at run time by what the CP
 OpenMP by soname, which inside a torch process resolves to torch's own runtime; where the compiler has
 no OpenMP it builds single-threaded. A vector implementation whose target flags the compiler does not
 know is left out of the build; `BULLET_CPU_ATTENTION_ISA=avx2` (or `generic`) leaves out the wider
-ones on purpose, to run the narrower code on a wider CPU."""
+ones on purpose, to run the narrower code on a wider CPU.
+
+`engines._cpu_moe` (csrc/cpu_moe.c) runs a decode step's mixture-of-experts SwiGLU experts, reading
+each expert's weights once for all its rows; it is built as the attention kernel is (the same ISA
+choices, the shared helpers of csrc/cpu_vec.h)."""
 
 import os
 import subprocess
@@ -53,6 +57,18 @@ def _isa_macros() -> list[tuple[str, None]]:
         "avx512f,avx512bw,avx512vl,avx2,fma,f16c", "return (int)_mm512_reduce_add_ps(_mm512_setzero_ps());")
     return [(name, None) for name, have in (("BULLET_NO_AVX2", avx2), ("BULLET_NO_AVX512", avx512)) if not have]
 
+
+# The CPU kernels (csrc/cpu_attention.c, csrc/cpu_moe.c): the vector code carries its own target
+# attributes, so each module itself stays baseline x86-64
+CPU_KERNEL_BUILD = dict(
+    depends=["csrc/cpu_vec.h"],
+    define_macros=_isa_macros(),
+    extra_compile_args=["-std=gnu11", "-O3", "-Wall", "-Wextra", "-Wno-unused-parameter",
+                        "-Wno-missing-field-initializers", *OPENMP],
+    extra_link_args=OPENMP,
+)
+
+
 setup(
     ext_modules=[
         Extension(
@@ -64,14 +80,7 @@ setup(
                                 "-Wno-missing-field-initializers", "-Wno-cast-function-type", "-pthread"],
             extra_link_args=["-pthread"],
         ),
-        Extension(
-            "engines._cpu_attention",
-            sources=["csrc/cpu_attention.c"],
-            define_macros=_isa_macros(),
-            # the vector code carries its own target attributes: the module itself stays baseline x86-64
-            extra_compile_args=["-std=gnu11", "-O3", "-Wall", "-Wextra", "-Wno-unused-parameter",
-                                "-Wno-missing-field-initializers", *OPENMP],
-            extra_link_args=OPENMP,
-        ),
+        Extension("engines._cpu_attention", sources=["csrc/cpu_attention.c"], **CPU_KERNEL_BUILD),
+        Extension("engines._cpu_moe", sources=["csrc/cpu_moe.c"], **CPU_KERNEL_BUILD),
     ]
 )

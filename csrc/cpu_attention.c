@@ -31,20 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if (defined(__x86_64__) || defined(__i386__)) && !defined(BULLET_NO_AVX2)
-#include <immintrin.h>
-#define HAVE_X86 1 /* the AVX2 implementation (and the vector helpers both share) */
-#else
-#define HAVE_X86 0
-#endif
-#if HAVE_X86 && !defined(BULLET_NO_AVX512)
-#define HAVE_AVX512 1
-#else
-#define HAVE_AVX512 0
-#endif
-
-enum { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2 };
-enum { ISA_GENERIC = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
+#include "cpu_vec.h"
 
 typedef struct {
     const float *q;         /* [T, heads, D], rows q_stride floats apart */
@@ -58,42 +45,13 @@ typedef struct {
     float scale;
 } decode_args;
 
-/* -- portable conversions ------------------------------------------------------------------------ */
-static inline float half_to_float(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
-    if (exp == 0x1f) {
-        bits = sign | 0x7f800000u | (mant << 13);
-    } else if (exp != 0) {
-        bits = sign | ((exp + 112) << 23) | (mant << 13);
-    } else if (mant == 0) {
-        bits = sign;
-    } else { /* subnormal: normalize */
-        exp = 113;
-        while (!(mant & 0x400)) {
-            mant <<= 1;
-            exp--;
-        }
-        bits = sign | (exp << 23) | ((mant & 0x3ff) << 13);
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-static inline float bf16_to_float(uint16_t b) {
-    uint32_t bits = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
 static inline float kv_at(const void *base, int dtype, int64_t i) {
-    if (dtype == KV_F32) return ((const float *)base)[i];
-    if (dtype == KV_F16) return half_to_float(((const uint16_t *)base)[i]);
+    if (dtype == ELEM_F32) return ((const float *)base)[i];
+    if (dtype == ELEM_F16) return half_to_float(((const uint16_t *)base)[i]);
     return bf16_to_float(((const uint16_t *)base)[i]);
 }
 
-static inline size_t kv_elem(int dtype) { return dtype == KV_F32 ? 4 : 2; }
+static inline size_t kv_elem(int dtype) { return dtype == ELEM_F32 ? 4 : 2; }
 
 /* the context slot of token j of sequence s */
 static inline int64_t slot_of(const decode_args *a, int s, int j) {
@@ -127,13 +85,6 @@ static inline int64_t slot_of(const decode_args *a, int s, int j) {
         }                                                                                                   \
     } while (0)
 
-#if HAVE_X86
-#define PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
-#define PREFETCH_L2(p) _mm_prefetch((const char *)(p), _MM_HINT_T1)
-#else
-#define PREFETCH(p) __builtin_prefetch(p)
-#define PREFETCH_L2(p) __builtin_prefetch(p, 0, 2)
-#endif
 
 /* -- portable C ------------------------------------------------------------------------------------ */
 static void item_generic(const decode_args *a, int s, int h, float *scores) {
@@ -198,30 +149,6 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) static inline
 }
 #endif
 
-/* 8 / 16 K or V elements at element index i, as float32 */
-__attribute__((target("avx2,fma,f16c"))) static inline __m256 load8(const void *base, int dtype, int64_t i) {
-    if (dtype == KV_F32) return _mm256_loadu_ps((const float *)base + i);
-    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)base + i));
-    if (dtype == KV_F16) return _mm256_cvtph_ps(h);
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
-#if HAVE_AVX512
-__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) static inline __m512 load16(const void *base, int dtype,
-                                                                                              int64_t i) {
-    if (dtype == KV_F32) return _mm512_loadu_ps((const float *)base + i);
-    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + i));
-    if (dtype == KV_F16) return _mm512_cvtph_ps(h);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-#endif
-
-__attribute__((target("avx2,fma,f16c"))) static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 /* The vector kernels: W floats per register, the head dim a multiple of W. Scores, softmax and the
  * weighted sum as in item_generic; the value pass keeps CH registers of accumulators per query head
@@ -359,21 +286,6 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) static void i
 #endif
 #endif
 
-/* The widest implementation both this build and this CPU have (the OS saving the wide registers
- * included: libgcc's CPU model checks XCR0 before it reports an AVX or AVX-512 feature). */
-static int best_isa(void) {
-#if HAVE_X86
-    __builtin_cpu_init();
-    const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-#if HAVE_AVX512
-    if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl"))
-        return ISA_AVX512;
-#endif
-    if (avx2) return ISA_AVX2;
-#endif
-    return ISA_GENERIC;
-}
 
 static void run_decode(const decode_args *a, int isa, int threads) {
     int max_len = 0;
@@ -437,7 +349,7 @@ static PyObject *py_decode(PyObject *self, PyObject *args) {
                           &a.kv_dtype, &a.scale, &isa, &threads, &q_stride))
         return NULL;
     if (a.n_seqs < 0 || a.kv_heads <= 0 || a.heads % a.kv_heads || a.heads / a.kv_heads > 16 || a.page_size <= 0 ||
-        a.head_dim <= 0 || a.table_stride <= 0 || num_slots <= 0 || a.kv_dtype < KV_F32 || a.kv_dtype > KV_BF16) {
+        a.head_dim <= 0 || a.table_stride <= 0 || num_slots <= 0 || a.kv_dtype < ELEM_F32 || a.kv_dtype > ELEM_BF16) {
         PyErr_SetString(PyExc_ValueError, "decode: bad shape or dtype");
         return NULL;
     }

@@ -33,6 +33,17 @@ AVX2_ONLY_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "FBGEMM_ENABLE_INSTRUCTIONS": "A
                  "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 
 
+# The implementations of the project's own CPU kernels (csrc/cpu_vec.h: portable C, AVX2, AVX-512)
+ISA_GENERIC, ISA_AVX2, ISA_AVX512 = 0, 1, 2
+
+
+def own_kernel_isa_ceiling() -> int:
+    """The widest implementation of the project's CPU kernels this process may run: its kernel cap
+    (`ATEN_CPU_CAPABILITY`, as `AVX2_ONLY_ENV` sets it) applies to them as to torch's."""
+    cap = os.environ.get("ATEN_CPU_CAPABILITY", "").lower()
+    return {"default": ISA_GENERIC, "avx": ISA_GENERIC, "avx2": ISA_AVX2}.get(cap, ISA_AVX512)
+
+
 def isa_caps() -> str:
     """The kernel-ISA caps set in this process's environment ("" when none), e.g. "ATEN_CPU_CAPABILITY=avx2"."""
     return ",".join(f"{k}={os.environ[k]}" for k in sorted(AVX2_ONLY_ENV) if os.environ.get(k))

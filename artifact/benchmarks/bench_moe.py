@@ -1,6 +1,6 @@
 """The mixture-of-experts CPU path against a dense model of the same active parameters.
 
-  python -m artifact.benchmarks.bench_moe [--dtype float32 bfloat16] [--threads 1 2] [--repeats 5] [--row-form]
+  python -m artifact.benchmarks.bench_moe [--dtype float32 bfloat16] [--threads 1 2] [--repeats 5] [--grouped] [--row-form]
 
 Two models with dummy weights, built from Hugging Face style configs through the engine's own config
 and model code: a Qwen3-MoE (every layer sparse: `--experts` SwiGLU experts of width
@@ -26,8 +26,10 @@ CPU time (what other processes' load does not inflate); on several, wall time.
 Per step it reports MoE / dense time and whether the goal (at most 1.5x) is met, beside the ratio of
 the bytes the step reads (weights it touches plus the KV cache): a decode row reads its top-k
 experts, as many bytes as the dense MLP, but a batch of rows picks up to `--experts` distinct ones —
-counted per layer in an extra, untimed step. `--row-form` also times the MoE with its experts' few-row
-forms off (`engines.model.moe.COLUMN_ROWS`, `NATIVE_BF16_ROWS`: every expert as x @ W^T through
+counted per layer in an extra, untimed step. At decode the MoE's experts run in the C kernel
+(`engines.model.cpu_moe`); `--grouped` also times the MoE with the kernel off (`engines.model.moe.
+CPU_KERNEL_TOKENS = 0`: the grouped torch path with its few-row forms), `--row-form` with the kernel
+and the few-row forms off (also `COLUMN_ROWS`, `NATIVE_BF16_ROWS`: every expert as x @ W^T through
 MKL/oneDNN), in the same rounds. Writes <results>/moe.json (with the CPU's vector
 flags, torch's version and the thread count; results dir: BULLET_RESULTS_DIR or artifact/results)
 and <results>/moe.md (the table)."""
@@ -50,7 +52,11 @@ from engines.weights.dummy import dummy_weights
 GOAL = 1.5  # MoE step time / dense step time, at most
 PAGE_SIZE = 16
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-FEW_ROW_KNOBS = ("COLUMN_ROWS", "NATIVE_BF16_ROWS")  # engines.model.moe's few-row forms; --row-form sets them 0
+# engines.model.moe's CPU forms of the experts: the C kernel's batch limit, the grouped path's few-row forms
+KNOBS = ("CPU_KERNEL_TOKENS", "COLUMN_ROWS", "NATIVE_BF16_ROWS")
+# the MoE's other sides, timed in the same rounds when asked: name -> (flag, knobs set to 0, label)
+OTHER_FORMS = {"moe_grouped": ("grouped", ("CPU_KERNEL_TOKENS",), "grouped path"),
+               "moe_rows": ("row_form", KNOBS, "row form only")}
 
 
 def configs(args) -> dict[str, ModelConfig]:
@@ -71,7 +77,7 @@ def configs(args) -> dict[str, ModelConfig]:
 class Side:
     """One model and its runner; steps return their time in seconds."""
 
-    def __init__(self, config: ModelConfig, state: dict, args, few_rows: dict | None = None):
+    def __init__(self, config: ModelConfig, state: dict, args, knobs: dict | None = None):
         pages = max(-(-args.prompt // PAGE_SIZE), max(args.batches) * -(-(args.context + 1) // PAGE_SIZE)) + 1
         self.config = config
         self.runner = ModelRunner(build_model(config, state), KVPool(config, pages, PAGE_SIZE, state["norm.weight"].dtype))
@@ -80,13 +86,13 @@ class Side:
         self.prompt = torch.randint(100, config.vocab_size, (args.prompt,), generator=gen).tolist()
         self.tokens = torch.randint(100, config.vocab_size, (max(args.batches),), generator=gen).tolist()
         self.context = args.context
-        # the grouped path's few-row forms (engines.model.moe), as this side runs them
-        self.few_rows = few_rows or {k: getattr(moe, k) for k in FEW_ROW_KNOBS}
+        # the experts' CPU forms (engines.model.moe), as this side runs them
+        self.knobs = knobs or {k: getattr(moe, k) for k in KNOBS}
 
-    def shared(self, few_rows: dict) -> "Side":
-        """The same model and pool, its experts run with other few-row forms ({knob: 0}: off)."""
+    def shared(self, knobs: dict) -> "Side":
+        """The same model and pool, its experts run in other forms ({knob: 0}: off)."""
         twin = object.__new__(Side)
-        twin.__dict__.update(self.__dict__, few_rows=few_rows)
+        twin.__dict__.update(self.__dict__, knobs=knobs)
         return twin
 
     def chunks(self, step: str, arg: int) -> list[SeqChunk]:
@@ -99,8 +105,8 @@ class Side:
         """One step (a decode step's rows sit on context the pool's pages hold: its values do not
         change the work)."""
         chunks, clock = self.chunks(step, arg), _clock()
-        kept = {k: getattr(moe, k) for k in FEW_ROW_KNOBS}
-        for k, v in self.few_rows.items():
+        kept = {k: getattr(moe, k) for k in KNOBS}
+        for k, v in self.knobs.items():
             setattr(moe, k, v)
         try:
             t = clock()
@@ -161,9 +167,10 @@ def measure(sides: dict[str, Side], args, dtype_name: str) -> list[dict]:
                   for n, s in sides.items()}
         ratio = moe_ms / dense_ms
         before = {}
-        if "moe_rows" in sides:  # every expert in oneDNN's/MKL's row form: the grouped path before its few-row forms
-            rows_ms = statistics.median(samples["moe_rows"]) * 1e3
-            before = {"moe_rows_ms": rows_ms, "rows_ratio": rows_ms / dense_ms}
+        for name in OTHER_FORMS:
+            if name in sides:
+                other_ms = statistics.median(samples[name]) * 1e3
+                before |= {f"{name}_ms": other_ms, f"{name}_ratio": other_ms / dense_ms}
         rows.append({"dtype": dtype_name, "threads": torch.get_num_threads(), "step": key, "moe_ms": moe_ms,
                      "dense_ms": dense_ms, "ratio": ratio, "goal_met": ratio <= GOAL, **before,
                      "experts_touched_per_layer": statistics.mean(touched),
@@ -172,7 +179,8 @@ def measure(sides: dict[str, Side], args, dtype_name: str) -> list[dict]:
                      "samples_ms": {n: [s * 1e3 for s in v] for n, v in samples.items()}})
         print(f"[bench_moe] {dtype_name} {torch.get_num_threads()}t {key}: moe {moe_ms:.1f} ms, dense "
               f"{dense_ms:.1f} ms, x{ratio:.2f} (bytes x{rows[-1]['bytes_ratio']:.2f})"
-              + (f"; row form only {before['moe_rows_ms']:.1f} ms, x{before['rows_ratio']:.2f}" if before else ""),
+              + "".join(f"; {label} {before[f'{n}_ms']:.1f} ms, x{before[f'{n}_ratio']:.2f}"
+                        for n, (_, _, label) in OTHER_FORMS.items() if n in sides),
               flush=True)
     return rows
 
@@ -185,14 +193,14 @@ def active_shares(cfg: ModelConfig) -> dict:
 
 
 def markdown(rows: list[dict]) -> str:
-    before = all("moe_rows_ms" in r for r in rows)
+    others = [(n, label) for n, (_, _, label) in OTHER_FORMS.items() if rows and all(f"{n}_ms" in r for r in rows)]
     head = "| dtype | threads | step | MoE ms | dense ms | MoE / dense | goal <= 1.5x | experts / layer | bytes MoE / dense |"
-    lines = [head + (" row form only ms | its MoE / dense |" if before else ""), "|---" * (11 if before else 9) + "|"]
+    lines = [head + "".join(f" {label} ms | its MoE / dense |" for _, label in others), "|---" * (9 + 2 * len(others)) + "|"]
     for r in rows:
         lines.append(f"| {r['dtype']} | {r['threads']} | {r['step']} | {r['moe_ms']:.1f} | {r['dense_ms']:.1f} | "
                      f"{r['ratio']:.2f} | {'met' if r['goal_met'] else 'NOT met'} | "
                      f"{r['experts_touched_per_layer']:.1f} | {r['bytes_ratio']:.2f} |"
-                     + (f" {r['moe_rows_ms']:.1f} | {r['rows_ratio']:.2f} |" if before else ""))
+                     + "".join(f" {r[f'{n}_ms']:.1f} | {r[f'{n}_ratio']:.2f} |" for n, _ in others))
     return "\n".join(lines) + "\n"
 
 
@@ -213,10 +221,13 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--prompt", type=int, default=512, help="prefill prompt length")
     ap.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32], help="decode batch sizes")
     ap.add_argument("--context", type=int, default=256, help="tokens each decode row attends over")
+    ap.add_argument("--grouped", action="store_true",
+                    help="also time the MoE with the C kernel off (moe.CPU_KERNEL_TOKENS = 0): decode's experts "
+                         "on the grouped torch path, in the same rounds")
     ap.add_argument("--row-form", action="store_true",
-                    help="also time the MoE with every expert in row form (x @ W^T through MKL/oneDNN: "
-                         "moe.COLUMN_ROWS = moe.NATIVE_BF16_ROWS = 0), the grouped path before its few-row "
-                         "forms, in the same rounds")
+                    help="also time the MoE with the C kernel and the grouped path's few-row forms off (every "
+                         "expert as x @ W^T through MKL/oneDNN: moe.CPU_KERNEL_TOKENS = moe.COLUMN_ROWS = "
+                         "moe.NATIVE_BF16_ROWS = 0), in the same rounds")
     ap.add_argument("--name", default="moe", help="results file stem")
     return ap
 
@@ -231,8 +242,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for dtype_name in args.dtype:
         # the same values in both dtypes: fp32 draws (engines.weights.dummy), cast
         sides = {name: Side(cfg, dummy_weights(cfg, DTYPES[dtype_name]), args) for name, cfg in cfgs.items()}
-        if args.row_form:
-            sides["moe_rows"] = sides["moe"].shared({k: 0 for k in FEW_ROW_KNOBS})
+        for name, (flag, off, _) in OTHER_FORMS.items():
+            if getattr(args, flag):
+                sides[name] = sides["moe"].shared({**sides["moe"].knobs, **{k: 0 for k in off}})
         for threads in args.threads:
             torch.set_num_threads(threads)
             rows += measure(sides, args, dtype_name)
@@ -245,7 +257,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     (RESULTS / f"{args.name}.md").write_text(markdown(rows))
     print_table([{**r, "goal": "met" if r["goal_met"] else "NOT met"} for r in rows],
                 ["dtype", "threads", "step", "moe_ms", "dense_ms", "ratio", "goal", "experts_touched_per_layer",
-                 "bytes_ratio"] + (["moe_rows_ms", "rows_ratio"] if args.row_form else []),
+                 "bytes_ratio"] + [f"{n}_{c}" for n, (flag, _, _) in OTHER_FORMS.items() if getattr(args, flag)
+                                   for c in ("ms", "ratio")],
                 title=f"MoE vs dense of the same active parameters ({path})")
     return rows
 

@@ -18,11 +18,11 @@ it lacks), capped by the process's kernel cap (`ATEN_CPU_CAPABILITY=avx2`: AVX2,
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import torch.nn.functional as F
 
+from engines.device import ISA_AVX2, ISA_AVX512, ISA_GENERIC, own_kernel_isa_ceiling  # noqa: F401 (ISA_* named by callers)
 from engines.model.paged_attention import PagedTables
 
 try:
@@ -31,17 +31,12 @@ except ImportError:  # a source tree whose C extension was not built: the torch 
     _ext = None
 
 KV_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
-ISA_GENERIC, ISA_AVX2, ISA_AVX512 = 0, 1, 2
 
 
 @functools.lru_cache(maxsize=1)
 def kernel_isa() -> int:
     """The widest implementation this build and this CPU run, under the process's kernel cap."""
-    if _ext is None:
-        return ISA_GENERIC
-    cap = os.environ.get("ATEN_CPU_CAPABILITY", "").lower()
-    ceiling = {"default": ISA_GENERIC, "avx": ISA_GENERIC, "avx2": ISA_AVX2}.get(cap, ISA_AVX512)
-    return min(_ext.best_isa(), ceiling)
+    return ISA_GENERIC if _ext is None else min(_ext.best_isa(), own_kernel_isa_ceiling())
 
 
 def available(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> bool:

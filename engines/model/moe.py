@@ -6,6 +6,8 @@ through a softmax in float32, the `top_k` most probable experts are kept, and wh
 MLP of its own (gate/up fused in one [2I, H] matrix, gate rows first, then down [H, I]); a token's
 output is the sum of its experts' outputs times their probabilities.
 
+On a CPU a decode-sized batch (at most `CPU_KERNEL_TOKENS` tokens) runs its experts in the C kernel of
+`engines.model.cpu_moe` (each picked expert's weights read once for all its rows). Otherwise
 `grouped_experts` is the path of every device: the (token,
 pick) rows are sorted by expert, so each expert that any token picked runs once, as two GEMMs over
 its own rows (SwiGLU's product between them is `fused.silu_mul`, one kernel on a GPU); the results
@@ -28,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engines import kernel_fallbacks
-from engines.model import fused
+from engines.model import cpu_moe, fused
 
 log = logging.getLogger("engines.moe")
 
@@ -139,9 +141,15 @@ def _triton_moe():
 _TRITON_FAILED: list[str] = []  # set once the kernels failed to compile or launch here
 
 
+# On a CPU, a batch of at most CPU_KERNEL_TOKENS tokens (decode's) runs its experts in the C kernel
+# (`engines.model.cpu_moe`); 0 turns it off (the benchmark times the grouped path beside it)
+CPU_KERNEL_TOKENS = 64
+
+
 def experts_forward(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
                     down: torch.Tensor) -> torch.Tensor:
-    """The Triton kernels on CUDA tensors, else (or once they failed on this GPU) the grouped path."""
+    """The Triton kernels on CUDA tensors, else (or once they failed on this GPU) the grouped path;
+    on a CPU, decode-sized batches in the C kernel."""
     if triton_on(x):
         try:
             return _triton_moe().fused_experts(x, weights, ids, gate_up, down)
@@ -150,6 +158,8 @@ def experts_forward(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, g
                         type(exc).__name__, exc)
             _TRITON_FAILED.append(repr(exc))
             kernel_fallbacks.record("triton MoE experts", "grouped experts in torch", exc)
+    elif x.shape[0] <= CPU_KERNEL_TOKENS and not fused.fused_on(x) and cpu_moe.available(x, gate_up, down):
+        return cpu_moe.experts(x, weights, ids, gate_up, down)
     return grouped_experts(x, weights, ids, gate_up, down)
 
 

@@ -1,6 +1,7 @@
 """The MoE-vs-dense benchmark on tiny sizes, through its real models and runner: the two configs
 have the same active parameters but the router's, every (dtype, threads, step) has its timings and
-ratios, a decode row touches exactly top-k experts per layer, and the JSON and markdown are written."""
+ratios (the MoE's other forms too: the grouped path, the row form), a decode row touches exactly top-k
+experts per layer, and the JSON and markdown are written."""
 
 from __future__ import annotations
 
@@ -13,17 +14,17 @@ from engines.model import moe
 
 TINY = ["--hidden", "64", "--layers", "2", "--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--vocab", "256",
         "--experts", "8", "--top-k", "2", "--moe-intermediate", "32", "--prompt", "16", "--batches", "1", "4",
-        "--context", "8", "--repeats", "1", "--threads", "1", "--row-form", "--name", "moe-tiny"]
+        "--context", "8", "--repeats", "1", "--threads", "1", "--grouped", "--row-form", "--name", "moe-tiny"]
 
 
 def test_tiny_run_writes_every_step_and_its_ratios(tmp_path, monkeypatch):
     monkeypatch.setattr(common, "RESULTS", tmp_path)
-    threads, knobs = torch.get_num_threads(), (moe.COLUMN_ROWS, moe.NATIVE_BF16_ROWS)
+    threads, knobs = torch.get_num_threads(), tuple(getattr(moe, k) for k in bench_moe.KNOBS)
     try:
         rows = bench_moe.main(TINY)
     finally:
         torch.set_num_threads(threads)  # the benchmark sets torch's threads for this process
-    assert (moe.COLUMN_ROWS, moe.NATIVE_BF16_ROWS) == knobs != (0, 0)  # the row-form side put them back
+    assert tuple(getattr(moe, k) for k in bench_moe.KNOBS) == knobs and 0 not in knobs  # the other sides put them back
     data = json.loads((tmp_path / "moe-tiny.json").read_text())
     assert data["results"] == json.loads(json.dumps(rows))
     assert data["torch"] == torch.__version__ and data["threads"] == [1] and isinstance(data["cpu_flags"], list)
@@ -36,7 +37,8 @@ def test_tiny_run_writes_every_step_and_its_ratios(tmp_path, monkeypatch):
     assert [(r["dtype"], r["threads"], r["step"]) for r in rows] == [
         (d, 1, s) for d in ("float32", "bfloat16") for s in ("prefill_16", "decode_b1", "decode_b4")]
     for r in rows:
-        assert r["moe_ms"] > 0 and r["dense_ms"] > 0 and r["moe_rows_ms"] > 0
+        assert r["moe_ms"] > 0 and r["dense_ms"] > 0 and r["moe_rows_ms"] > 0 and r["moe_grouped_ms"] > 0
+        assert r["moe_grouped_ratio"] == r["moe_grouped_ms"] / r["dense_ms"]
         assert r["ratio"] == r["moe_ms"] / r["dense_ms"] and r["goal_met"] == (r["ratio"] <= bench_moe.GOAL)
         assert len(r["samples_ms"]["moe"]) == len(r["samples_ms"]["dense"]) == 1
         assert 2 <= r["experts_touched_per_layer"] <= 8 and r["bytes_ratio"] > 1
@@ -44,4 +46,4 @@ def test_tiny_run_writes_every_step_and_its_ratios(tmp_path, monkeypatch):
     assert all(r["experts_touched_per_layer"] == 2 for r in b1)  # one row: its top-2
     assert all(r["bytes_ratio"] < next(q for q in rows if q["step"] == "prefill_16")["bytes_ratio"] for r in b1)
     table = (tmp_path / "moe-tiny.md").read_text().splitlines()
-    assert len(table) == 2 + len(rows) and "row form only ms" in table[0]
+    assert len(table) == 2 + len(rows) and "row form only ms" in table[0] and "grouped path ms" in table[0]

@@ -1,0 +1,273 @@
+/* Mixture-of-experts SwiGLU experts on the CPU for decode-sized batches (engines._cpu_moe).
+ *
+ * A decode step sends each of its T tokens to top-k of E experts, so most experts it touches get one
+ * to three rows. Through torch, an expert over so few rows is two small GEMMs whose time is the bytes
+ * of the expert's matrices, and neither MKL/oneDNN's small-M GEMMs nor torch's own kernels stream
+ * them near the memory's rate in bfloat16 (engines.model.moe). Here each expert's matrices are read
+ * once for all its rows: for every weight row, the dot products with each of the expert's rows
+ * (up to four at a time, two weight rows at a time, from float32 copies of the rows in cache), the
+ * weights widened to float32 in registers. All arithmetic is float32: gate/up, SwiGLU's product,
+ * down, the weighting; a token's picks are summed in pick order once every expert is done, so the
+ * result does not depend on which thread ran which expert, nor on which other tokens are in the
+ * batch (every dot product is computed in the same order whatever the row count).
+ *
+ * Experts run on OpenMP threads (torch's runtime, as csrc/cpu_attention.c explains), one expert per
+ * work item. Three implementations of the dot products: AVX-512, AVX2 and portable C, picked as in
+ * csrc/cpu_vec.h; a vector one needs the hidden size and the expert width to be whole registers,
+ * else the portable one runs.
+ *
+ * Expert ids come from Python but are checked here before any thread starts. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "cpu_vec.h"
+
+typedef struct {
+    const void *x;         /* [T, H] tokens, `dtype` */
+    void *out;             /* [T, H] `dtype` */
+    const float *weights;  /* [T, k] each pick's weight */
+    const int64_t *ids;    /* [T, k] each pick's expert */
+    const void *gate_up;   /* [E, 2I, H] gate rows, then up rows, `dtype` */
+    const void *down;      /* [E, H, I] `dtype` */
+    int T, k, E, H, I, dtype;
+} moe_args;
+
+enum { MAX_ROWS = 4 }; /* rows per pass over a tile of weight rows: 2 x 4 accumulators in registers */
+enum { TILE = 16 };    /* weight rows per tile: each tile is re-read from cache, not memory, by later passes */
+
+static inline float elem_at(const void *base, int dtype, int64_t i) {
+    return dtype == ELEM_F32 ? ((const float *)base)[i] : bf16_to_float(((const uint16_t *)base)[i]);
+}
+
+static inline uint16_t float_to_bf16(float f) { /* round to nearest even, NaN kept a NaN */
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40);
+    return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1)) >> 16);
+}
+
+/* y[r * ldy + n] = W[n, :K] . xs[r * K : (r + 1) * K] for n < N, r < R; W `dtype` [N, K] row-major */
+static void dots_generic(const void *W, int dtype, int N, int K, const float *xs, int R, float *y, int ldy) {
+    for (int n = 0; n < N; n++)
+        for (int r = 0; r < R; r++) {
+            float acc = 0.f;
+            for (int j = 0; j < K; j++) acc += elem_at(W, dtype, (int64_t)n * K + j) * xs[(int64_t)r * K + j];
+            y[(int64_t)r * ldy + n] = acc;
+        }
+}
+
+/* The vector dot products: for each tile of TILE weight rows, passes of up to MAX_ROWS token rows,
+ * two weight rows at a time. R_ (1..MAX_ROWS) is a compile-time constant in each copy. */
+#define DOTS_PASS(VEC, WIDTH, LOADW, LOADX, FMA, ZERO, REDUCE, R_)                                           \
+    for (int n = n0; n < n1; n += 2) {                                                                     \
+        const int two = n + 1 < n1;                                                                        \
+        VEC acc0[R_], acc1[R_];                                                                            \
+        for (int r = 0; r < R_; r++) acc0[r] = acc1[r] = ZERO();                                           \
+        const int64_t w0 = (int64_t)n * K, w1 = (int64_t)(two ? n + 1 : n) * K;                            \
+        for (int j = 0; j < K; j += WIDTH) {                                                               \
+            const VEC a = LOADW(W, dtype, w0 + j), b = LOADW(W, dtype, w1 + j);                            \
+            for (int r = 0; r < R_; r++) {                                                                 \
+                const VEC xv = LOADX(x0 + (int64_t)r * K + j);                                             \
+                acc0[r] = FMA(a, xv, acc0[r]);                                                             \
+                acc1[r] = FMA(b, xv, acc1[r]);                                                             \
+            }                                                                                              \
+        }                                                                                                  \
+        for (int r = 0; r < R_; r++) {                                                                     \
+            y0[(int64_t)r * ldy + n] = REDUCE(acc0[r]);                                                    \
+            if (two) y0[(int64_t)r * ldy + n + 1] = REDUCE(acc1[r]);                                       \
+        }                                                                                                  \
+    }
+
+#define DOTS_BODY(PASS)                                                                                    \
+    for (int n0 = 0; n0 < N; n0 += TILE) {                                                                 \
+        const int n1 = n0 + TILE < N ? n0 + TILE : N;                                                      \
+        for (int r0 = 0; r0 < R; r0 += MAX_ROWS) {                                                         \
+            const float *x0 = xs + (int64_t)r0 * K;                                                        \
+            float *y0 = y + (int64_t)r0 * ldy;                                                             \
+            switch (R - r0 < MAX_ROWS ? R - r0 : MAX_ROWS) {                                               \
+            case 1: PASS(1) break;                                                                         \
+            case 2: PASS(2) break;                                                                         \
+            case 3: PASS(3) break;                                                                         \
+            default: PASS(4) break;                                                                        \
+            }                                                                                              \
+        }                                                                                                  \
+    }
+
+#if HAVE_X86
+#define PASS8(R_) DOTS_PASS(__m256, 8, load8, _mm256_loadu_ps, _mm256_fmadd_ps, _mm256_setzero_ps, hsum8, R_)
+__attribute__((target("avx2,fma,f16c"))) static void dots_avx2(const void *W, int dtype, int N, int K, const float *xs,
+                                                               int R, float *y, int ldy) {
+    DOTS_BODY(PASS8)
+}
+#undef PASS8
+#endif
+
+#if HAVE_AVX512
+#define PASS16(R_)                                                                                          \
+    DOTS_PASS(__m512, 16, load16, _mm512_loadu_ps, _mm512_fmadd_ps, _mm512_setzero_ps, _mm512_reduce_add_ps, R_)
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) static void dots_avx512(const void *W, int dtype, int N,
+                                                                                          int K, const float *xs, int R,
+                                                                                          float *y, int ldy) {
+    DOTS_BODY(PASS16)
+}
+#undef PASS16
+#endif
+
+static void dots(int isa, const void *W, int dtype, int N, int K, const float *xs, int R, float *y, int ldy) {
+#if HAVE_AVX512
+    if (isa == ISA_AVX512 && K % 16 == 0) {
+        dots_avx512(W, dtype, N, K, xs, R, y, ldy);
+        return;
+    }
+#endif
+#if HAVE_X86
+    if (isa >= ISA_AVX2 && K % 8 == 0) {
+        dots_avx2(W, dtype, N, K, xs, R, y, ldy);
+        return;
+    }
+#endif
+    dots_generic(W, dtype, N, K, xs, R, y, ldy);
+}
+
+/* One expert over its rows: picks[0..m) index (token * k + pick); each pick's result goes to
+ * per_pick[pick] (float32, [T * k, H]). Scratch: xs [m, H], h [m, 2I], act [m, I], ys [m, H]. */
+static void run_expert(const moe_args *a, int isa, int e, const int32_t *picks, int m, float *xs, float *h, float *act,
+                       float *ys, float *per_pick) {
+    const int H = a->H, I = a->I, esz = a->dtype == ELEM_F32 ? 4 : 2;
+    for (int i = 0; i < m; i++) {
+        const int64_t row = (int64_t)(picks[i] / a->k) * H;
+        for (int j = 0; j < H; j++) xs[(int64_t)i * H + j] = elem_at(a->x, a->dtype, row + j);
+    }
+    const char *gu = (const char *)a->gate_up + (int64_t)e * 2 * I * H * esz;
+    const char *dn = (const char *)a->down + (int64_t)e * H * I * esz;
+    dots(isa, gu, a->dtype, 2 * I, H, xs, m, h, 2 * I);
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < I; j++) {
+            const float g = h[(int64_t)i * 2 * I + j], u = h[(int64_t)i * 2 * I + I + j];
+            act[(int64_t)i * I + j] = g / (1.f + expf(-g)) * u; /* SwiGLU: silu(gate) * up */
+        }
+    dots(isa, dn, a->dtype, H, I, act, m, ys, H);
+    for (int i = 0; i < m; i++) memcpy(per_pick + (int64_t)picks[i] * H, ys + (int64_t)i * H, sizeof(float) * H);
+}
+
+/* Every active expert, one per work item, then each token's picks weighted and summed in pick order.
+ * `scratch` holds `threads` blocks of `per_thread` floats. */
+static void run_experts(const moe_args *a, int isa, int threads, const int32_t *order, const int32_t *starts,
+                        const int32_t *active, int n_active, int max_rows, float *scratch, size_t per_thread,
+                        float *per_pick) {
+    const int H = a->H, I = a->I;
+#pragma omp parallel num_threads(threads)
+    {
+#ifdef _OPENMP
+        float *xs = scratch + per_thread * (size_t)omp_get_thread_num();
+#else
+        float *xs = scratch;
+#endif
+        float *h = xs + (size_t)max_rows * H, *act = h + (size_t)max_rows * 2 * I, *ys = act + (size_t)max_rows * I;
+#pragma omp for schedule(dynamic, 1)
+        for (int it = 0; it < n_active; it++) {
+            const int e = active[it];
+            run_expert(a, isa, e, order + starts[e], starts[e + 1] - starts[e], xs, h, act, ys, per_pick);
+        }
+    }
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int t = 0; t < a->T; t++) {
+        for (int j = 0; j < H; j++) {
+            float acc = 0.f;
+            for (int p = 0; p < a->k; p++)
+                acc += a->weights[(int64_t)t * a->k + p] * per_pick[((int64_t)t * a->k + p) * H + j];
+            if (a->dtype == ELEM_F32)
+                ((float *)a->out)[(int64_t)t * H + j] = acc;
+            else
+                ((uint16_t *)a->out)[(int64_t)t * H + j] = float_to_bf16(acc);
+        }
+    }
+}
+
+/* experts(x, out, weights, ids, gate_up, down, T, k, E, H, I, dtype, isa, threads): addresses as
+ * integers (the tensors' data_ptr; dtypes, shapes and contiguity checked by engines.model.cpu_moe),
+ * every expert id checked here. Writes out [T, H]. Releases the GIL. */
+static PyObject *py_experts(PyObject *self, PyObject *args) {
+    unsigned long long x, out, weights, ids, gate_up, down;
+    moe_args a;
+    int isa, threads;
+    if (!PyArg_ParseTuple(args, "KKKKKKiiiiiiii", &x, &out, &weights, &ids, &gate_up, &down, &a.T, &a.k, &a.E, &a.H,
+                          &a.I, &a.dtype, &isa, &threads))
+        return NULL;
+    if (a.T < 0 || a.k <= 0 || a.E <= 0 || a.H <= 0 || a.I <= 0 || (a.dtype != ELEM_F32 && a.dtype != ELEM_BF16)) {
+        PyErr_SetString(PyExc_ValueError, "experts: bad shape or dtype");
+        return NULL;
+    }
+    if (isa < ISA_GENERIC || isa > best_isa()) {
+        PyErr_Format(PyExc_ValueError, "experts: implementation %d needs instructions this CPU or build lacks (best: %d)",
+                     isa, best_isa());
+        return NULL;
+    }
+    a.x = (const void *)(uintptr_t)x;
+    a.out = (void *)(uintptr_t)out;
+    a.weights = (const float *)(uintptr_t)weights;
+    a.ids = (const int64_t *)(uintptr_t)ids;
+    a.gate_up = (const void *)(uintptr_t)gate_up;
+    a.down = (const void *)(uintptr_t)down;
+    const int64_t n_picks = (int64_t)a.T * a.k;
+    for (int64_t p = 0; p < n_picks; p++)
+        if (a.ids[p] < 0 || a.ids[p] >= a.E) {
+            PyErr_Format(PyExc_ValueError, "experts: pick %lld names expert %lld of %d", (long long)p,
+                         (long long)a.ids[p], a.E);
+            return NULL;
+        }
+    /* the picks grouped by expert, in pick order within each (a counting sort) */
+    threads = threads > 0 ? threads : 1;
+    int32_t *starts = calloc((size_t)a.E + 1, sizeof(int32_t)), *order = malloc(sizeof(int32_t) * (n_picks ? n_picks : 1)),
+            *active = malloc(sizeof(int32_t) * (size_t)a.E), *fill = malloc(sizeof(int32_t) * (size_t)a.E);
+    float *per_pick = malloc(sizeof(float) * (size_t)(n_picks ? n_picks : 1) * a.H), *scratch = NULL;
+    int n_active = 0, max_rows = 0;
+    const int tables = starts && order && active && fill && per_pick;
+    if (tables) {
+        for (int64_t p = 0; p < n_picks; p++) starts[a.ids[p] + 1]++;
+        for (int e = 0; e < a.E; e++) {
+            const int n = starts[e + 1];
+            if (n) active[n_active++] = e;
+            max_rows = n > max_rows ? n : max_rows;
+            starts[e + 1] += starts[e];
+            fill[e] = starts[e];
+        }
+        for (int64_t p = 0; p < n_picks; p++) order[fill[a.ids[p]]++] = (int32_t)p;
+    }
+    const size_t per_thread = (size_t)(max_rows > 0 ? max_rows : 1) * (2 * (size_t)a.H + 3 * (size_t)a.I);
+    scratch = tables ? malloc(sizeof(float) * per_thread * (size_t)threads) : NULL;
+    const int ok = scratch != NULL;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS run_experts(&a, isa, threads, order, starts, active, n_active, max_rows, scratch, per_thread,
+                                           per_pick);
+        Py_END_ALLOW_THREADS
+    }
+    free(starts), free(order), free(active), free(fill), free(per_pick), free(scratch);
+    if (!ok) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_best_isa(PyObject *self, PyObject *unused) {
+    /* 0 portable C, 1 AVX2, 2 AVX-512: the widest this build contains and this CPU runs */
+    return PyLong_FromLong(best_isa());
+}
+
+static PyMethodDef methods[] = {
+    {"experts", py_experts, METH_VARARGS, "MoE SwiGLU experts over decode-sized batches (see engines.model.cpu_moe)."},
+    {"best_isa", py_best_isa, METH_NOARGS, "the widest implementation this build and this CPU run"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cpu_moe", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__cpu_moe(void) { return PyModule_Create(&module); }

@@ -1,0 +1,110 @@
+/* Vector helpers shared by the CPU kernels (csrc/cpu_attention.c, csrc/cpu_moe.c): which
+ * implementations this build has, which one this CPU runs, element conversions to float32.
+ *
+ * Each vector helper is compiled for its own target (function attributes), so a module that includes
+ * this stays baseline x86-64 and calls a helper only where `best_isa()` says the CPU has it. setup.py
+ * defines BULLET_NO_AVX512 / BULLET_NO_AVX2 where the compiler lacks a target's flags (or the build is
+ * told to leave the wider code out). */
+#ifndef BULLET_CPU_VEC_H
+#define BULLET_CPU_VEC_H
+
+#include <stdint.h>
+#include <string.h>
+
+#if (defined(__x86_64__) || defined(__i386__)) && !defined(BULLET_NO_AVX2)
+#include <immintrin.h>
+#define HAVE_X86 1 /* the AVX2 implementation (and the vector helpers both share) */
+#else
+#define HAVE_X86 0
+#endif
+#if HAVE_X86 && !defined(BULLET_NO_AVX512)
+#define HAVE_AVX512 1
+#else
+#define HAVE_AVX512 0
+#endif
+
+/* element types of the tensors the kernels read (engines.model.cpu_attention.KV_CODES) */
+enum { ELEM_F32 = 0, ELEM_F16 = 1, ELEM_BF16 = 2 };
+enum { ISA_GENERIC = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
+
+/* -- portable conversions ------------------------------------------------------------------------ */
+static inline float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (mant << 13);
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112) << 23) | (mant << 13);
+    } else if (mant == 0) {
+        bits = sign;
+    } else { /* subnormal: normalize */
+        exp = 113;
+        while (!(mant & 0x400)) {
+            mant <<= 1;
+            exp--;
+        }
+        bits = sign | (exp << 23) | ((mant & 0x3ff) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline float bf16_to_float(uint16_t b) {
+    uint32_t bits = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+#if HAVE_X86
+#define PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
+#define PREFETCH_L2(p) _mm_prefetch((const char *)(p), _MM_HINT_T1)
+#else
+#define PREFETCH(p) __builtin_prefetch(p)
+#define PREFETCH_L2(p) __builtin_prefetch(p, 0, 2)
+#endif
+
+#if HAVE_X86
+/* 8 / 16 elements of a float32, float16 or bfloat16 array at element index i, as float32 */
+__attribute__((target("avx2,fma,f16c"))) static inline __m256 load8(const void *base, int dtype, int64_t i) {
+    if (dtype == ELEM_F32) return _mm256_loadu_ps((const float *)base + i);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)base + i));
+    if (dtype == ELEM_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+#if HAVE_AVX512
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) static inline __m512 load16(const void *base, int dtype,
+                                                                                              int64_t i) {
+    if (dtype == ELEM_F32) return _mm512_loadu_ps((const float *)base + i);
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + i));
+    if (dtype == ELEM_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+#endif
+
+__attribute__((target("avx2,fma,f16c"))) static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#endif
+
+/* The widest implementation both this build and this CPU have (the OS saving the wide registers
+ * included: libgcc's CPU model checks XCR0 before it reports an AVX or AVX-512 feature). */
+static inline int best_isa(void) {
+#if HAVE_X86
+    __builtin_cpu_init();
+    const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#if HAVE_AVX512
+    if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl"))
+        return ISA_AVX512;
+#endif
+    if (avx2) return ISA_AVX2;
+#endif
+    return ISA_GENERIC;
+}
+
+#endif
