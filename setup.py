@@ -11,9 +11,9 @@ no OpenMP it builds single-threaded. A vector implementation whose target flags 
 know is left out of the build; `BULLET_CPU_ATTENTION_ISA=avx2` (or `generic`) leaves out the wider
 ones on purpose, to run the narrower code on a wider CPU.
 
-`engines._cpu_moe` (csrc/cpu_moe.c) runs a decode step's mixture-of-experts SwiGLU experts, reading
-each expert's weights once for all its rows; it is built as the attention kernel is (the same ISA
-choices, the shared helpers of csrc/cpu_vec.h)."""
+`engines._cpu_gemv` (csrc/cpu_gemv.c) multiplies a decode step's few rows by weights read once: its
+bfloat16 projections and its mixture-of-experts SwiGLU experts; it is built as the attention kernel is
+(the same ISA choices, the shared helpers of csrc/cpu_vec.h)."""
 
 import os
 import subprocess
@@ -58,7 +58,7 @@ def _isa_macros() -> list[tuple[str, None]]:
     return [(name, None) for name, have in (("BULLET_NO_AVX2", avx2), ("BULLET_NO_AVX512", avx512)) if not have]
 
 
-# The CPU kernels (csrc/cpu_attention.c, csrc/cpu_moe.c): the vector code carries its own target
+# The CPU kernels (csrc/cpu_attention.c, csrc/cpu_gemv.c): the vector code carries its own target
 # attributes, so each module itself stays baseline x86-64
 CPU_KERNEL_BUILD = dict(
     depends=["csrc/cpu_vec.h"],
@@ -81,6 +81,6 @@ setup(
             extra_link_args=["-pthread"],
         ),
         Extension("engines._cpu_attention", sources=["csrc/cpu_attention.c"], **CPU_KERNEL_BUILD),
-        Extension("engines._cpu_moe", sources=["csrc/cpu_moe.c"], **CPU_KERNEL_BUILD),
+        Extension("engines._cpu_gemv", sources=["csrc/cpu_gemv.c"], **CPU_KERNEL_BUILD),
     ]
 )

@@ -353,11 +353,7 @@ static PyObject *py_decode(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "decode: bad shape or dtype");
         return NULL;
     }
-    if (isa < ISA_GENERIC || isa > best_isa()) {
-        PyErr_Format(PyExc_ValueError, "decode: implementation %d needs instructions this CPU or build lacks (best: %d)",
-                     isa, best_isa());
-        return NULL;
-    }
+    if (isa_refused("decode", isa)) return NULL;
     if ((isa == ISA_AVX512 && a.head_dim % 16) || (isa == ISA_AVX2 && a.head_dim % 8)) isa = ISA_GENERIC;
     a.q = (const float *)(uintptr_t)q;
     a.k = (const void *)(uintptr_t)k;

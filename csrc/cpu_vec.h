@@ -1,4 +1,4 @@
-/* Vector helpers shared by the CPU kernels (csrc/cpu_attention.c, csrc/cpu_moe.c): which
+/* Vector helpers shared by the CPU kernels (csrc/cpu_attention.c, csrc/cpu_gemv.c): which
  * implementations this build has, which one this CPU runs, element conversions to float32.
  *
  * Each vector helper is compiled for its own target (function attributes), so a module that includes
@@ -106,5 +106,16 @@ static inline int best_isa(void) {
 #endif
     return ISA_GENERIC;
 }
+
+#ifdef Py_PYTHON_H
+/* Whether a caller asked `fn` for an implementation this CPU or build lacks (then a ValueError is set):
+ * a caller may ask for less than best_isa(), never for more. */
+static inline int isa_refused(const char *fn, int isa) {
+    if (isa >= ISA_GENERIC && isa <= best_isa()) return 0;
+    PyErr_Format(PyExc_ValueError, "%s: implementation %d needs instructions this CPU or build lacks (best: %d)", fn,
+                 isa, best_isa());
+    return 1;
+}
+#endif
 
 #endif

@@ -27,7 +27,7 @@ Per step it reports MoE / dense time and whether the goal (at most 1.5x) is met,
 the bytes the step reads (weights it touches plus the KV cache): a decode row reads its top-k
 experts, as many bytes as the dense MLP, but a batch of rows picks up to `--experts` distinct ones —
 counted per layer in an extra, untimed step. At decode the MoE's experts run in the C kernel
-(`engines.model.cpu_moe`); `--grouped` also times the MoE with the kernel off (`engines.model.moe.
+(`engines.model.cpu_gemv`); `--grouped` also times the MoE with the kernel off (`engines.model.moe.
 CPU_KERNEL_TOKENS = 0`: the grouped torch path with its few-row forms), `--row-form` with the kernel
 and the few-row forms off (also `COLUMN_ROWS`, `NATIVE_BF16_ROWS`: every expert as x @ W^T through
 MKL/oneDNN), in the same rounds. Writes <results>/moe.json (with the CPU's vector

@@ -24,7 +24,7 @@ from torch import nn
 from engines.forward_context import ForwardContext
 from engines.model import fused
 from engines.model.attention import paged_attention, write_kv
-from engines.model.layers import RMSNorm, linear, pre_norm
+from engines.model.layers import RMSNorm, float_linear, linear, pre_norm
 from engines.model.rope import RotaryEmbedding, rotate_heads
 from engines.model_config import ModelConfig
 from engines.quant.int8 import Int8Embedding
@@ -135,5 +135,5 @@ class LlamaModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.tied_head:
-            return nn.functional.linear(self.norm(hidden), self.embed_tokens.weight).float()
+            return float_linear(self.norm(hidden), self.embed_tokens.weight).float()
         return self.lm_head(self.norm(hidden)).float()

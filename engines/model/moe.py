@@ -7,7 +7,7 @@ MLP of its own (gate/up fused in one [2I, H] matrix, gate rows first, then down 
 output is the sum of its experts' outputs times their probabilities.
 
 On a CPU a decode-sized batch (at most `CPU_KERNEL_TOKENS` tokens) runs its experts in the C kernel of
-`engines.model.cpu_moe` (each picked expert's weights read once for all its rows). Otherwise
+`engines.model.cpu_gemv` (each picked expert's weights read once for all its rows). Otherwise
 `grouped_experts` is the path of every device: the (token,
 pick) rows are sorted by expert, so each expert that any token picked runs once, as two GEMMs over
 its own rows (SwiGLU's product between them is `fused.silu_mul`, one kernel on a GPU); the results
@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engines import kernel_fallbacks
-from engines.model import cpu_moe, fused
+from engines.model import cpu_gemv, fused
 
 log = logging.getLogger("engines.moe")
 
@@ -142,7 +142,7 @@ _TRITON_FAILED: list[str] = []  # set once the kernels failed to compile or laun
 
 
 # On a CPU, a batch of at most CPU_KERNEL_TOKENS tokens (decode's) runs its experts in the C kernel
-# (`engines.model.cpu_moe`); 0 turns it off (the benchmark times the grouped path beside it)
+# (`engines.model.cpu_gemv`); 0 turns it off (the benchmark times the grouped path beside it)
 CPU_KERNEL_TOKENS = 64
 
 
@@ -158,8 +158,8 @@ def experts_forward(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, g
                         type(exc).__name__, exc)
             _TRITON_FAILED.append(repr(exc))
             kernel_fallbacks.record("triton MoE experts", "grouped experts in torch", exc)
-    elif x.shape[0] <= CPU_KERNEL_TOKENS and not fused.fused_on(x) and cpu_moe.available(x, gate_up, down):
-        return cpu_moe.experts(x, weights, ids, gate_up, down)
+    elif x.shape[0] <= CPU_KERNEL_TOKENS and not fused.fused_on(x) and cpu_gemv.available(x, gate_up, down):
+        return cpu_gemv.experts(x, weights, ids, gate_up, down)
     return grouped_experts(x, weights, ids, gate_up, down)
 
 

@@ -1,22 +1,24 @@
-/* Mixture-of-experts SwiGLU experts on the CPU for decode-sized batches (engines._cpu_moe).
+/* Products of a few token rows with weights read once, on the CPU (engines._cpu_gemv): a decode step's
+ * projections (`linear`) and its mixture-of-experts SwiGLU experts (`experts`).
  *
- * A decode step sends each of its T tokens to top-k of E experts, so most experts it touches get one
- * to three rows. Through torch, an expert over so few rows is two small GEMMs whose time is the bytes
- * of the expert's matrices, and neither MKL/oneDNN's small-M GEMMs nor torch's own kernels stream
- * them near the memory's rate in bfloat16 (engines.model.moe). Here each expert's matrices are read
- * once for all its rows: for every weight row, the dot products with each of the expert's rows
- * (up to four at a time, two weight rows at a time, from float32 copies of the rows in cache), the
- * weights widened to float32 in registers. All arithmetic is float32: gate/up, SwiGLU's product,
- * down, the weighting; a token's picks are summed in pick order once every expert is done, so the
- * result does not depend on which thread ran which expert, nor on which other tokens are in the
- * batch (every dot product is computed in the same order whatever the row count).
+ * A decode step multiplies a handful of rows by every weight matrix, so its time is the bytes of the
+ * weights. Through torch, neither MKL/oneDNN's small-M GEMMs nor torch's own kernels stream bfloat16
+ * weights near the memory's rate on a CPU (engines.model.cpu_gemv has the measurements). Here each
+ * weight row is read once for all the rows: its dot products with each row (up to four at a time, two
+ * weight rows at a time, from float32 copies of the rows in cache), the weights widened to float32 in
+ * registers. All arithmetic is float32, and every dot product is computed in the same order whatever
+ * the row count, so a row's result does not depend on the rows beside it.
  *
- * Experts run on OpenMP threads (torch's runtime, as csrc/cpu_attention.c explains), one expert per
- * work item. Three implementations of the dot products: AVX-512, AVX2 and portable C, picked as in
- * csrc/cpu_vec.h; a vector one needs the hidden size and the expert width to be whole registers,
- * else the portable one runs.
+ * `linear` splits the weight rows among OpenMP threads (torch's runtime, as csrc/cpu_attention.c
+ * explains). `experts`: a decode step sends each of its T tokens to top-k of E experts, so most experts
+ * it touches get one to three rows; one work item per expert, each expert's matrices read once for all
+ * its rows; gate/up, SwiGLU's product, down and the weighting in float32; a token's picks summed in
+ * pick order once every expert is done, so the result depends neither on which thread ran which expert
+ * nor on the other tokens of the batch.
  *
- * Expert ids come from Python but are checked here before any thread starts. */
+ * Three implementations of the dot products: AVX-512, AVX2 and portable C, picked as in
+ * csrc/cpu_vec.h; a vector one needs the reduced dimension to be whole registers, else the portable one
+ * runs. Expert ids come from Python but are checked here before any thread starts. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -195,7 +197,7 @@ static void run_experts(const moe_args *a, int isa, int threads, const int32_t *
 }
 
 /* experts(x, out, weights, ids, gate_up, down, T, k, E, H, I, dtype, isa, threads): addresses as
- * integers (the tensors' data_ptr; dtypes, shapes and contiguity checked by engines.model.cpu_moe),
+ * integers (the tensors' data_ptr; dtypes, shapes and contiguity checked by engines.model.cpu_gemv),
  * every expert id checked here. Writes out [T, H]. Releases the GIL. */
 static PyObject *py_experts(PyObject *self, PyObject *args) {
     unsigned long long x, out, weights, ids, gate_up, down;
@@ -208,11 +210,7 @@ static PyObject *py_experts(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "experts: bad shape or dtype");
         return NULL;
     }
-    if (isa < ISA_GENERIC || isa > best_isa()) {
-        PyErr_Format(PyExc_ValueError, "experts: implementation %d needs instructions this CPU or build lacks (best: %d)",
-                     isa, best_isa());
-        return NULL;
-    }
+    if (isa_refused("experts", isa)) return NULL;
     a.x = (const void *)(uintptr_t)x;
     a.out = (void *)(uintptr_t)out;
     a.weights = (const float *)(uintptr_t)weights;
@@ -257,17 +255,60 @@ static PyObject *py_experts(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* linear(x, w, bias, out, M, N, K, dtype, isa, threads): out [M, N] = x [M, K] @ w [N, K]^T (+ bias [N],
+ * 0 for none); addresses as integers (dtypes, shapes and contiguity checked by engines.model.cpu_gemv).
+ * Releases the GIL. */
+static PyObject *py_linear(PyObject *self, PyObject *args) {
+    unsigned long long x, w, bias, out;
+    int M, N, K, dtype, isa, threads;
+    if (!PyArg_ParseTuple(args, "KKKKiiiiii", &x, &w, &bias, &out, &M, &N, &K, &dtype, &isa, &threads)) return NULL;
+    if (M < 0 || N <= 0 || K <= 0 || (dtype != ELEM_F32 && dtype != ELEM_BF16)) {
+        PyErr_SetString(PyExc_ValueError, "linear: bad shape or dtype");
+        return NULL;
+    }
+    if (isa_refused("linear", isa)) return NULL;
+    float *xs = malloc(sizeof(float) * (size_t)(M ? M : 1) * K), *y = malloc(sizeof(float) * (size_t)(M ? M : 1) * N);
+    if (!xs || !y) {
+        free(xs), free(y);
+        return PyErr_NoMemory();
+    }
+    const void *xp = (const void *)(uintptr_t)x, *wp = (const void *)(uintptr_t)w, *bp = (const void *)(uintptr_t)bias;
+    void *op = (void *)(uintptr_t)out;
+    const int64_t esz = dtype == ELEM_F32 ? 4 : 2;
+    threads = threads > 0 ? threads : 1;
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t i = 0; i < (int64_t)M * K; i++) xs[i] = elem_at(xp, dtype, i);
+    /* weight rows in slices of 64, a thread's share contiguous */
+    const int slices = (N + 63) / 64;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int t = 0; t < slices; t++) {
+        const int n0 = t * 64, n = N - n0 < 64 ? N - n0 : 64;
+        dots(isa, (const char *)wp + (int64_t)n0 * K * esz, dtype, n, K, xs, M, y + n0, N);
+    }
+    for (int64_t i = 0; i < (int64_t)M * N; i++) {
+        const float v = y[i] + (bias ? elem_at(bp, dtype, i % N) : 0.f);
+        if (dtype == ELEM_F32)
+            ((float *)op)[i] = v;
+        else
+            ((uint16_t *)op)[i] = float_to_bf16(v);
+    }
+    Py_END_ALLOW_THREADS
+    free(xs), free(y);
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_best_isa(PyObject *self, PyObject *unused) {
     /* 0 portable C, 1 AVX2, 2 AVX-512: the widest this build contains and this CPU runs */
     return PyLong_FromLong(best_isa());
 }
 
 static PyMethodDef methods[] = {
-    {"experts", py_experts, METH_VARARGS, "MoE SwiGLU experts over decode-sized batches (see engines.model.cpu_moe)."},
+    {"linear", py_linear, METH_VARARGS, "x @ w^T (+ bias) over a few rows (see engines.model.cpu_gemv)."},
+    {"experts", py_experts, METH_VARARGS, "MoE SwiGLU experts over decode-sized batches (see engines.model.cpu_gemv)."},
     {"best_isa", py_best_isa, METH_NOARGS, "the widest implementation this build and this CPU run"},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cpu_moe", NULL, -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cpu_gemv", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__cpu_moe(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__cpu_gemv(void) { return PyModule_Create(&module); }
