@@ -83,11 +83,11 @@ def projections(dtype_name: str, shapes: list[str], rows_list: list[int], repeat
 class _Decode:
     """One model's runner with `batch` rows `CONTEXT` tokens deep on shuffled pages."""
 
-    def __init__(self, dtype: torch.dtype, batch: int):
-        weights = load_weights(None, "auto", dtype, quantization="none")  # the embedded GGUF, dequantized
+    def __init__(self, weights, dtype: torch.dtype, batch: int):
+        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in weights.state.items()}
         need = -(-(CONTEXT + 1) // PAGE_SIZE)
         pool = KVPool(weights.config, need * batch + 1, PAGE_SIZE, dtype)
-        self.runner = ModelRunner(build_model(weights.config, weights.state), pool)
+        self.runner = ModelRunner(build_model(weights.config, state), pool)
         pages = torch.randperm(need * batch + 1, generator=torch.Generator().manual_seed(0)).tolist()
         self.chunks = [SeqChunk([100 + i], CONTEXT, pages[i * need:(i + 1) * need]) for i in range(batch)]
 
@@ -101,9 +101,10 @@ class _Decode:
 
 
 def decode_steps(batches: list[int], repeats: int) -> list[dict]:
+    weights = load_weights(None, "auto", torch.float32, quantization="none")  # the embedded GGUF, dequantized
     out = []
     for batch in batches:
-        bf16, fp32 = _Decode(torch.bfloat16, batch), _Decode(torch.float32, batch)
+        bf16, fp32 = _Decode(weights, torch.bfloat16, batch), _Decode(weights, torch.float32, batch)
         on = cpu_gemv.LINEAR_ROWS
         t = _alternate({"bf16 kernel": lambda: bf16.step(on), "bf16 torch": lambda: bf16.step(0),
                         "fp32": lambda: fp32.step(on)}, repeats)
