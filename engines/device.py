@@ -44,6 +44,12 @@ def own_kernel_isa_ceiling() -> int:
     return {"default": ISA_GENERIC, "avx": ISA_GENERIC, "avx2": ISA_AVX2}.get(cap, ISA_AVX512)
 
 
+def own_kernel_isa(ext) -> int:
+    """The widest implementation of one of the project's CPU-kernel extensions (None: not built) that
+    this build and this CPU run, under the process's kernel cap."""
+    return ISA_GENERIC if ext is None else min(ext.best_isa(), own_kernel_isa_ceiling())
+
+
 def isa_caps() -> str:
     """The kernel-ISA caps set in this process's environment ("" when none), e.g. "ATEN_CPU_CAPABILITY=avx2"."""
     return ",".join(f"{k}={os.environ[k]}" for k in sorted(AVX2_ONLY_ENV) if os.environ.get(k))

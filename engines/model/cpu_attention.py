@@ -22,7 +22,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from engines.device import ISA_AVX2, ISA_AVX512, ISA_GENERIC, own_kernel_isa_ceiling  # noqa: F401 (ISA_* named by callers)
+from engines.device import ISA_AVX2, ISA_AVX512, ISA_GENERIC, own_kernel_isa  # noqa: F401 (ISA_* named by callers)
 from engines.model.paged_attention import PagedTables
 
 try:
@@ -36,7 +36,7 @@ KV_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 @functools.lru_cache(maxsize=1)
 def kernel_isa() -> int:
     """The widest implementation this build and this CPU run, under the process's kernel cap."""
-    return ISA_GENERIC if _ext is None else min(_ext.best_isa(), own_kernel_isa_ceiling())
+    return own_kernel_isa(_ext)
 
 
 def available(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> bool:

@@ -22,7 +22,7 @@ import functools
 
 import torch
 
-from engines.device import ISA_GENERIC, own_kernel_isa_ceiling
+from engines.device import ISA_GENERIC, own_kernel_isa
 
 try:
     from engines import _cpu_gemv as _ext
@@ -40,7 +40,7 @@ LINEAR_ROWS = 2
 @functools.lru_cache(maxsize=1)
 def kernel_isa() -> int:
     """The widest implementation this build and this CPU run, under the process's kernel cap."""
-    return ISA_GENERIC if _ext is None else min(_ext.best_isa(), own_kernel_isa_ceiling())
+    return own_kernel_isa(_ext)
 
 
 def available(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> bool:

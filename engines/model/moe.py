@@ -158,6 +158,7 @@ def experts_forward(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, g
                         type(exc).__name__, exc)
             _TRITON_FAILED.append(repr(exc))
             kernel_fallbacks.record("triton MoE experts", "grouped experts in torch", exc)
+    # (not where the fused GPU stages are on: the tests run that path on CPU tensors)
     elif x.shape[0] <= CPU_KERNEL_TOKENS and not fused.fused_on(x) and cpu_gemv.available(x, gate_up, down):
         return cpu_gemv.experts(x, weights, ids, gate_up, down)
     return grouped_experts(x, weights, ids, gate_up, down)
