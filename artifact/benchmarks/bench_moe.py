@@ -27,10 +27,11 @@ Per step it reports MoE / dense time and whether the goal (at most 1.5x) is met,
 the bytes the step reads (weights it touches plus the KV cache): a decode row reads its top-k
 experts, as many bytes as the dense MLP, but a batch of rows picks up to `--experts` distinct ones —
 counted per layer in an extra, untimed step. At decode the MoE's experts run in the C kernel
-(`engines.model.cpu_gemv`); `--grouped` also times the MoE with the kernel off (`engines.model.moe.
-CPU_KERNEL_TOKENS = 0`: the grouped torch path with its few-row forms), `--row-form` with the kernel
-and the few-row forms off (also `COLUMN_ROWS`, `NATIVE_BF16_ROWS`: every expert as x @ W^T through
-MKL/oneDNN), in the same rounds. Writes <results>/moe.json (with the CPU's vector
+(`engines.model.cpu_gemv`), and at prefill the experts that few rows picked; `--grouped` also times
+the MoE with the kernel off (`engines.model.moe.CPU_KERNEL_TOKENS = KERNEL_EXPERT_ROWS = 0`: the
+grouped torch path with its few-row forms), `--row-form` with the kernel and the few-row forms off
+(also `COLUMN_ROWS`, `NATIVE_BF16_ROWS`: every expert as x @ W^T through MKL/oneDNN), in the same
+rounds. Writes <results>/moe.json (with the CPU's vector
 flags, torch's version and the thread count; results dir: BULLET_RESULTS_DIR or artifact/results)
 and <results>/moe.md (the table)."""
 
@@ -53,9 +54,9 @@ GOAL = 1.5  # MoE step time / dense step time, at most
 PAGE_SIZE = 16
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # engines.model.moe's CPU forms of the experts: the C kernel's batch limit, the grouped path's few-row forms
-KNOBS = ("CPU_KERNEL_TOKENS", "COLUMN_ROWS", "NATIVE_BF16_ROWS")
+KNOBS = ("CPU_KERNEL_TOKENS", "KERNEL_EXPERT_ROWS", "COLUMN_ROWS", "NATIVE_BF16_ROWS")
 # the MoE's other sides, timed in the same rounds when asked: name -> (flag, knobs set to 0, label)
-OTHER_FORMS = {"moe_grouped": ("grouped", ("CPU_KERNEL_TOKENS",), "grouped path"),
+OTHER_FORMS = {"moe_grouped": ("grouped", ("CPU_KERNEL_TOKENS", "KERNEL_EXPERT_ROWS"), "grouped path"),
                "moe_rows": ("row_form", KNOBS, "row form only")}
 
 
@@ -222,11 +223,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32], help="decode batch sizes")
     ap.add_argument("--context", type=int, default=256, help="tokens each decode row attends over")
     ap.add_argument("--grouped", action="store_true",
-                    help="also time the MoE with the C kernel off (moe.CPU_KERNEL_TOKENS = 0): decode's experts "
-                         "on the grouped torch path, in the same rounds")
+                    help="also time the MoE with the C kernel off (moe.CPU_KERNEL_TOKENS = moe.KERNEL_EXPERT_ROWS "
+                         "= 0): every expert on the grouped torch path, in the same rounds")
     ap.add_argument("--row-form", action="store_true",
                     help="also time the MoE with the C kernel and the grouped path's few-row forms off (every "
-                         "expert as x @ W^T through MKL/oneDNN: moe.CPU_KERNEL_TOKENS = moe.COLUMN_ROWS = "
+                         "expert as x @ W^T through MKL/oneDNN: moe.CPU_KERNEL_TOKENS = moe.KERNEL_EXPERT_ROWS = moe.COLUMN_ROWS = "
                          "moe.NATIVE_BF16_ROWS = 0), in the same rounds")
     ap.add_argument("--name", default="moe", help="results file stem")
     return ap

@@ -11,9 +11,10 @@ On a CPU a decode-sized batch (at most `CPU_KERNEL_TOKENS` tokens) runs its expe
 `grouped_experts` is the path of every device: the (token,
 pick) rows are sorted by expert, so each expert that any token picked runs once, as two GEMMs over
 its own rows (SwiGLU's product between them is `fused.silu_mul`, one kernel on a GPU); the results
-go back to their rows, are weighted and summed over the picks. On a CPU an expert with a few rows
-(decode's usual case) runs in a form measured faster there: weight @ columns in float32
-(`_expert_columns`), torch's own GEMM instead of oneDNN's in bfloat16 (`_without_onednn`). It
+go back to their rows, are weighted and summed over the picks. On a CPU the experts that a few rows
+picked run in the C kernel (`KERNEL_EXPERT_ROWS`), or where it is not built in a form measured faster
+there: weight @ columns in float32 (`_expert_columns`), torch's own GEMM instead of oneDNN's in
+bfloat16 (`_without_onednn`). It
 reads the per-expert row counts on the host, so a CUDA decode graph cannot capture it. On CUDA
 tensors the Triton kernels of `engines.model.triton_moe` run instead (the same computation, no host read: graphs capture them),
 where triton imports and the fused kernels are on (`BULLET_FUSED_KERNELS`); else the grouped path,
@@ -53,17 +54,22 @@ def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, g
     flat = ids.reshape(-1)
     order = torch.argsort(flat, stable=True)  # (token, pick) rows, grouped by expert
     counts = torch.bincount(flat, minlength=gate_up.shape[0]).tolist()
-    rows = x[order // k]
+    # whole rows copied: x[index] took 3-12x as long for a 512-token prefill's 4096 rows (measured)
+    rows = x.index_select(0, order // k)
     out = torch.empty((t * k, x.shape[1]), dtype=x.dtype, device=x.device)
     cpu = x.device.type == "cpu" and not fused.fused_on(x)
+    kernel = KERNEL_EXPERT_ROWS if cpu and cpu_gemv.available(x, gate_up, down) else 0
     columns = COLUMN_ROWS if cpu and x.dtype == torch.float32 else 0
     # (where torch's backend flags are frozen, `_without_onednn` may not switch: oneDNN then runs them)
     native = NATIVE_BF16_ROWS if cpu and x.dtype == torch.bfloat16 and not torch.backends.flags_frozen() else 0
+    few: list[torch.Tensor] = []  # rows of the experts the C kernel runs
     start = 0
     for expert, n in enumerate(counts):
         if n:
             end = start + n
-            if n <= columns:
+            if n <= kernel:
+                few.append(torch.arange(start, end, device=x.device))
+            elif n <= columns:
                 out[start:end] = _expert_columns(rows[start:end], gate_up[expert], down[expert])
             elif n <= native:
                 with _without_onednn():
@@ -71,9 +77,29 @@ def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, g
             else:
                 out[start:end] = _expert_rows(rows[start:end], gate_up[expert], down[expert])
             start = end
-    per_pick = torch.empty_like(out)
-    per_pick[order] = out  # back to (token, pick) order
-    return (per_pick.view(t, k, -1) * weights.unsqueeze(-1)).sum(dim=1)
+    if few:
+        # each row its own token of one pick, weight 1 (exact): the kernel's output is the expert's, rounded once
+        few_rows = torch.cat(few)
+        picked = flat.index_select(0, order.index_select(0, few_rows)).unsqueeze(1)
+        out.index_copy_(0, few_rows, cpu_gemv.experts(rows.index_select(0, few_rows),
+                                                      torch.ones(picked.shape, dtype=torch.float32), picked,
+                                                      gate_up, down))
+    # back to (token, pick) order, then each token's picks weighted and summed in one batched product
+    # (float32 accumulation, one rounding): 2-3x faster than a scatter and a [T, k, H] product (measured)
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.numel(), device=order.device)
+    per_pick = out.index_select(0, inverse).view(t, k, -1)
+    return torch.bmm(weights.to(out.dtype).unsqueeze(1), per_pick).squeeze(1)
+
+
+# On a CPU, the experts of a large batch (prefill's) that at most KERNEL_EXPERT_ROWS rows picked run in the
+# C kernel of `engines.model.cpu_gemv`, which reads their weights once at the memory's rate; 0 turns it off.
+# Why: in a 512-token prefill of the MoE benchmark (artifact/benchmarks/bench_moe.py, one thread of an
+# Intel Xeon with AMX, weights cold), an expert of 1-4 rows took ~1 ms through oneDNN or MKL, and the
+# prefill's experts took 559 ms with these in the kernel against 622 without (bfloat16; limits of 8 and 16
+# took 618 and 606 ms, and within 4 % of 4's on two threads and in float32; docs/moe_cpu.md): past a few
+# rows the GEMMs' compute wins
+KERNEL_EXPERT_ROWS = 4
 
 
 # On a CPU, an expert with at most COLUMN_ROWS rows runs weights-first in float32 (`_expert_columns`),

@@ -93,6 +93,7 @@ def test_bad_input_is_an_error_and_no_batch_is_nothing():
 
 @pytest.mark.skipif(cpu_gemv._ext is not None and cpu_gemv.kernel_isa() == 0, reason="no vector kernel on this CPU")
 def test_decode_sized_cpu_batches_take_the_kernel(monkeypatch):
+    monkeypatch.setattr(moe, "KERNEL_EXPERT_ROWS", 0)  # the grouped path's own calls: the next test
     calls, limit = [], moe.CPU_KERNEL_TOKENS
     real = cpu_gemv.experts
     monkeypatch.setattr(cpu_gemv, "experts", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
@@ -108,6 +109,34 @@ def test_decode_sized_cpu_batches_take_the_kernel(monkeypatch):
     x, weights, ids, gate_up, down = (t.to(torch.float16) if t.is_floating_point() else t
                                       for t in _case(2, 32, 16, 8, 2, torch.float32))
     assert not cpu_gemv.available(x, gate_up, down)
+
+
+@pytest.mark.skipif(cpu_gemv._ext is not None and cpu_gemv.kernel_isa() == 0, reason="no vector kernel on this CPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_a_large_batchs_few_row_experts_take_the_kernel_and_the_others_gemms(dtype, monkeypatch):
+    """A prefill-sized batch stays on the grouped path, whose experts of at most `KERNEL_EXPERT_ROWS`
+    rows go to the kernel in one call (each row a token of one pick); the output is the definition's,
+    and the same with the kernel's share off."""
+    rows_per_expert = [1, 2, 3, 4, 5, 9, 20, 0]  # some at the limit, some past it, one idle
+    picks = [e for e, n in enumerate(rows_per_expert) for _ in range(n)]
+    half = len(picks) // 2  # 22 tokens of two picks: sorted picks paired half against half (no expert has more)
+    ids = torch.tensor([[picks[i], picks[i + half]] for i in range(half)])
+    assert all(a != b for a, b in ids.tolist())
+    assert torch.bincount(ids.flatten(), minlength=8).tolist() == rows_per_expert
+    x, _, _, gate_up, down = _case(half, 48, 24, 8, 2, dtype, seed=7)
+    weights = torch.softmax(torch.randn(ids.shape, generator=torch.Generator().manual_seed(8)), -1).to(dtype)
+    monkeypatch.setattr(moe, "CPU_KERNEL_TOKENS", half - 1)  # so the batch takes the grouped path
+    calls, real = [], cpu_gemv.experts
+    monkeypatch.setattr(cpu_gemv, "experts", lambda *a, **k: calls.append(a[2].flatten().tolist()) or real(*a, **k))
+    want = _definition(x, weights, ids, gate_up, down)
+    got = moe.experts_forward(x, weights, ids, gate_up, down)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.double(), want, **TOL[dtype])
+    assert calls == [[e for e, n in enumerate(rows_per_expert) for _ in range(n) if n <= moe.KERNEL_EXPERT_ROWS]]
+    monkeypatch.setattr(moe, "KERNEL_EXPERT_ROWS", 0)
+    calls.clear()
+    torch.testing.assert_close(moe.experts_forward(x, weights, ids, gate_up, down).double(), want, **TOL[dtype])
+    assert calls == []
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
