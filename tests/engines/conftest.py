@@ -3,6 +3,9 @@ once. The reference is `transformers` reading the same GGUF file."""
 
 from __future__ import annotations
 
+import functools
+from contextlib import contextmanager
+
 import pytest
 import torch
 
@@ -36,5 +39,28 @@ def hf_reference():
     from engines.weights.resolve import default_gguf_path
 
     path = default_gguf_path()
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    with _gguf_parsed_once():
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
     return model.eval()
+
+
+@contextmanager
+def _gguf_parsed_once():
+    """transformers' GGUF load with two pure look-ups memoized, and nothing else changed: it parses the
+    file twice (once for the config, once for the tensors: each ~8 s here, most of it the tokenizer's
+    49k strings read field by field) and builds gguf's tensor-name table once per module of the model
+    (~400 times, ~15 s). The reference still dequantizes and maps every tensor itself."""
+    gguf = pytest.importorskip("gguf")
+    readers: dict[str, object] = {}
+    real_reader, real_name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+
+    def reader(path, mode="r"):
+        key = f"{path}:{mode}"
+        if key not in readers:
+            readers[key] = real_reader(path, mode)
+        return readers[key]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gguf, "GGUFReader", reader)
+        patch.setattr(gguf, "get_tensor_name_map", functools.lru_cache(maxsize=None)(real_name_map))
+        yield
