@@ -69,14 +69,24 @@ static void dots_generic(const void *W, int dtype, int N, int K, const float *xs
 }
 
 /* The vector dot products: for each tile of TILE weight rows, passes of up to MAX_ROWS token rows,
- * two weight rows at a time. R_ (1..MAX_ROWS) is a compile-time constant in each copy. */
+ * two weight rows at a time. R_ (1..MAX_ROWS) is a compile-time constant in each copy.
+ * The first pass over a tile also prefetches the next two weight rows while it reads these two: the
+ * hardware prefetcher follows the two streams being read, but a row of a few KB ends before it has
+ * run far ahead, so each new pair of rows began with misses. bfloat16 projections read from memory ran
+ * 1.09-1.34x faster (medians over nine weight shapes, 1-4 rows, one and two threads of a Xeon with AMX;
+ * float32 unchanged: docs/cpu_gemv.md). The sums are computed exactly as before. */
 #define DOTS_PASS(VEC, WIDTH, LOADW, LOADX, FMA, ZERO, REDUCE, R_)                                           \
     for (int n = n0; n < n1; n += 2) {                                                                     \
         const int two = n + 1 < n1;                                                                        \
         VEC acc0[R_], acc1[R_];                                                                            \
         for (int r = 0; r < R_; r++) acc0[r] = acc1[r] = ZERO();                                           \
         const int64_t w0 = (int64_t)n * K, w1 = (int64_t)(two ? n + 1 : n) * K;                            \
+        const char *next = (const char *)W + (w0 + 2 * (int64_t)K) * esz;                                  \
         for (int j = 0; j < K; j += WIDTH) {                                                               \
+            if (prefetch_next) {                                                                           \
+                PREFETCH(next + (int64_t)j * esz);                                                         \
+                PREFETCH(next + ((int64_t)K + j) * esz);                                                   \
+            }                                                                                              \
             const VEC a = LOADW(W, dtype, w0 + j), b = LOADW(W, dtype, w1 + j);                            \
             for (int r = 0; r < R_; r++) {                                                                 \
                 const VEC xv = LOADX(x0 + (int64_t)r * K + j);                                             \
@@ -91,9 +101,11 @@ static void dots_generic(const void *W, int dtype, int N, int K, const float *xs
     }
 
 #define DOTS_BODY(PASS)                                                                                    \
+    const int64_t esz = dtype == ELEM_F32 ? 4 : 2;                                                         \
     for (int n0 = 0; n0 < N; n0 += TILE) {                                                                 \
         const int n1 = n0 + TILE < N ? n0 + TILE : N;                                                      \
         for (int r0 = 0; r0 < R; r0 += MAX_ROWS) {                                                         \
+            const int prefetch_next = r0 == 0;                                                             \
             const float *x0 = xs + (int64_t)r0 * K;                                                        \
             float *y0 = y + (int64_t)r0 * ldy;                                                             \
             switch (R - r0 < MAX_ROWS ? R - r0 : MAX_ROWS) {                                               \

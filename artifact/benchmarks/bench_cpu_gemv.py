@@ -11,8 +11,17 @@ CPU time, several: wall time):
   over the time (GB/s).
 * **decode steps**: the embedded SmolLM2 GGUF dequantized to bfloat16, one decode step at batch 1, 2 and
   8 over 300-token contexts through the runner (`ModelRunner.forward`, what a worker's step costs),
-  with the kernel on (`float_linear`'s default: bfloat16 batches of at most `cpu_gemv.LINEAR_ROWS` rows)
+  with the kernel on (`float_linear`'s default: bfloat16 batches of at most `cpu_gemv.LINEAR_ROWS` rows;
+  `--linear-rows` sets another limit)
   and off (`cpu_gemv.LINEAR_ROWS = 0`: torch's GEMM for every projection), and in float32 beside them.
+
+`--cold-mb N` cycles each projection through copies of its weight, N MiB in all, so every call reads
+its weight from memory, as a model bigger than the last-level cache does (default: one copy, which
+the cache keeps). `--against PATH` also times another build of the kernel in the same rounds: a
+source tree (or its `engines/_cpu_gemv*.so`) built with `python setup.py build_ext --inplace`, e.g.
+
+  git worktree add /tmp/before <commit> && (cd /tmp/before && python setup.py build_ext --inplace)
+  python -m artifact.benchmarks.bench_cpu_gemv --against /tmp/before --cold-mb 1024
 
 Writes <results>/cpu_gemv.json (with the CPU's vector flags, torch's version) and cpu_gemv.md
 (results dir: BULLET_RESULTS_DIR or artifact/results)."""
@@ -20,11 +29,14 @@ Writes <results>/cpu_gemv.json (with the CPU's vector flags, torch's version) an
 from __future__ import annotations
 
 import argparse
+import itertools
+import math
 import statistics
 import time
 
 import torch
 
+from artifact.benchmarks.common import kernel_build, load_kernel_build
 from engines.kv_pool import KVPool
 from engines.model import cpu_gemv
 from engines.model.build import build_model
@@ -58,26 +70,46 @@ def _alternate(fns: dict, repeats: int) -> dict[str, float]:
     return {name: statistics.median(v) for name, v in samples.items()}
 
 
-def projections(dtype_name: str, shapes: list[str], rows_list: list[int], repeats: int) -> list[dict]:
+def projections(dtype_name: str, shapes: list[str], rows_list: list[int], repeats: int, cold_mb: float = 0,
+                against=None) -> list[dict]:
+    """Each shape and row count through torch and the kernel (and `against`, another build of it).
+    With `cold_mb`, every call takes the next of that many MiB of weight copies (one cycle shared by
+    the sides: a copy is read again only after all the others)."""
     dtype, out = DTYPES[dtype_name], []
     gen = torch.Generator().manual_seed(0)
     for name in shapes:
         n, k = SHAPES[name]
         weight = (torch.randn(n, k, generator=gen) / k ** 0.5).to(dtype)
+        nbytes = weight.numel() * weight.element_size()
+        copies = [weight] + [weight.clone() for _ in range(max(0, math.ceil(cold_mb * 2**20 / nbytes) - 1))]
+        turn = itertools.cycle(copies)
         for rows in rows_list:
             x = torch.randn(rows, k, generator=gen).to(dtype)
-            t = _alternate({"torch": lambda: torch.nn.functional.linear(x, weight),
-                            "kernel": lambda: cpu_gemv.linear(x, weight)}, repeats)
-            nbytes = weight.numel() * weight.element_size()
+            sides = {"torch": lambda: torch.nn.functional.linear(x, next(turn)),
+                     "kernel": lambda: cpu_gemv.linear(x, next(turn))}
+            if against is not None:
+                sides["against"] = lambda: _with_build(against, cpu_gemv.linear, x, next(turn))
+            t = _alternate(sides, repeats * (3 if len(copies) > 1 else 1))
             out.append({"part": "projection", "dtype": dtype_name, "threads": torch.get_num_threads(), "shape": name,
-                        "rows": rows, "torch_ms": t["torch"] * 1e3, "kernel_ms": t["kernel"] * 1e3,
-                        "speedup": t["torch"] / t["kernel"], "torch_gbs": nbytes / t["torch"] / 1e9,
-                        "kernel_gbs": nbytes / t["kernel"] / 1e9})
+                        "rows": rows, "weight_copies": len(copies), "torch_ms": t["torch"] * 1e3,
+                        "kernel_ms": t["kernel"] * 1e3, "speedup": t["torch"] / t["kernel"],
+                        "torch_gbs": nbytes / t["torch"] / 1e9, "kernel_gbs": nbytes / t["kernel"] / 1e9})
             r = out[-1]
+            if against is not None:
+                r |= {"against_ms": t["against"] * 1e3, "against_gbs": nbytes / t["against"] / 1e9,
+                      "kernel_over_against": t["against"] / t["kernel"]}
             print(f"[bench_cpu_gemv] {dtype_name} {r['threads']}t {name} x{rows}: torch {r['torch_ms']:.3f} ms "
                   f"({r['torch_gbs']:.1f} GB/s), kernel {r['kernel_ms']:.3f} ms ({r['kernel_gbs']:.1f} GB/s), "
-                  f"x{r['speedup']:.2f}", flush=True)
+                  f"x{r['speedup']:.2f}" + (f"; other build {r['against_ms']:.3f} ms ({r['against_gbs']:.1f} GB/s), "
+                                            f"this build x{r['kernel_over_against']:.2f}" if against is not None else ""),
+                  flush=True)
+        del copies, turn
     return out
+
+
+def _with_build(build, fn, *args):
+    with kernel_build(build):
+        return fn(*args)
 
 
 class _Decode:
@@ -100,35 +132,51 @@ class _Decode:
             cpu_gemv.LINEAR_ROWS = kept
 
 
-def decode_steps(batches: list[int], repeats: int) -> list[dict]:
+def decode_steps(batches: list[int], repeats: int, against=None, linear_rows: int | None = None) -> list[dict]:
+    """Each batch's step with the kernel on (bfloat16 projections of at most `linear_rows` rows, default
+    `cpu_gemv.LINEAR_ROWS`), off, and in float32."""
     weights = load_weights(None, "auto", torch.float32, quantization="none")  # the embedded GGUF, dequantized
     out = []
+    on = cpu_gemv.LINEAR_ROWS if linear_rows is None else linear_rows
     for batch in batches:
         bf16, fp32 = _Decode(weights, torch.bfloat16, batch), _Decode(weights, torch.float32, batch)
-        on = cpu_gemv.LINEAR_ROWS
-        t = _alternate({"bf16 kernel": lambda: bf16.step(on), "bf16 torch": lambda: bf16.step(0),
-                        "fp32": lambda: fp32.step(on)}, repeats)
-        out.append({"part": "decode", "threads": torch.get_num_threads(), "batch": batch,
-                    "bf16_kernel_ms": t["bf16 kernel"] * 1e3, "bf16_torch_ms": t["bf16 torch"] * 1e3,
+        sides = {"bf16 kernel": lambda: bf16.step(on), "bf16 torch": lambda: bf16.step(0),
+                 "fp32": lambda: fp32.step(on)}
+        if against is not None:
+            sides["bf16 other build"] = lambda: _with_build(against, bf16.step, on)
+        t = _alternate(sides, repeats)
+        out.append({"part": "decode", "threads": torch.get_num_threads(), "batch": batch, "linear_rows": on,
+                    "kernel_used": batch <= on, "bf16_kernel_ms": t["bf16 kernel"] * 1e3, "bf16_torch_ms": t["bf16 torch"] * 1e3,
                     "fp32_ms": t["fp32"] * 1e3, "speedup": t["bf16 torch"] / t["bf16 kernel"]})
         r = out[-1]
+        if against is not None:
+            r |= {"bf16_against_ms": t["bf16 other build"] * 1e3,
+                  "kernel_over_against": t["bf16 other build"] / t["bf16 kernel"]}
         print(f"[bench_cpu_gemv] decode b{batch} {r['threads']}t: bf16 kernel {r['bf16_kernel_ms']:.1f} ms, bf16 torch "
-              f"{r['bf16_torch_ms']:.1f} ms (x{r['speedup']:.2f}), fp32 {r['fp32_ms']:.1f} ms", flush=True)
+              f"{r['bf16_torch_ms']:.1f} ms (x{r['speedup']:.2f}), fp32 {r['fp32_ms']:.1f} ms"
+              + (f"; bf16 other build {r['bf16_against_ms']:.1f} ms (this build x{r['kernel_over_against']:.2f})"
+                 if against is not None else ""), flush=True)
     return out
 
 
 def markdown(rows: list[dict]) -> str:
     proj = [r for r in rows if r["part"] == "projection"]
     dec = [r for r in rows if r["part"] == "decode"]
-    lines = ["| dtype | threads | weights | rows | torch ms | kernel ms | kernel speedup | torch GB/s | kernel GB/s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    other = any("against_ms" in r for r in proj)
+    lines = ["| dtype | threads | weights | rows | torch ms | kernel ms | kernel speedup | torch GB/s | kernel GB/s |"
+             + (" other build ms | this build ÷ other |" if other else ""),
+             "|---|---|---|---|---|---|---|---|---|" + ("---|---|" if other else "")]
     lines += [f"| {r['dtype']} | {r['threads']} | {r['shape']} | {r['rows']} | {r['torch_ms']:.3f} | {r['kernel_ms']:.3f} | "
-              f"{r['speedup']:.2f} | {r['torch_gbs']:.1f} | {r['kernel_gbs']:.1f} |" for r in proj]
+              f"{r['speedup']:.2f} | {r['torch_gbs']:.1f} | {r['kernel_gbs']:.1f} |"
+              + (f" {r['against_ms']:.3f} | {r['kernel_over_against']:.2f} |" if other else "") for r in proj]
     if dec:
-        lines += ["", "| threads | decode batch | bf16, kernel ms | bf16, torch ms | kernel speedup | fp32 ms |",
-                  "|---|---|---|---|---|---|"]
+        other = any("bf16_against_ms" in r for r in dec)
+        lines += ["", "| threads | decode batch | bf16, kernel ms | bf16, torch ms | kernel speedup | fp32 ms |"
+                  + (" bf16, other build ms | this build ÷ other |" if other else ""),
+                  "|---|---|---|---|---|---|" + ("---|---|" if other else "")]
         lines += [f"| {r['threads']} | {r['batch']} | {r['bf16_kernel_ms']:.1f} | {r['bf16_torch_ms']:.1f} | "
-                  f"{r['speedup']:.2f} | {r['fp32_ms']:.1f} |" for r in dec]
+                  f"{r['speedup']:.2f} | {r['fp32_ms']:.1f} |"
+                  + (f" {r['bf16_against_ms']:.1f} | {r['kernel_over_against']:.2f} |" if other else "") for r in dec]
     return "\n".join(lines) + "\n"
 
 
@@ -142,6 +190,15 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--batches", nargs="+", type=int, default=[1, 2, 8], help="decode steps' batch sizes")
     ap.add_argument("--repeats", type=int, default=7, help="timed calls per side (medians reported)")
     ap.add_argument("--no-decode", action="store_true", help="projections only (no model load)")
+    ap.add_argument("--linear-rows", type=int, default=None,
+                    help="the decode steps' kernel side takes bfloat16 projections of at most this many rows "
+                         "(default: cpu_gemv.LINEAR_ROWS, what the engine uses)")
+    ap.add_argument("--cold-mb", type=float, default=0,
+                    help="cycle each projection through this many MiB of weight copies (beyond the last-level "
+                         "cache: every call reads from memory); 0: one copy, cache-warm")
+    ap.add_argument("--against", metavar="PATH",
+                    help="also time another build of the kernel: a source tree built with `python setup.py "
+                         "build_ext --inplace`, or its engines/_cpu_gemv*.so")
     ap.add_argument("--name", default="cpu_gemv", help="results file stem")
     return ap
 
@@ -153,14 +210,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     if cpu_gemv._ext is None:
         raise SystemExit("engines._cpu_gemv is not built (python setup.py build_ext --inplace)")
+    against = load_kernel_build(args.against) if args.against else None
     threads, rows = torch.get_num_threads(), []
     try:
         for n in args.threads:
             torch.set_num_threads(n)
             for dtype_name in args.dtype:
-                rows += projections(dtype_name, args.shapes, args.rows, args.repeats)
+                rows += projections(dtype_name, args.shapes, args.rows, args.repeats, args.cold_mb, against)
             if not args.no_decode:
-                rows += decode_steps(args.batches, args.repeats)
+                rows += decode_steps(args.batches, args.repeats, against, args.linear_rows)
     finally:
         torch.set_num_threads(threads)
     path = write_results(args.name, {"cpu_flags": cpu_flags(), "torch": torch.__version__, "isa": cpu_gemv.kernel_isa(),

@@ -1,6 +1,7 @@
 """The mixture-of-experts CPU path against a dense model of the same active parameters.
 
   python -m artifact.benchmarks.bench_moe [--dtype float32 bfloat16] [--threads 1 2] [--repeats 5] [--grouped] [--row-form]
+                                         [--against PATH]
 
 Two models with dummy weights, built from Hugging Face style configs through the engine's own config
 and model code: a Qwen3-MoE (every layer sparse: `--experts` SwiGLU experts of width
@@ -31,18 +32,21 @@ counted per layer in an extra, untimed step. At decode the MoE's experts run in 
 the MoE with the kernel off (`engines.model.moe.CPU_KERNEL_TOKENS = KERNEL_EXPERT_ROWS = 0`: the
 grouped torch path with its few-row forms), `--row-form` with the kernel and the few-row forms off
 (also `COLUMN_ROWS`, `NATIVE_BF16_ROWS`: every expert as x @ W^T through MKL/oneDNN), in the same
-rounds. Writes <results>/moe.json (with the CPU's vector
-flags, torch's version and the thread count; results dir: BULLET_RESULTS_DIR or artifact/results)
-and <results>/moe.md (the table)."""
+rounds; `--against PATH` the MoE with another build of the C kernel (a source tree built with `python
+setup.py build_ext --inplace`, e.g. a `git worktree` of an older commit), in the same rounds. Writes
+<results>/moe.json (with the CPU's vector flags, torch's version and the thread count; results dir:
+BULLET_RESULTS_DIR or artifact/results) and <results>/moe.md (the table)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 
 import torch
 
+from artifact.benchmarks.common import kernel_build, load_kernel_build
 from engines.kv_pool import KVPool
 from engines.model import moe
 from engines.model.build import build_model
@@ -57,7 +61,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 KNOBS = ("CPU_KERNEL_TOKENS", "KERNEL_EXPERT_ROWS", "COLUMN_ROWS", "NATIVE_BF16_ROWS")
 # the MoE's other sides, timed in the same rounds when asked: name -> (flag, knobs set to 0, label)
 OTHER_FORMS = {"moe_grouped": ("grouped", ("CPU_KERNEL_TOKENS", "KERNEL_EXPERT_ROWS"), "grouped path"),
-               "moe_rows": ("row_form", KNOBS, "row form only")}
+               "moe_rows": ("row_form", KNOBS, "row form only"),
+               "moe_against": ("against", (), "other kernel build")}
 
 
 def configs(args) -> dict[str, ModelConfig]:
@@ -89,6 +94,7 @@ class Side:
         self.context = args.context
         # the experts' CPU forms (engines.model.moe), as this side runs them
         self.knobs = knobs or {k: getattr(moe, k) for k in KNOBS}
+        self.build = None  # another build of the C kernel this side runs (`--against`), or this tree's
 
     def shared(self, knobs: dict) -> "Side":
         """The same model and pool, its experts run in other forms ({knob: 0}: off)."""
@@ -110,9 +116,10 @@ class Side:
         for k, v in self.knobs.items():
             setattr(moe, k, v)
         try:
-            t = clock()
-            self.runner.forward(chunks)
-            return clock() - t
+            with kernel_build(self.build) if self.build is not None else contextlib.nullcontext():
+                t = clock()
+                self.runner.forward(chunks)
+                return clock() - t
         finally:
             for k, v in kept.items():
                 setattr(moe, k, v)
@@ -229,6 +236,10 @@ def parser() -> argparse.ArgumentParser:
                     help="also time the MoE with the C kernel and the grouped path's few-row forms off (every "
                          "expert as x @ W^T through MKL/oneDNN: moe.CPU_KERNEL_TOKENS = moe.KERNEL_EXPERT_ROWS = moe.COLUMN_ROWS = "
                          "moe.NATIVE_BF16_ROWS = 0), in the same rounds")
+    ap.add_argument("--against", metavar="PATH",
+                    help="also time the MoE with another build of the C kernel, in the same rounds: a source tree "
+                         "built with `python setup.py build_ext --inplace` (e.g. a `git worktree` of an older "
+                         "commit), or its engines/_cpu_gemv*.so")
     ap.add_argument("--name", default="moe", help="results file stem")
     return ap
 
@@ -246,6 +257,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for name, (flag, off, _) in OTHER_FORMS.items():
             if getattr(args, flag):
                 sides[name] = sides["moe"].shared({**sides["moe"].knobs, **{k: 0 for k in off}})
+        if args.against:
+            sides["moe_against"].build = load_kernel_build(args.against)
         for threads in args.threads:
             torch.set_num_threads(threads)
             rows += measure(sides, args, dtype_name)

@@ -30,11 +30,13 @@ except ImportError:  # a source tree whose C extension was not built: torch's GE
     _ext = None
 
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 2}  # csrc/cpu_vec.h ELEM_*
-# The most rows `float_linear` sends here. torch's bfloat16 time over the kernel's, one and two threads of an
-# Intel Xeon with AMX (artifact/benchmarks/bench_cpu_gemv.py; SmolLM2-135M's and a Llama-3.1-8B layer's
-# weights; docs/cpu_gemv.md): 1 row 1.07-2.5x, 2 rows 0.94-2.2x, 3 rows 0.86-1.44x, 4 rows 0.77-1.34x,
-# 8 rows 0.44-1.0x (oneDNN's GEMM, on AMX there, computes many rows faster than these dot products)
-LINEAR_ROWS = 2
+# The most rows `float_linear` sends here. A whole bfloat16 decode step of SmolLM2-135M on an Intel Xeon
+# with AMX, torch's GEMM over the kernel (one / two threads; artifact/benchmarks/bench_cpu_gemv.py
+# --linear-rows 8, docs/cpu_gemv.md): batch 1-2 1.22-1.38x, batch 3 1.26x / 1.18x, batch 4 1.25x / 1.19x,
+# batch 6 1.09x / 1.01x, batch 8 1.02x / 0.97x. One projection from memory (--cold-mb) at 4 rows: 0.99-2.4x
+# over nine weight shapes. Beyond 4 rows oneDNN's GEMM, on AMX there, computes as fast as these dot
+# products read.
+LINEAR_ROWS = 4
 
 
 @functools.lru_cache(maxsize=1)

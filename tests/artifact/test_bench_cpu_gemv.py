@@ -6,6 +6,7 @@ written."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -36,3 +37,29 @@ def test_tiny_run_writes_every_projection_and_decode_step(tmp_path, monkeypatch)
     assert dec["batch"] == 1 and dec["bf16_kernel_ms"] > 0 and dec["bf16_torch_ms"] > 0 and dec["fp32_ms"] > 0
     table = (tmp_path / "gemv-tiny.md").read_text()
     assert table.count("| smollm2 ") == len(proj) and "| 1 | 1 |" in table
+
+
+def test_another_build_is_timed_beside_this_one_and_put_back(tmp_path, monkeypatch):
+    """`--against` loads another build of the kernel (here this tree's own .so, loaded a second time:
+    a module of its own) and times it in the same rounds; `--cold-mb` cycles the weights through
+    copies. The tree's own build is in place again afterwards."""
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    so = Path(cpu_gemv._ext.__file__)  # <tree>/engines/_cpu_gemv*.so
+    other = common.load_kernel_build(so)
+    assert other is not cpu_gemv._ext and other.best_isa() == cpu_gemv._ext.best_isa()
+    own = cpu_gemv._ext
+    with common.kernel_build(other):
+        assert cpu_gemv._ext is other
+        x, w = torch.randn(1, 576).to(torch.bfloat16), torch.randn(576, 576).to(torch.bfloat16)
+        swapped = cpu_gemv.linear(x, w)
+    assert cpu_gemv._ext is own and torch.equal(swapped, cpu_gemv.linear(x, w))
+    rows = bench_cpu_gemv.main(["--threads", "1", "--rows", "1", "--shapes", "smollm2 o", "--dtype", "bfloat16",
+                                "--no-decode", "--repeats", "1", "--cold-mb", "2", "--against", str(so.parent.parent),
+                                "--name", "gemv-against"])
+    assert cpu_gemv._ext is own
+    (r,) = rows
+    assert r["weight_copies"] == 4  # 0.63 MiB each: four cover 2 MiB
+    assert r["against_ms"] > 0 and r["kernel_over_against"] == r["against_ms"] / r["kernel_ms"]
+    assert "this build ÷ other" in (tmp_path / "gemv-against.md").read_text()
+    with pytest.raises(SystemExit, match="no engines/_cpu_gemv"):
+        common.load_kernel_build(tmp_path)

@@ -6,25 +6,30 @@ experts per layer, and the JSON and markdown are written."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import torch
 
 from artifact.benchmarks import bench_moe, common
-from engines.model import moe
+from engines.model import cpu_gemv, moe
 
 TINY = ["--hidden", "64", "--layers", "2", "--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--vocab", "256",
         "--experts", "8", "--top-k", "2", "--moe-intermediate", "32", "--prompt", "16", "--batches", "1", "4",
         "--context", "8", "--repeats", "1", "--threads", "1", "--grouped", "--row-form", "--name", "moe-tiny"]
+# another build of the C kernel: this tree's own, loaded a second time as a module of its own
+AGAINST = ["--against", str(Path(cpu_gemv._ext.__file__).parent.parent)] if cpu_gemv._ext is not None else []
 
 
 def test_tiny_run_writes_every_step_and_its_ratios(tmp_path, monkeypatch):
     monkeypatch.setattr(common, "RESULTS", tmp_path)
     threads, knobs = torch.get_num_threads(), tuple(getattr(moe, k) for k in bench_moe.KNOBS)
+    own = cpu_gemv._ext
     try:
-        rows = bench_moe.main(TINY)
+        rows = bench_moe.main(TINY + AGAINST)
     finally:
         torch.set_num_threads(threads)  # the benchmark sets torch's threads for this process
     assert tuple(getattr(moe, k) for k in bench_moe.KNOBS) == knobs and 0 not in knobs  # the other sides put them back
+    assert cpu_gemv._ext is own  # and the other build's side its kernel
     data = json.loads((tmp_path / "moe-tiny.json").read_text())
     assert data["results"] == json.loads(json.dumps(rows))
     assert data["torch"] == torch.__version__ and data["threads"] == [1] and isinstance(data["cpu_flags"], list)
@@ -39,6 +44,7 @@ def test_tiny_run_writes_every_step_and_its_ratios(tmp_path, monkeypatch):
     for r in rows:
         assert r["moe_ms"] > 0 and r["dense_ms"] > 0 and r["moe_rows_ms"] > 0 and r["moe_grouped_ms"] > 0
         assert r["moe_grouped_ratio"] == r["moe_grouped_ms"] / r["dense_ms"]
+        assert (r["moe_against_ms"] > 0) if AGAINST else "moe_against_ms" not in r
         assert r["ratio"] == r["moe_ms"] / r["dense_ms"] and r["goal_met"] == (r["ratio"] <= bench_moe.GOAL)
         assert len(r["samples_ms"]["moe"]) == len(r["samples_ms"]["dense"]) == 1
         assert 2 <= r["experts_touched_per_layer"] <= 8 and r["bytes_ratio"] > 1
