@@ -73,6 +73,19 @@ def cpu_has_native_bf16() -> bool:
     return any(flag in flags for flag in ("avx512_bf16", "amx_bf16", " bf16"))
 
 
+@functools.lru_cache(maxsize=1)
+def cpu_has_amx() -> bool:
+    """Whether oneDNN may run bfloat16 GEMMs on AMX tiles here (the CPU has them, the ISA not capped below
+    AVX-512): some bfloat16 forms were measured faster only there."""
+    if os.environ.get("ATEN_CPU_CAPABILITY", "").lower() in ("avx2", "avx", "default"):
+        return False
+    try:
+        with open("/proc/cpuinfo") as f:
+            return "amx_bf16" in f.read()
+    except OSError:
+        return False
+
+
 def resolve_device(name: str | torch.device | None, cuda_devices: int | None = None) -> torch.device:
     """The device to run on, normalised once: `auto` is the first CUDA device if one is visible,
     else the CPU; `cuda` is `cuda:0`. A CUDA device always carries its index, because what a server

@@ -1,7 +1,7 @@
 """The mixture-of-experts CPU path against a dense model of the same active parameters.
 
   python -m artifact.benchmarks.bench_moe [--dtype float32 bfloat16] [--threads 1 2] [--repeats 5] [--grouped] [--row-form]
-                                         [--against PATH]
+                                         [--rowwise] [--against PATH] [--balanced-routing]
 
 Two models with dummy weights, built from Hugging Face style configs through the engine's own config
 and model code: a Qwen3-MoE (every layer sparse: `--experts` SwiGLU experts of width
@@ -31,9 +31,11 @@ counted per layer in an extra, untimed step. At decode the MoE's experts run in 
 (`engines.model.cpu_gemv`), and at prefill the experts that few rows picked; `--grouped` also times
 the MoE with the kernel off (`engines.model.moe.CPU_KERNEL_TOKENS = KERNEL_EXPERT_ROWS = 0`: the
 grouped torch path with its few-row forms), `--row-form` with the kernel and the few-row forms off
-(also `COLUMN_ROWS`, `NATIVE_BF16_ROWS`: every expert as x @ W^T through MKL/oneDNN), in the same
-rounds; `--against PATH` the MoE with another build of the C kernel (a source tree built with `python
-setup.py build_ext --inplace`, e.g. a `git worktree` of an older commit), in the same rounds. Writes
+(also `COLUMN_ROWS`, `NATIVE_BF16_ROWS`, `WEIGHTS_FIRST_ROWS`: every expert as x @ W^T through
+MKL/oneDNN), `--rowwise` with only `WEIGHTS_FIRST_ROWS` off, in the same rounds; `--against PATH`
+the MoE with another build of the C kernel (a source tree built with `python setup.py build_ext
+--inplace`, e.g. a `git worktree` of an older commit), in the same rounds. `--balanced-routing` draws
+each token's picks uniformly at random instead of taking the dummy router's. Writes
 <results>/moe.json (with the CPU's vector flags, torch's version and the thread count; results dir:
 BULLET_RESULTS_DIR or artifact/results) and <results>/moe.md (the table)."""
 
@@ -58,11 +60,12 @@ GOAL = 1.5  # MoE step time / dense step time, at most
 PAGE_SIZE = 16
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # engines.model.moe's CPU forms of the experts: the C kernel's batch limit, the grouped path's few-row forms
-KNOBS = ("CPU_KERNEL_TOKENS", "KERNEL_EXPERT_ROWS", "COLUMN_ROWS", "NATIVE_BF16_ROWS")
+KNOBS = ("CPU_KERNEL_TOKENS", "KERNEL_EXPERT_ROWS", "COLUMN_ROWS", "NATIVE_BF16_ROWS", "WEIGHTS_FIRST_ROWS")
 # the MoE's other sides, timed in the same rounds when asked: name -> (flag, knobs set to 0, label)
 OTHER_FORMS = {"moe_grouped": ("grouped", ("CPU_KERNEL_TOKENS", "KERNEL_EXPERT_ROWS"), "grouped path"),
                "moe_rows": ("row_form", KNOBS, "row form only"),
-               "moe_against": ("against", (), "other kernel build")}
+               "moe_against": ("against", (), "other kernel build"),
+               "moe_rowwise": ("rowwise", ("WEIGHTS_FIRST_ROWS",), "bf16 experts row-wise")}
 
 
 def configs(args) -> dict[str, ModelConfig]:
@@ -95,6 +98,7 @@ class Side:
         # the experts' CPU forms (engines.model.moe), as this side runs them
         self.knobs = knobs or {k: getattr(moe, k) for k in KNOBS}
         self.build = None  # another build of the C kernel this side runs (`--against`), or this tree's
+        self.balanced = args.balanced_routing
 
     def shared(self, knobs: dict) -> "Side":
         """The same model and pool, its experts run in other forms ({knob: 0}: off)."""
@@ -116,7 +120,8 @@ class Side:
         for k, v in self.knobs.items():
             setattr(moe, k, v)
         try:
-            with kernel_build(self.build) if self.build is not None else contextlib.nullcontext():
+            with kernel_build(self.build) if self.build is not None else contextlib.nullcontext(), \
+                    balanced_routing(self.balanced):
                 t = clock()
                 self.runner.forward(chunks)
                 return clock() - t
@@ -130,11 +135,35 @@ class Side:
         hooks = [m.register_forward_pre_hook(lambda _m, a: seen.append(int(a[2].unique().numel())))
                  for m in self.runner.model.modules() if isinstance(m, moe.Experts)]
         try:
-            self.runner.forward(self.chunks(step, arg))
+            with balanced_routing(self.balanced):
+                self.runner.forward(self.chunks(step, arg))
         finally:
             for h in hooks:
                 h.remove()
         return seen
+
+
+@contextlib.contextmanager
+def balanced_routing(enabled: bool):
+    """`--balanced-routing`: the router's logits replaced by seeded standard normal draws, so each token
+    picks top-k experts uniformly at random — what a trained router's load balancing aims for. The
+    dummy router does not: its logits share the hidden states' common direction, and a 512-token prompt
+    concentrates on ~53 experts per layer. The same draws in every call, so every side sees the same
+    routing."""
+    if not enabled:
+        yield
+        return
+    real = moe.route
+
+    def route(logits, top_k, renormalize):
+        draws = torch.randn(logits.shape, generator=torch.Generator().manual_seed(0))
+        return real(draws.to(logits.dtype), top_k, renormalize)
+
+    moe.route = route
+    try:
+        yield
+    finally:
+        moe.route = real
 
 
 def _clock():
@@ -235,7 +264,13 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--row-form", action="store_true",
                     help="also time the MoE with the C kernel and the grouped path's few-row forms off (every "
                          "expert as x @ W^T through MKL/oneDNN: moe.CPU_KERNEL_TOKENS = moe.KERNEL_EXPERT_ROWS = moe.COLUMN_ROWS = "
-                         "moe.NATIVE_BF16_ROWS = 0), in the same rounds")
+                         "moe.NATIVE_BF16_ROWS = moe.WEIGHTS_FIRST_ROWS = 0), in the same rounds")
+    ap.add_argument("--balanced-routing", action="store_true",
+                    help="the MoE's picks drawn uniformly at random per token (seeded; a trained router's balance) "
+                         "instead of the dummy router's, which concentrates a prompt on ~half the experts")
+    ap.add_argument("--rowwise", action="store_true",
+                    help="also time the MoE with moe.WEIGHTS_FIRST_ROWS = 0 (on a CPU with AMX, bfloat16 experts "
+                         "of 5-256 rows as x @ W^T instead of weights-first), in the same rounds")
     ap.add_argument("--against", metavar="PATH",
                     help="also time the MoE with another build of the C kernel, in the same rounds: a source tree "
                          "built with `python setup.py build_ext --inplace` (e.g. a `git worktree` of an older "

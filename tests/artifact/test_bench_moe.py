@@ -15,7 +15,7 @@ from engines.model import cpu_gemv, moe
 
 TINY = ["--hidden", "64", "--layers", "2", "--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--vocab", "256",
         "--experts", "8", "--top-k", "2", "--moe-intermediate", "32", "--prompt", "16", "--batches", "1", "4",
-        "--context", "8", "--repeats", "1", "--threads", "1", "--grouped", "--row-form", "--name", "moe-tiny"]
+        "--context", "8", "--repeats", "1", "--threads", "1", "--grouped", "--row-form", "--rowwise", "--name", "moe-tiny"]
 # another build of the C kernel: this tree's own, loaded a second time as a module of its own
 AGAINST = ["--against", str(Path(cpu_gemv._ext.__file__).parent.parent)] if cpu_gemv._ext is not None else []
 
@@ -53,3 +53,21 @@ def test_tiny_run_writes_every_step_and_its_ratios(tmp_path, monkeypatch):
     assert all(r["bytes_ratio"] < next(q for q in rows if q["step"] == "prefill_16")["bytes_ratio"] for r in b1)
     table = (tmp_path / "moe-tiny.md").read_text().splitlines()
     assert len(table) == 2 + len(rows) and "row form only ms" in table[0] and "grouped path ms" in table[0]
+
+
+def test_balanced_routing_draws_the_picks_and_puts_the_router_back(tmp_path, monkeypatch):
+    """`--balanced-routing`: every layer's picks are the seeded draws' top-k (the same in every call),
+    whatever the router says; the engine's router is back afterwards."""
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    real, threads = moe.route, torch.get_num_threads()
+    base = TINY[:TINY.index("--grouped")] + ["--dtype", "float32", "--batches", "4", "--name", "moe-balanced"]
+    try:
+        rows = bench_moe.main(base + ["--balanced-routing"])
+    finally:
+        torch.set_num_threads(threads)
+    assert moe.route is real
+    draws = torch.randn((16, 8), generator=torch.Generator().manual_seed(0))  # 16 prompt tokens, 8 experts, top-2
+    prefill = next(r for r in rows if r["step"] == "prefill_16")
+    assert prefill["experts_touched_per_layer"] == draws.topk(2, dim=-1).indices.unique().numel()
+    decode = next(r for r in rows if r["step"] == "decode_b4")
+    assert decode["experts_touched_per_layer"] == draws[:4].topk(2, dim=-1).indices.unique().numel()

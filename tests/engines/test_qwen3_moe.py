@@ -96,9 +96,10 @@ def test_grouped_experts_equal_a_per_token_loop(renormalize):
 def test_few_row_experts_take_their_faster_form_and_compute_the_same(dtype, monkeypatch):
     """Experts with 1 to 5 rows: on a CPU in float32 those with at most `moe.COLUMN_ROWS` rows run as
     weight @ columns (a single row padded to two), in bfloat16 those with at most
-    `moe.NATIVE_BF16_ROWS` on torch's own GEMM (oneDNN off, and back on after), the others in row
-    form; every expert's output is the definition's (per row, per pick) whichever form ran, and the
-    row form alone gives the same."""
+    `moe.NATIVE_BF16_ROWS` on torch's own GEMM (oneDNN off, and back on after), and on a CPU with AMX
+    (said to be one here, whatever this one is) the others of at most `moe.WEIGHTS_FIRST_ROWS`
+    weights-first, else in row form; every expert's output is the definition's (per row, per pick)
+    whichever form ran, and the row form alone gives the same."""
     gen = torch.Generator().manual_seed(2)
     hidden, experts, width = 16, 7, 8
     # two distinct picks a row; rows per expert: 1, 2, 3, 4, 5, 1 and none
@@ -113,9 +114,11 @@ def test_few_row_experts_take_their_faster_form_and_compute_the_same(dtype, monk
             h = gate_up[e].double() @ x[t].double()
             want[t] += float(weights[t, j]) * (down[e].double() @ (torch.nn.functional.silu(h[:width]) * h[width:]))
     monkeypatch.setattr(moe, "KERNEL_EXPERT_ROWS", 0)  # where the C kernel is built it would take these (test_cpu_gemv)
-    sizes, native = [], []
-    real, real_native = moe._expert_columns, moe._without_onednn
+    sizes, native, first = [], [], []
+    real, real_native, real_first = moe._expert_columns, moe._without_onednn, moe._expert_weights_first
     monkeypatch.setattr(moe, "_expert_columns", lambda r, g, d: sizes.append(r.shape[0]) or real(r, g, d))
+    monkeypatch.setattr(moe, "_expert_weights_first", lambda r, g, d: first.append(r.shape[0]) or real_first(r, g, d))
+    monkeypatch.setattr(moe, "cpu_has_amx", lambda: True)
     monkeypatch.setattr(moe, "_without_onednn", lambda: native.append(torch.backends.mkldnn.enabled) or real_native())
     mkldnn = torch.backends.mkldnn.enabled
     got = moe.grouped_experts(x, weights, ids, gate_up, down)
@@ -124,13 +127,20 @@ def test_few_row_experts_take_their_faster_form_and_compute_the_same(dtype, monk
     fp32 = dtype == torch.float32
     assert sizes == ([n for n in counts if n <= moe.COLUMN_ROWS] if fp32 else []) and (not fp32 or 1 in sizes)
     assert len(native) == (0 if fp32 else len([n for n in counts if n <= moe.NATIVE_BF16_ROWS])) and (fp32 or native)
+    assert first == ([] if fp32 else [n for n in counts if n > moe.NATIVE_BF16_ROWS]) and (fp32 or first)
     tol = {"atol": 1e-5, "rtol": 1e-5} if fp32 else {"atol": 2e-2, "rtol": 2e-2}
     torch.testing.assert_close(got.double(), want, **tol)
+    first.clear()
+    monkeypatch.setattr(moe, "cpu_has_amx", lambda: False)  # measured faster with AMX only: the row form elsewhere
+    torch.testing.assert_close(moe.grouped_experts(x, weights, ids, gate_up, down).double(), want, **tol)
+    assert first == []
+    monkeypatch.setattr(moe, "cpu_has_amx", lambda: True)
     monkeypatch.setattr(moe, "COLUMN_ROWS", 0)
     monkeypatch.setattr(moe, "NATIVE_BF16_ROWS", 0)
+    monkeypatch.setattr(moe, "WEIGHTS_FIRST_ROWS", 0)
     sizes.clear(), native.clear()
     torch.testing.assert_close(moe.grouped_experts(x, weights, ids, gate_up, down).double(), want, **tol)
-    assert sizes == [] and native == []
+    assert sizes == [] and native == [] and first == []
     with moe._without_onednn():
         assert not torch.backends.mkldnn.enabled
     assert torch.backends.mkldnn.enabled == mkldnn
