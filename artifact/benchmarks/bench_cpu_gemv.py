@@ -11,9 +11,10 @@ CPU time, several: wall time):
   over the time (GB/s).
 * **decode steps**: the embedded SmolLM2 GGUF dequantized to bfloat16, one decode step at batch 1, 2 and
   8 over 300-token contexts through the runner (`ModelRunner.forward`, what a worker's step costs),
-  with the kernel on (`float_linear`'s default: bfloat16 batches of at most `cpu_gemv.LINEAR_ROWS` rows;
-  `--linear-rows` sets another limit)
-  and off (`cpu_gemv.LINEAR_ROWS = 0`: torch's GEMM for every projection), and in float32 beside them.
+  as the engine runs it (`float_linear`: bfloat16 batches of at most `cpu_gemv.LINEAR_ROWS` rows in the
+  kernel, `--linear-rows` sets another limit; on a CPU with AMX, up to `layers.WEIGHTS_FIRST_ROWS` rows
+  weights-first), with the weights-first form off ("row-wise": `layers.WEIGHTS_FIRST_ROWS = 0`), with
+  both off (`cpu_gemv.LINEAR_ROWS = 0` too: torch's GEMM for every projection), and in float32.
 
 `--cold-mb N` cycles each projection through copies of its weight, N MiB in all, so every call reads
 its weight from memory, as a model bigger than the last-level cache does (default: one copy, which
@@ -38,7 +39,7 @@ import torch
 
 from artifact.benchmarks.common import kernel_build, load_kernel_build
 from engines.kv_pool import KVPool
-from engines.model import cpu_gemv
+from engines.model import cpu_gemv, layers
 from engines.model.build import build_model
 from engines.runner import ModelRunner, SeqChunk
 from engines.weights import load_weights
@@ -123,13 +124,15 @@ class _Decode:
         pages = torch.randperm(need * batch + 1, generator=torch.Generator().manual_seed(0)).tolist()
         self.chunks = [SeqChunk([100 + i], CONTEXT, pages[i * need:(i + 1) * need]) for i in range(batch)]
 
-    def step(self, gemv_rows: int):
-        kept = cpu_gemv.LINEAR_ROWS
+    def step(self, gemv_rows: int, weights_first_rows: int | None = None):
+        kept = cpu_gemv.LINEAR_ROWS, layers.WEIGHTS_FIRST_ROWS
         cpu_gemv.LINEAR_ROWS = gemv_rows
+        if weights_first_rows is not None:
+            layers.WEIGHTS_FIRST_ROWS = weights_first_rows
         try:
             self.runner.forward(self.chunks)
         finally:
-            cpu_gemv.LINEAR_ROWS = kept
+            cpu_gemv.LINEAR_ROWS, layers.WEIGHTS_FIRST_ROWS = kept
 
 
 def decode_steps(batches: list[int], repeats: int, against=None, linear_rows: int | None = None) -> list[dict]:
@@ -140,20 +143,22 @@ def decode_steps(batches: list[int], repeats: int, against=None, linear_rows: in
     on = cpu_gemv.LINEAR_ROWS if linear_rows is None else linear_rows
     for batch in batches:
         bf16, fp32 = _Decode(weights, torch.bfloat16, batch), _Decode(weights, torch.float32, batch)
-        sides = {"bf16 kernel": lambda: bf16.step(on), "bf16 torch": lambda: bf16.step(0),
-                 "fp32": lambda: fp32.step(on)}
+        sides = {"bf16 kernel": lambda: bf16.step(on), "bf16 torch": lambda: bf16.step(0, 0),
+                 "bf16 row-wise": lambda: bf16.step(on, 0), "fp32": lambda: fp32.step(on)}
         if against is not None:
             sides["bf16 other build"] = lambda: _with_build(against, bf16.step, on)
         t = _alternate(sides, repeats)
         out.append({"part": "decode", "threads": torch.get_num_threads(), "batch": batch, "linear_rows": on,
                     "kernel_used": batch <= on, "bf16_kernel_ms": t["bf16 kernel"] * 1e3, "bf16_torch_ms": t["bf16 torch"] * 1e3,
-                    "fp32_ms": t["fp32"] * 1e3, "speedup": t["bf16 torch"] / t["bf16 kernel"]})
+                    "fp32_ms": t["fp32"] * 1e3, "speedup": t["bf16 torch"] / t["bf16 kernel"],
+                    "bf16_rowwise_ms": t["bf16 row-wise"] * 1e3, "weights_first_gain": t["bf16 row-wise"] / t["bf16 kernel"]})
         r = out[-1]
         if against is not None:
             r |= {"bf16_against_ms": t["bf16 other build"] * 1e3,
                   "kernel_over_against": t["bf16 other build"] / t["bf16 kernel"]}
         print(f"[bench_cpu_gemv] decode b{batch} {r['threads']}t: bf16 kernel {r['bf16_kernel_ms']:.1f} ms, bf16 torch "
-              f"{r['bf16_torch_ms']:.1f} ms (x{r['speedup']:.2f}), fp32 {r['fp32_ms']:.1f} ms"
+              f"{r['bf16_torch_ms']:.1f} ms (x{r['speedup']:.2f}), bf16 row-wise {r['bf16_rowwise_ms']:.1f} ms "
+              f"(x{r['weights_first_gain']:.2f}), fp32 {r['fp32_ms']:.1f} ms"
               + (f"; bf16 other build {r['bf16_against_ms']:.1f} ms (this build x{r['kernel_over_against']:.2f})"
                  if against is not None else ""), flush=True)
     return out
@@ -171,11 +176,11 @@ def markdown(rows: list[dict]) -> str:
               + (f" {r['against_ms']:.3f} | {r['kernel_over_against']:.2f} |" if other else "") for r in proj]
     if dec:
         other = any("bf16_against_ms" in r for r in dec)
-        lines += ["", "| threads | decode batch | bf16, kernel ms | bf16, torch ms | kernel speedup | fp32 ms |"
-                  + (" bf16, other build ms | this build ÷ other |" if other else ""),
-                  "|---|---|---|---|---|---|" + ("---|---|" if other else "")]
+        lines += ["", "| threads | decode batch | bf16, kernel ms | bf16, torch ms | kernel speedup | bf16, row-wise ms | "
+                  "weights-first gain | fp32 ms |" + (" bf16, other build ms | this build ÷ other |" if other else ""),
+                  "|---|---|---|---|---|---|---|---|" + ("---|---|" if other else "")]
         lines += [f"| {r['threads']} | {r['batch']} | {r['bf16_kernel_ms']:.1f} | {r['bf16_torch_ms']:.1f} | "
-                  f"{r['speedup']:.2f} | {r['fp32_ms']:.1f} |"
+                  f"{r['speedup']:.2f} | {r['bf16_rowwise_ms']:.1f} | {r['weights_first_gain']:.2f} | {r['fp32_ms']:.1f} |"
                   + (f" {r['bf16_against_ms']:.1f} | {r['kernel_over_against']:.2f} |" if other else "") for r in dec]
     return "\n".join(lines) + "\n"
 

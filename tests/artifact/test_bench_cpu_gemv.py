@@ -35,6 +35,7 @@ def test_tiny_run_writes_every_projection_and_decode_step(tmp_path, monkeypatch)
         assert r["kernel_gbs"] == pytest.approx(n * k * (2 if r["dtype"] == "bfloat16" else 4) / r["kernel_ms"] / 1e6)
     (dec,) = [r for r in rows if r["part"] == "decode"]
     assert dec["batch"] == 1 and dec["bf16_kernel_ms"] > 0 and dec["bf16_torch_ms"] > 0 and dec["fp32_ms"] > 0
+    assert dec["bf16_rowwise_ms"] > 0 and dec["weights_first_gain"] == dec["bf16_rowwise_ms"] / dec["bf16_kernel_ms"]
     table = (tmp_path / "gemv-tiny.md").read_text()
     assert table.count("| smollm2 ") == len(proj) and "| 1 | 1 |" in table
 

@@ -203,3 +203,35 @@ def test_float_linear_takes_the_kernel_for_a_bf16_decode_steps_rows_only(monkeyp
     float_linear(torch.randn(2, 64), torch.randn(32, 64))  # float32: torch's GEMM
     assert len(calls) == 3
     assert isinstance(layer, torch.nn.Linear) and set(layer.state_dict()) == {"weight", "bias"}
+
+
+def test_float_linear_takes_the_weights_first_form_for_a_few_more_bf16_rows(monkeypatch):
+    """On a CPU with AMX (said to be one here, whatever this one is), bfloat16 batches of more rows than
+    the kernel takes and at most `layers.WEIGHTS_FIRST_ROWS` are multiplied as (W @ x^T)^T: contiguous
+    rows, bias added before the one rounding, results the definition's within bfloat16 rounding, as
+    F.linear's are. More rows, float32, or a CPU without AMX take F.linear."""
+    from engines.model import layers
+
+    monkeypatch.setattr(layers, "cpu_has_amx", lambda: True)
+    calls = []
+    real = layers._weights_first
+    monkeypatch.setattr(layers, "_weights_first", lambda x, *a: calls.append(tuple(x.shape)) or real(x, *a))
+    gen = torch.Generator().manual_seed(3)
+    weight = torch.randn(48, 64, generator=gen).to(torch.bfloat16)
+    bias = torch.randn(48, generator=gen).to(torch.bfloat16)
+    first = cpu_gemv.LINEAR_ROWS + 1 if cpu_gemv.linear_available(torch.ones(1, 64, dtype=torch.bfloat16), weight) else 1
+    for shape in ((first, 64), (layers.WEIGHTS_FIRST_ROWS, 64), (2, layers.WEIGHTS_FIRST_ROWS // 2, 64)):
+        x = torch.randn(shape, generator=gen).to(torch.bfloat16)
+        for b in (bias, None):
+            got = layers.float_linear(x, weight, b)
+            want = x.double() @ weight.double().T + (0 if b is None else b.double())
+            assert got.shape == (*shape[:-1], 48) and got.is_contiguous() and got.dtype == torch.bfloat16
+            err, ref = (got.double() - want).abs().max(), (torch.nn.functional.linear(x, weight, b).double() - want).abs().max()
+            assert err <= 2 * ref + 1e-6, (shape, err, ref)  # one rounding of the same sums, like F.linear's
+    assert calls == [(first, 64)] * 2 + [(layers.WEIGHTS_FIRST_ROWS, 64)] * 2 + [(2, layers.WEIGHTS_FIRST_ROWS // 2, 64)] * 2
+    calls.clear()
+    layers.float_linear(torch.randn(layers.WEIGHTS_FIRST_ROWS + 1, 64).to(torch.bfloat16), weight)
+    layers.float_linear(torch.randn(first, 64), weight.float())
+    monkeypatch.setattr(layers, "cpu_has_amx", lambda: False)
+    layers.float_linear(torch.randn(first, 64).to(torch.bfloat16), weight)
+    assert calls == []
