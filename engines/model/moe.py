@@ -120,8 +120,8 @@ WEIGHTS_FIRST_ROWS = 256
 
 
 def _expert_weights_first(rows: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    """One expert's SwiGLU over its rows [n, H] -> [n, H] as W @ x^T: gate_up @ rows^T, SwiGLU over the
-    result's row halves, down @ that.
+    """One expert's SwiGLU over its rows [n, H] -> [n, H] as W @ x^T: gate_up @ rows^T, SwiGLU over each
+    row's gate and up halves (read through the transposed view), down @ that.
 
     Why: oneDNN multiplies bfloat16 on AMX with its right operand packed into tiles. In x @ W^T that
     operand is the expert's weight, which every call packs anew, and a prefill's experts are read cold
