@@ -61,29 +61,30 @@ def cpu_identity() -> str:
     return f"{_cpu_model()} [{caps}]" if caps else _cpu_model()
 
 
+def _isa_capped() -> bool:
+    """torch told to stay below AVX-512 (ATEN_CPU_CAPABILITY): bf16 then runs emulated whatever the CPU can do."""
+    return os.environ.get("ATEN_CPU_CAPABILITY", "").lower() in ("avx2", "avx", "default")
+
+
 @functools.lru_cache(maxsize=1)
-def cpu_has_native_bf16() -> bool:
-    if os.environ.get("ATEN_CPU_CAPABILITY", "").lower() in ("avx2", "avx", "default"):
-        return False  # capped below AVX-512: torch runs bf16 emulated whatever the CPU can do
+def _cpuinfo() -> str:
     try:
         with open("/proc/cpuinfo") as f:
-            flags = f.read()
+            return f.read()
     except OSError:
-        return False
-    return any(flag in flags for flag in ("avx512_bf16", "amx_bf16", " bf16"))
+        return ""
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_has_native_bf16() -> bool:
+    return not _isa_capped() and any(flag in _cpuinfo() for flag in ("avx512_bf16", "amx_bf16", " bf16"))
 
 
 @functools.lru_cache(maxsize=1)
 def cpu_has_amx() -> bool:
     """Whether oneDNN may run bfloat16 GEMMs on AMX tiles here (the CPU has them, the ISA not capped below
     AVX-512): some bfloat16 forms were measured faster only there."""
-    if os.environ.get("ATEN_CPU_CAPABILITY", "").lower() in ("avx2", "avx", "default"):
-        return False
-    try:
-        with open("/proc/cpuinfo") as f:
-            return "amx_bf16" in f.read()
-    except OSError:
-        return False
+    return not _isa_capped() and "amx_bf16" in _cpuinfo()
 
 
 def resolve_device(name: str | torch.device | None, cuda_devices: int | None = None) -> torch.device:

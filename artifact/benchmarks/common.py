@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -60,19 +61,13 @@ def load_kernel_build(path: str | Path):
     return module
 
 
-class kernel_build:
+@contextlib.contextmanager
+def kernel_build(module):
     """`with kernel_build(module):` — `engines.model.cpu_gemv` calls `module` (another build) inside."""
+    from engines.model import cpu_gemv  # deferred: torch loads only in the benchmarks that swap builds
 
-    def __init__(self, module):
-        self.module = module
-
-    def __enter__(self):
-        from engines.model import cpu_gemv  # deferred: torch loads only in the benchmarks that swap builds
-
-        self.kept, cpu_gemv._ext = cpu_gemv._ext, self.module
-        return self.module
-
-    def __exit__(self, *exc):
-        from engines.model import cpu_gemv  # deferred: as in __enter__
-
-        cpu_gemv._ext = self.kept
+    kept, cpu_gemv._ext = cpu_gemv._ext, module
+    try:
+        yield module
+    finally:
+        cpu_gemv._ext = kept
