@@ -38,6 +38,7 @@ MULTI_CORE_DELAY_LIMIT = 0.08
 # that did not.
 FOREIGN_LIMIT = 0.15
 _BACKOFF_S = 0.05  # pause after a disturbed run: bursts of other jobs are often short
+QUIET_WINDOW_S = 0.1  # how long `others_busy` watches the machine to tell whether it is quiet
 MIN_TIMED_S = 0.3  # usable run time wanted per measurement, for short steps
 MAX_REPEATS = 25
 
@@ -132,10 +133,22 @@ def time_calls(fn: Callable[[], object], repeats: int = 5, warmup: int = 1, budg
         if budget_s is not None and elapsed >= budget_s and len(runs) >= 2:
             break
         if not good:
-            left = (budget_s - elapsed) if budget_s is not None else quiet_wait_s
-            if wait_until_quiet(min(quiet_wait_s, max(0.0, left)), own_pids=own_pids) == 0.0:
-                time.sleep(_BACKOFF_S)
+            _after_disturbed_run(wall, budget_s - elapsed if budget_s is not None else quiet_wait_s, quiet_wait_s,
+                                 own_pids)
     return summarize(runs, values, single_core)
+
+
+def _after_disturbed_run(wall: float, left_s: float, quiet_wait_s: float, own_pids: tuple[int, ...]) -> None:
+    """Pause before the next run once a run was disturbed. A run at least as long as one look at the
+    machine (`QUIET_WINDOW_S`) waits for a quiet moment, then backs off briefly if none came. A
+    shorter run is cheaper to repeat than to wait for: it backs off for its own length only — a
+    tiny model's millisecond steps, often flagged by one foreign clock tick, spent 80 % of a profile
+    in these waits. `max_runs` and the budget still bound the retries."""
+    if wall >= QUIET_WINDOW_S:
+        if wait_until_quiet(min(quiet_wait_s, max(0.0, left_s)), own_pids=own_pids) == 0.0:
+            time.sleep(_BACKOFF_S)
+    else:
+        time.sleep(min(_BACKOFF_S, wall))
 
 
 def _machine_busy_jiffies() -> int:
@@ -170,9 +183,9 @@ def wait_until_quiet(max_wait_s: float, threshold: float = 0.15, own_pids: tuple
     returns the seconds waited. Starting a measurement in a quiet moment makes clean runs likely."""
     waited = 0.0
     while waited < max_wait_s:
-        if others_busy(0.1, own_pids) < threshold:
+        if others_busy(QUIET_WINDOW_S, own_pids) < threshold:
             break
-        waited += 0.1
+        waited += QUIET_WINDOW_S
     return waited
 
 

@@ -11,3 +11,22 @@ def test_a_correction_larger_than_the_run_leaves_a_positive_time():
     assert timing.usable == 0
     assert timing.seconds > 0
     assert timing.seconds >= 0.10 * (1 - SINGLE_CORE_DELAY_LIMIT)
+
+
+def test_a_short_disturbed_run_is_repeated_at_once_and_a_long_one_waits_for_a_quiet_moment(monkeypatch):
+    """Looking for a quiet moment costs a window of the machine's counters: a run shorter than that
+    window is repeated after a pause of its own length; a longer one waits (here: a machine busy
+    throughout, so it waits its whole allowance)."""
+    from estimator.profiler import timing
+
+    looks, pauses = [], []
+    monkeypatch.setattr(timing, "others_busy", lambda window, own_pids=(): looks.append(window) or 1.0)
+    monkeypatch.setattr(timing.time, "sleep", pauses.append)
+    timing._after_disturbed_run(0.002, left_s=1.0, quiet_wait_s=1.0, own_pids=())
+    assert looks == [] and pauses == [0.002]
+    pauses.clear()
+    timing._after_disturbed_run(0.5, left_s=1.0, quiet_wait_s=0.3, own_pids=())
+    assert len(looks) == 3 and set(looks) == {timing.QUIET_WINDOW_S} and pauses == []
+    looks.clear()
+    timing._after_disturbed_run(0.5, left_s=0.0, quiet_wait_s=0.3, own_pids=())  # the budget is spent
+    assert looks == [] and pauses == [timing._BACKOFF_S]
