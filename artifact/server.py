@@ -101,7 +101,7 @@ class BulletServer:
                     return self
             except (urllib.error.URLError, ConnectionError, OSError):
                 pass
-            time.sleep(0.25)
+            time.sleep(0.1)
         raise RuntimeError(f"server not healthy after {self.startup_timeout}s:\n{self.tail()}")
 
     def __enter__(self) -> "BulletServer":

@@ -18,12 +18,16 @@ class KVPool:
         if num_pages <= 0 or page_size <= 0:
             raise ValueError("the KV pool needs at least one page of at least one token")
         self.num_pages, self.page_size = num_pages, page_size
-        shape = (config.num_hidden_layers, 2, config.num_key_value_heads, num_pages * page_size, config.head_dim)
+        shape = self.shape_for(config, num_pages, page_size)
         if tensor is None:
             tensor = torch.zeros(shape, dtype=dtype, device=device)
         elif tuple(tensor.shape) != shape:
             raise ValueError(f"shared KV tensor has shape {tuple(tensor.shape)}, expected {shape}")
         self.tensor = tensor
+
+    @staticmethod
+    def shape_for(config: ModelConfig, num_pages: int, page_size: int) -> tuple[int, ...]:
+        return config.num_hidden_layers, 2, config.num_key_value_heads, num_pages * page_size, config.head_dim
 
     @property
     def num_slots(self) -> int:

@@ -5,6 +5,7 @@ model around these tensors with `assign=True`, so nothing is copied."""
 
 from __future__ import annotations
 
+import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -70,6 +71,19 @@ def _share(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.to(device)  # CUDA tensors are shared by IPC handle when sent to a spawned process
 
 
+def _shared_kv_pool(config: ModelConfig, num_pages: int, page_size: int, dtype: torch.dtype,
+                    device: torch.device) -> torch.Tensor:
+    """The KV pool's tensor, shared. On a CPU it is made in shared memory directly: a new segment
+    reads as zeros and its pages are only touched when written. Zeros in private memory copied into a
+    segment wrote the whole pool twice: 0.8-0.9 s for the default 1.4 GB pool on 2 cores, against
+    0.12 s made in place (seconds more for a big host's pool)."""
+    if device.type != "cpu":
+        return _share(KVPool(config, num_pages, page_size, dtype, device).tensor, device)
+    shape = KVPool.shape_for(config, num_pages, page_size)
+    storage = torch.UntypedStorage._new_shared(math.prod(shape) * dtype.itemsize)
+    return KVPool(config, num_pages, page_size, dtype, tensor=torch.empty(0, dtype=dtype).set_(storage, 0, shape)).tensor
+
+
 def _load_tokenizer(args: ServerArgs, source: Path | None, load_format: str) -> Tokenizer:
     tokenizer = load_tokenizer(source, load_format, args.tokenizer_path)
     if args.chat_template:
@@ -101,7 +115,7 @@ def load_shared_model(args: ServerArgs, device: torch.device,
             state[name] = _share(tensor, data)
         num_pages = args.num_pages
         kv_dtype = resolve_kv_dtype(args.kv_cache_dtype, dtype)
-        kv = _share(KVPool(weights.config, num_pages, args.page_size, kv_dtype, data).tensor, data)
+        kv = _shared_kv_pool(weights.config, num_pages, args.page_size, kv_dtype, data)
         tokenizer = pending.result() if pending is not None else None
     name = args.served_model_name or _model_name(args, weights.source, weights.config)
     eos = tuple(sorted(set(weights.config.eos_token_ids) | (tokenizer.eos_token_ids if tokenizer else set())))
@@ -128,7 +142,7 @@ def shard_shared_model(shared: SharedModel, tp_size: int) -> list[SharedModel]:
         config = shard_config(shared.config, shard)
         state = {name: t if t.is_shared() or t.device.type != "cpu" else _share(t, data)
                  for name, t in shard_state(shared.state, shared.config, shard).items()}
-        kv = _share(KVPool(config, shared.num_pages, shared.page_size, shared.kv.dtype, data).tensor, data)
+        kv = _shared_kv_pool(config, shared.num_pages, shared.page_size, shared.kv.dtype, data)
         ranks.append(replace(shared, config=config, state=state, kv=kv, tp_rank=rank, tp_size=tp_size,
                              whole_config=shared.config))
     release_free_heap()
