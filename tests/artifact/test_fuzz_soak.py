@@ -128,7 +128,7 @@ def test_a_failed_probe_waits_for_recovery_and_the_fuzz_goes_on():
 def test_a_tiny_run_against_a_real_server_writes_the_whole_report(tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "artifact.fuzz_soak", "--requests", "60", "--zmq-messages", "30",
-           "--zmq-oversized-mb", "0", "--soak-minutes", "0.1", "--soak-rate", "2", "--soak-max-tokens", "8",
+           "--zmq-oversized-mb", "0", "--soak-minutes", "0.05", "--soak-rate", "2", "--soak-max-tokens", "8",
            "--probe-every", "30",
            "--max-body-mb", "1", "--out", str(out), "--", "--policy", "static", "--log-level", "warning",
            "--max-total-tokens", "4096"]
