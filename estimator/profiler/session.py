@@ -179,19 +179,28 @@ class CpuTimer:
 
     def __init__(self, budget_s: float, quiet_wait_s: float):
         self.budget_s, self.quiet_wait_s = budget_s, quiet_wait_s
+        self.last_undisturbed = False  # whether every run of the last measurement was undisturbed
 
     def settle(self, own_pids: tuple[int, ...]) -> None:
-        wait_until_quiet(self.quiet_wait_s, own_pids=own_pids)
+        """Wait for a quiet moment before a measurement — unless the last one just ran undisturbed
+        throughout: the machine was quiet a moment ago, and one look costs `timing.QUIET_WINDOW_S` (~6 s of
+        a quick profile's ~60 measurements). A burst that starts anyway is caught run by run."""
+        if not self.last_undisturbed:
+            wait_until_quiet(self.quiet_wait_s, own_pids=own_pids)
+
+    def _seen(self, timing: Timing) -> Timing:
+        self.last_undisturbed = timing.usable == len(timing.runs)
+        return timing
 
     def step(self, run: Callable[[], object], repeats: int, own_pids: tuple[int, ...]) -> Timing:
-        return time_calls(run, repeats=repeats, budget_s=self.budget_s, own_pids=own_pids,
-                          quiet_wait_s=self.quiet_wait_s)
+        return self._seen(time_calls(run, repeats=repeats, budget_s=self.budget_s, own_pids=own_pids,
+                                     quiet_wait_s=self.quiet_wait_s))
 
     def kernels(self, bench: ModelBench, case: Case, units: int, repeats: int) -> tuple[dict[str, float], Timing]:
         """Per-kernel medians over the usable sweeps (a sweep = one forward, timed kernel by kernel)."""
         clock = sweep_clock(units)
-        timing = time_calls(lambda: kernel_times(bench, case, clock)[0], repeats=repeats, budget_s=self.budget_s,
-                            quiet_wait_s=self.quiet_wait_s)
+        timing = self._seen(time_calls(lambda: kernel_times(bench, case, clock)[0], repeats=repeats,
+                                       budget_s=self.budget_s, quiet_wait_s=self.quiet_wait_s))
         sweeps = timing.values
         return {k: statistics.median(s[k] for s in sweeps) for k in sweeps[0]}, timing
 

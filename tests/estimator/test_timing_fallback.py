@@ -30,3 +30,21 @@ def test_a_short_disturbed_run_is_repeated_at_once_and_a_long_one_waits_for_a_qu
     looks.clear()
     timing._after_disturbed_run(0.5, left_s=0.0, quiet_wait_s=0.3, own_pids=())  # the budget is spent
     assert looks == [] and pauses == [timing._BACKOFF_S]
+
+
+def test_a_measurement_right_after_an_undisturbed_one_skips_the_look_for_a_quiet_moment(monkeypatch):
+    from estimator.profiler import session
+    from estimator.profiler.timing import Timing
+
+    looks = []
+    monkeypatch.setattr(session, "wait_until_quiet", lambda seconds, own_pids=(): looks.append(seconds) or 0.0)
+    timer = session.CpuTimer(budget_s=1.0, quiet_wait_s=0.5)
+    timer.settle(())
+    assert looks == [0.5]  # nothing measured yet: it looks
+    clean, busy = Run(wall=0.01, delay=0.0, foreign=0.0), Run(wall=0.01, delay=0.0, foreign=1.0)
+    timer._seen(Timing(0.01, (clean, clean), usable=2))
+    timer.settle(())
+    assert looks == [0.5]  # the machine was quiet throughout the last measurement
+    timer._seen(Timing(0.01, (clean, busy), usable=1))
+    timer.settle(())
+    assert looks == [0.5, 0.5]
