@@ -88,7 +88,7 @@ def shared_data() -> Path:
 def fp32_srm_profile(tmp_path_factory) -> str:
     """An estimator profile of the embedded model in fp32 made of this CPU's probed rates alone (the
     SRM, no calibration; ~4 s): what a test server run with `--dtype float32 --policy bullet` is given
-    when the test is about behaviour, not predictions — a measured profile costs ~80-100 s on a fresh
+    when the test is about behaviour, not predictions — a measured quick profile costs ~40-50 s on a fresh
     2-core machine, and the default (int8) server of the HTTP tests still measures and caches its own,
     as a user's first launch does."""
     from engines.model_config import ModelConfig
