@@ -6,6 +6,7 @@ model around these tensors with `assign=True`, so nothing is copied."""
 from __future__ import annotations
 
 import math
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -21,7 +22,7 @@ from engines.kv_pool import KVPool
 from engines.model_config import ModelConfig
 from engines.tensor_parallel import plan_shard, shard_config, shard_state
 from engines.tokenizer import Tokenizer, load_tokenizer
-from engines.weights import DEFAULT_MODEL, load_weights, resolve_model_path
+from engines.weights import DEFAULT_MODEL, ModelLoadError, load_weights, resolve_model_path
 
 
 @dataclass
@@ -71,6 +72,34 @@ def _share(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.to(device)  # CUDA tensors are shared by IPC handle when sent to a spawned process
 
 
+SHM_DIR = "/dev/shm"  # where torch's CPU shared memory lives (POSIX shm_open)
+
+
+def _require_shm_room(nbytes: int, what: str) -> None:
+    """A clear error now if `nbytes` more of shared memory cannot fit in /dev/shm. Without it the
+    weights' copy would die of SIGBUS in the launcher, and the pool (made in place, its pages taken
+    when first written) would kill a worker mid-request — Docker gives a container 64 MB by default."""
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return  # no /dev/shm to ask: shared memory lives elsewhere on this system
+    free = st.f_bavail * st.f_frsize
+    if nbytes > free:
+        raise ModelLoadError(
+            f"{what} needs {nbytes / 2**30:.2f} GiB of shared memory, but {SHM_DIR} has {free / 2**30:.2f} GiB free: "
+            "lower --max-total-tokens (the KV pool), or give it more room (in Docker: --shm-size)")
+
+
+def _unshared_bytes(tensors) -> int:
+    """Bytes that sharing `tensors` copies into shared memory (each storage once; shared ones are not copied)."""
+    seen = {}
+    for t in tensors:
+        storage = t.untyped_storage()
+        if not storage.is_shared():
+            seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
 def _shared_kv_pool(config: ModelConfig, num_pages: int, page_size: int, dtype: torch.dtype,
                     device: torch.device) -> torch.Tensor:
     """The KV pool's tensor, shared. On a CPU it is made in shared memory directly: a new segment
@@ -80,7 +109,9 @@ def _shared_kv_pool(config: ModelConfig, num_pages: int, page_size: int, dtype: 
     if device.type != "cpu":
         return _share(KVPool(config, num_pages, page_size, dtype, device).tensor, device)
     shape = KVPool.shape_for(config, num_pages, page_size)
-    storage = torch.UntypedStorage._new_shared(math.prod(shape) * dtype.itemsize)
+    nbytes = math.prod(shape) * dtype.itemsize
+    _require_shm_room(nbytes, f"the KV pool ({num_pages} pages of {page_size} tokens)")
+    storage = torch.UntypedStorage._new_shared(nbytes)
     return KVPool(config, num_pages, page_size, dtype, tensor=torch.empty(0, dtype=dtype).set_(storage, 0, shape)).tensor
 
 
@@ -111,6 +142,8 @@ def load_shared_model(args: ServerArgs, device: torch.device,
         dtype = weights.dtype  # the int8 model computes (and keeps its KV) in float32 whatever --dtype resolved to
         source = str(weights.source) if weights.source else None
         state = {}
+        if data.type == "cpu":
+            _require_shm_room(_unshared_bytes(weights.state.values()), f"the weights of {weights.config.name}")
         for name, tensor in weights.state.items():
             state[name] = _share(tensor, data)
         num_pages = args.num_pages
