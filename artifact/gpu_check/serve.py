@@ -275,13 +275,15 @@ def _launch(ctx: Context, policy: str, backend: str, tokenizer: str | None, end:
 
 
 def failure_reason(log: Path) -> str | None:
-    """The exceptions a server's log names (`SomeError: why`, unindented), first ones first: the
-    cause of a failed start is usually the first, the launcher's verdict the last."""
+    """The exceptions a server's log names (`SomeError: why`, unindented) and the launcher's own
+    one-line verdict (`bullet launch: why`), first ones first: the cause of a failed start is usually
+    the first, the launcher's verdict the last."""
     try:
         lines = log.read_text(errors="replace").splitlines()
     except OSError:
         return None
-    found = [ln.strip() for ln in lines if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit)\b.*:", ln)]
+    found = [ln.strip() for ln in lines
+             if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit)\b.*:", ln) or ln.startswith("bullet launch: ")]
     unique = list(dict.fromkeys(found))
     return " / ".join(unique[:3])[:500] or None
 

@@ -110,12 +110,20 @@ def serve(server_args) -> int:
         server.should_exit = True
 
     runtime.on_fatal = on_fatal
+    # a start that failed for a reason the user can fix is said in one line below, not as uvicorn's traceback
+    logging.getLogger("uvicorn.error").addFilter(lambda record: runtime.startup_error is None)
     print(f"[bullet] starting: model {server_args.model_path or 'SmolLM2-135M-Instruct (embedded)'}, "
           f"policy {server_args.policy}, http://{server_args.host}:{server_args.port}", file=sys.stderr, flush=True)
     try:
         server.run()
     except (ModelLoadError, WorkerStartupError) as exc:
         print(f"bullet launch: {exc}", file=sys.stderr)
+        return 1
+    except SystemExit:  # uvicorn's exit when the application's start-up failed
+        if runtime.startup_error is None:
+            raise
+    if runtime.startup_error is not None:
+        print(f"bullet launch: {runtime.startup_error}", file=sys.stderr)
         return 1
     if fatal:
         print(f"bullet launch: stopped: {fatal[0]}", file=sys.stderr)

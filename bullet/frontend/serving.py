@@ -27,6 +27,7 @@ class ServingRuntime:
         self.failures: list[dict] = []
         self._supervisor: asyncio.Task | None = None
         self.on_fatal = None  # called once the workers cannot be restarted any more
+        self.startup_error: Exception | None = None  # why start() failed, when the reason is the user's to fix
         self.started_at = time.time()
 
     @property

@@ -285,6 +285,11 @@ def test_a_server_that_did_not_start_is_reported_by_the_exceptions_its_log_names
     assert failure_reason(log) == ("AttributeError: 'str' object has no attribute 'type' / "
                                    "bullet.launcher.launcher.WorkerStartupError: unified worker exited with code 1")
     assert failure_reason(tmp_path / "missing.log") is None
+    # the launcher says why a start failed in one line of its own (a reason the user can fix)
+    log.write_text("[w decode] ERROR worker failed:\nTraceback (most recent call last):\n  File \"x.py\", line 1\n"
+                   "RuntimeError: CUDA error: out of memory\nbullet launch: decode worker exited with code 1 during startup\n")
+    assert failure_reason(log) == ("RuntimeError: CUDA error: out of memory / "
+                                   "bullet launch: decode worker exited with code 1 during startup")
 
 
 def test_every_served_system_keeps_its_step_timeline(tmp_path):

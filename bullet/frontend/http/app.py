@@ -20,6 +20,8 @@ from bullet.frontend.http.errors import APIError, api_error_handler
 from bullet.frontend.http.metrics import Metrics
 from bullet.frontend.http.middleware import AuthAndCount
 from bullet.frontend.serving import ServingRuntime
+from bullet.launcher.launcher import WorkerStartupError
+from engines.weights import ModelLoadError
 
 log = logging.getLogger("bullet.http")
 
@@ -29,7 +31,11 @@ def create_app(args: ServerArgs, runtime: ServingRuntime | None = None) -> FastA
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        await runtime.start()
+        try:
+            await runtime.start()
+        except (ModelLoadError, WorkerStartupError) as exc:  # `bullet launch` says it in one line
+            runtime.startup_error = exc
+            raise
         app.state.metrics = Metrics(runtime)
         runtime.client.on_finish = app.state.metrics.on_finish
         log.info("serving %s with policy %s", runtime.model.model_name, args.policy)
