@@ -38,6 +38,7 @@ from artifact.fuzz.zmq_fuzz import fuzz_sockets
 from artifact.server import BulletServer
 
 DEFAULT_LAUNCH = ["--policy", "bullet", "--log-level", "warning"]
+LEFTOVER_GRACE_S = 5.0  # how long a stopped server's processes, segments and sockets may take to go
 RESULTS = Path(__file__).resolve().parent / "results" / "fuzz_soak"
 
 
@@ -128,6 +129,20 @@ async def phases(args, url: str, root_pid: int | None, result: dict, save, dead)
         result["end"]["liveness"] = await liveness(session, url)
 
 
+def settled_leftovers(instance_id: str | None, runtime_dir: str | None, pids: list[int],
+                      grace_s: float = LEFTOVER_GRACE_S) -> dict:
+    """`leftovers` once nothing is left, or as they stand after `grace_s`: a worker told to stop may
+    take a moment longer than its launcher (a fixed 1 s pause was both the usual cost and, on a slow
+    machine, short of that moment)."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        found = leftovers(instance_id, runtime_dir, pids)
+        if not (found["shm_segments"] or found["runtime_dir_left"] or found["processes_left"]) \
+                or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.1)
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -171,8 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             if server.proc.poll() is not None:
                 result["server_died"] = result.get("server_died") or f"exited with {server.proc.returncode}"
             result["exit_code"] = server.terminate()
-            time.sleep(1.0)
-            result["after_stop"] = leftovers(info.get("instance_id"), info.get("runtime_dir"), pids)
+            result["after_stop"] = settled_leftovers(info.get("instance_id"), info.get("runtime_dir"), pids)
             result["server_log_tail"] = server.tail(30)
         save()
     say(f"verdict: {json.dumps(result['verdict'])}")

@@ -166,3 +166,24 @@ def test_only_a_valid_request_without_a_length_limit_counts_as_unbounded():
     assert not unbounded_generation(case("/generate", b'{"text": "x", '))
     assert not unbounded_generation(case("/health", {"text": "x"}))
     assert not unbounded_generation(case("/generate", b"[" * 5000 + b"]" * 5000))  # too deep for json: not a crash
+
+
+def test_leftovers_are_read_once_they_settle_or_as_they_stand_after_the_grace():
+    import os
+    import subprocess
+    import time
+
+    from artifact.fuzz_soak import settled_leftovers
+
+    began = time.monotonic()
+    assert settled_leftovers(None, None, [], grace_s=5.0) == {"shm_segments": [], "runtime_dir_left": False,
+                                                              "processes_left": []}
+    assert time.monotonic() - began < 1.0  # nothing left: no wait
+    child = subprocess.Popen(["sleep", "0.3"])
+    try:
+        assert settled_leftovers(None, None, [child.pid], grace_s=10.0)["processes_left"] == []  # gone in time
+    finally:
+        child.wait()
+    began = time.monotonic()
+    assert settled_leftovers(None, None, [os.getpid()], grace_s=0.3)["processes_left"] == [os.getpid()]
+    assert time.monotonic() - began >= 0.3
