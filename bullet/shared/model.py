@@ -75,10 +75,11 @@ def _share(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 SHM_DIR = "/dev/shm"  # where torch's CPU shared memory lives (POSIX shm_open)
 
 
-def _require_shm_room(nbytes: int, what: str) -> None:
+def _require_shm_room(nbytes: int, what: str, lower: str = "") -> None:
     """A clear error now if `nbytes` more of shared memory cannot fit in /dev/shm. Without it the
     weights' copy would die of SIGBUS in the launcher, and the pool (made in place, its pages taken
-    when first written) would kill a worker mid-request — Docker gives a container 64 MB by default."""
+    when first written) would kill a worker mid-request — Docker gives a container 64 MB by default.
+    `lower`: what the user can lower instead, if anything."""
     try:
         st = os.statvfs(SHM_DIR)
     except OSError:
@@ -87,7 +88,7 @@ def _require_shm_room(nbytes: int, what: str) -> None:
     if nbytes > free:
         raise ModelLoadError(
             f"{what} needs {nbytes / 2**30:.2f} GiB of shared memory, but {SHM_DIR} has {free / 2**30:.2f} GiB free: "
-            "lower --max-total-tokens (the KV pool), or give it more room (in Docker: --shm-size)")
+            f"{lower + ', or ' if lower else ''}give it more room (in Docker: --shm-size)")
 
 
 def _unshared_bytes(tensors) -> int:
@@ -110,7 +111,8 @@ def _shared_kv_pool(config: ModelConfig, num_pages: int, page_size: int, dtype: 
         return _share(KVPool(config, num_pages, page_size, dtype, device).tensor, device)
     shape = KVPool.shape_for(config, num_pages, page_size)
     nbytes = math.prod(shape) * dtype.itemsize
-    _require_shm_room(nbytes, f"the KV pool ({num_pages} pages of {page_size} tokens)")
+    _require_shm_room(nbytes, f"the KV pool ({num_pages} pages of {page_size} tokens)",
+                      "lower --max-total-tokens (the KV pool)")
     storage = torch.UntypedStorage._new_shared(nbytes)
     return KVPool(config, num_pages, page_size, dtype, tensor=torch.empty(0, dtype=dtype).set_(storage, 0, shape)).tensor
 

@@ -183,8 +183,8 @@ class CpuTimer:
 
     def settle(self, own_pids: tuple[int, ...]) -> None:
         """Wait for a quiet moment before a measurement — unless the last one just ran undisturbed
-        throughout: the machine was quiet a moment ago, and one look costs `timing.QUIET_WINDOW_S` (~6 s of
-        a quick profile's ~60 measurements). A burst that starts anyway is caught run by run."""
+        throughout: the machine was quiet a moment ago, and one look costs `timing.QUIET_WINDOW_S` (~4 s over
+        a quick profile's ~45 measurements). A burst that starts anyway is caught run by run."""
         if not self.last_undisturbed:
             wait_until_quiet(self.quiet_wait_s, own_pids=own_pids)
 
