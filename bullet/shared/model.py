@@ -6,7 +6,6 @@ model around these tensors with `assign=True`, so nothing is copied."""
 from __future__ import annotations
 
 import math
-import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -15,6 +14,7 @@ import torch
 
 from bullet.config import ServerArgs
 from bullet.partition.cuda_access import CudaAccess, tensor_device
+from bullet.shm.segments import SHM_DIR, shm_free_bytes
 from engines.chat_templates import read_template
 from engines.device import quantization_for, require_device, resolve_dtype, resolve_kv_dtype
 from engines.host import release_free_heap
@@ -54,13 +54,7 @@ class SharedModel:
         return self.whole_config or self.config
 
     def weight_bytes(self) -> int:
-        seen, total = set(), 0
-        for t in self.state.values():
-            key = t.untyped_storage().data_ptr()
-            if key not in seen:
-                seen.add(key)
-                total += t.untyped_storage().nbytes()
-        return total
+        return _storage_bytes(self.state.values())
 
     def kv_bytes(self) -> int:
         return self.kv.untyped_storage().nbytes()
@@ -72,33 +66,27 @@ def _share(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.to(device)  # CUDA tensors are shared by IPC handle when sent to a spawned process
 
 
-SHM_DIR = "/dev/shm"  # where torch's CPU shared memory lives (POSIX shm_open)
-
-
 def _require_shm_room(nbytes: int, what: str, lower: str = "") -> None:
     """A clear error now if `nbytes` more of shared memory cannot fit in /dev/shm. Without it the
     weights' copy would die of SIGBUS in the launcher, and the pool (made in place, its pages taken
     when first written) would kill a worker mid-request — Docker gives a container 64 MB by default.
     `lower`: what the user can lower instead, if anything."""
-    try:
-        st = os.statvfs(SHM_DIR)
-    except OSError:
-        return  # no /dev/shm to ask: shared memory lives elsewhere on this system
-    free = st.f_bavail * st.f_frsize
-    if nbytes > free:
+    free = shm_free_bytes()
+    if free is not None and nbytes > free:
         raise ModelLoadError(
             f"{what} needs {nbytes / 2**30:.2f} GiB of shared memory, but {SHM_DIR} has {free / 2**30:.2f} GiB free: "
             f"{lower + ', or ' if lower else ''}give it more room (in Docker: --shm-size)")
 
 
-def _unshared_bytes(tensors) -> int:
-    """Bytes that sharing `tensors` copies into shared memory (each storage once; shared ones are not copied)."""
-    seen = {}
+def _storage_bytes(tensors, unshared_only: bool = False) -> int:
+    """Bytes of the storages under `tensors`, each once (views share one); `unshared_only`: of those not
+    in shared memory yet, i.e. what sharing `tensors` copies there."""
+    sizes = {}
     for t in tensors:
         storage = t.untyped_storage()
-        if not storage.is_shared():
-            seen[storage.data_ptr()] = storage.nbytes()
-    return sum(seen.values())
+        if not (unshared_only and storage.is_shared()):
+            sizes[storage.data_ptr()] = storage.nbytes()
+    return sum(sizes.values())
 
 
 def _shared_kv_pool(config: ModelConfig, num_pages: int, page_size: int, dtype: torch.dtype,
@@ -113,8 +101,7 @@ def _shared_kv_pool(config: ModelConfig, num_pages: int, page_size: int, dtype: 
     nbytes = math.prod(shape) * dtype.itemsize
     _require_shm_room(nbytes, f"the KV pool ({num_pages} pages of {page_size} tokens)",
                       "lower --max-total-tokens (the KV pool)")
-    storage = torch.UntypedStorage._new_shared(nbytes)
-    return KVPool(config, num_pages, page_size, dtype, tensor=torch.empty(0, dtype=dtype).set_(storage, 0, shape)).tensor
+    return torch.empty(0, dtype=dtype).set_(torch.UntypedStorage._new_shared(nbytes), 0, shape)
 
 
 def _load_tokenizer(args: ServerArgs, source: Path | None, load_format: str) -> Tokenizer:
@@ -145,7 +132,8 @@ def load_shared_model(args: ServerArgs, device: torch.device,
         source = str(weights.source) if weights.source else None
         state = {}
         if data.type == "cpu":
-            _require_shm_room(_unshared_bytes(weights.state.values()), f"the weights of {weights.config.name}")
+            _require_shm_room(_storage_bytes(weights.state.values(), unshared_only=True),
+                              f"the weights of {weights.config.name}")
         for name, tensor in weights.state.items():
             state[name] = _share(tensor, data)
         num_pages = args.num_pages

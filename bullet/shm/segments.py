@@ -271,3 +271,13 @@ def instance_alive(instance_id: str) -> bool | None:
 def stale_instances() -> list[InstanceInfo]:
     """Instances whose creator pid is known and no longer running."""
     return [info for info in list_instances() if info.creator_alive is False]
+
+
+def shm_free_bytes() -> int | None:
+    """Bytes free for new shared memory in SHM_DIR (torch's CPU tensors are shared there too), or None
+    where there is no such directory to ask."""
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize

@@ -41,13 +41,13 @@ def test_shared_memory_that_cannot_hold_the_pool_is_a_clear_error_before_anythin
     import bullet.shared.model as shared_model
     from engines.weights import ModelLoadError
 
-    monkeypatch.setattr(shared_model.os, "statvfs", lambda path: SimpleNamespace(f_bavail=1, f_frsize=os.sysconf("SC_PAGE_SIZE")))
+    monkeypatch.setattr(os, "statvfs", lambda path: SimpleNamespace(f_bavail=1, f_frsize=os.sysconf("SC_PAGE_SIZE")))
     with pytest.raises(ModelLoadError, match=r"the KV pool \(4 pages of 16 tokens\) needs .* --max-total-tokens .* --shm-size"):
         _shared_kv_pool(CONFIG, 4, 16, torch.float32, torch.device("cpu"))
     weights = [torch.zeros(1 << 20), torch.zeros(8).share_memory_()]
-    assert shared_model._unshared_bytes(weights + [weights[0][:10]]) == 4 << 20  # shared ones and views not counted
+    assert shared_model._storage_bytes(weights + [weights[0][:10]], unshared_only=True) == 4 << 20  # shared ones and views not counted
     with pytest.raises(ModelLoadError, match="the weights of tiny needs"):
-        shared_model._require_shm_room(shared_model._unshared_bytes(weights), "the weights of tiny")
+        shared_model._require_shm_room(shared_model._storage_bytes(weights, unshared_only=True), "the weights of tiny")
 
 
 @pytest.mark.slow
