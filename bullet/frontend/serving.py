@@ -13,8 +13,43 @@ from bullet.launcher.launcher import Launcher
 from engines.host import release_free_heap
 
 log = logging.getLogger("bullet.serving")
-SUPERVISE_INTERVAL_S = 0.2
+# How often the supervisor looks for hung workers (at most a quarter of --heartbeat-timeout). A worker
+# that exits wakes it at once (`WorkerExits`): only the heartbeat watchdog needs a clock.
+SUPERVISE_INTERVAL_S = 1.0
 TRIM_INTERVAL_S = 10.0
+
+
+class WorkerExits:
+    """Wakes the supervisor the moment a worker process ends: the event loop watches each process's
+    sentinel (readable once the process exited), so a crash is handled without polling for it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop, self.event, self.fds = loop, asyncio.Event(), set()
+
+    def watch(self, sentinels: list[int]) -> None:
+        self.clear()
+        for fd in sentinels:
+            self.loop.add_reader(fd, self._exited, fd)
+            self.fds.add(fd)
+
+    def _exited(self, fd: int) -> None:
+        self.loop.remove_reader(fd)  # stays readable: watched any longer, it would wake the loop forever
+        self.fds.discard(fd)
+        self.event.set()
+
+    def clear(self) -> None:
+        """Stop watching (before the processes are replaced or closed: a sentinel's fd may be reused)."""
+        for fd in self.fds:
+            self.loop.remove_reader(fd)
+        self.fds.clear()
+
+    async def wait(self, timeout: float) -> None:
+        """Until a watched process exits or `timeout` seconds pass."""
+        try:
+            await asyncio.wait_for(self.event.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+        self.event.clear()
 
 
 class ServingRuntime:
@@ -56,6 +91,8 @@ class ServingRuntime:
     async def stop(self) -> None:
         if self._supervisor:
             self._supervisor.cancel()
+            if self._supervisor is not asyncio.current_task():  # it stops watching before the processes go
+                await asyncio.gather(self._supervisor, return_exceptions=True)
         if self.client:
             self.client.fail_all("the server is shutting down")
             await self.client.close()
@@ -108,10 +145,23 @@ class ServingRuntime:
             self.client.fail_all(f"the server shut down before this request finished ({timeout:g}s to drain)")
         return left
 
+    @property
+    def watchdog_interval_s(self) -> float:
+        timeout = self.args.heartbeat_timeout
+        return min(SUPERVISE_INTERVAL_S, timeout / 4) if timeout > 0 else SUPERVISE_INTERVAL_S
+
     async def _supervise(self) -> None:
+        exits = WorkerExits(asyncio.get_running_loop())
+        exits.watch(self.launcher.sentinels())
+        try:
+            await self._supervise_with(exits)
+        finally:
+            exits.clear()
+
+    async def _supervise_with(self, exits: WorkerExits) -> None:
         last_trim = time.monotonic()
         while True:
-            await asyncio.sleep(SUPERVISE_INTERVAL_S)
+            await exits.wait(self.watchdog_interval_s)
             if time.monotonic() - last_trim > TRIM_INTERVAL_S:  # hand freed request buffers back to the OS
                 last_trim = time.monotonic()
                 await asyncio.to_thread(release_free_heap)
@@ -140,7 +190,9 @@ class ServingRuntime:
                     self.on_fatal(what)
                 return
             self.status = "restarting"
+            exits.clear()
             self.launcher.restart_workers(uids)
+            exits.watch(self.launcher.sentinels())
             self.client.connect_workers(self.launcher.endpoints)
             try:
                 await self.launcher.wait_ready()

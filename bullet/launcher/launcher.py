@@ -171,6 +171,10 @@ class Launcher:
             await asyncio.sleep(0.05)
         raise WorkerStartupError(f"workers not ready after {timeout:.0f}s")
 
+    def sentinels(self) -> list[int]:
+        """A file descriptor per worker process that turns readable when the process ends."""
+        return [p.sentinel for _, p in self._all_procs()]
+
     def hung_workers(self, timeout: float) -> list[tuple[Role, float]]:
         """Ready workers of this incarnation whose last heartbeat is older than `timeout` seconds."""
         if timeout <= 0 or self.state is None:

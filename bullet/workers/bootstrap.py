@@ -77,6 +77,7 @@ def worker_main(spec: WorkerSpec) -> None:
     try:
         if os.getppid() == spec.launcher_pid:  # else the launcher died before the death signal was armed
             worker = build_worker(spec, lambda: stop.stop)
+            worker.io.wake_on_signals()  # a SIGTERM ends an idle worker's wait on its socket at once
             worker.run()
         else:
             code = 1

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import signal
 
 import zmq
 
@@ -35,6 +37,16 @@ class WorkerIO:
         self.poller.register(self.inbox, zmq.POLLIN)
         self.dropped = 0
         self.dropped_sends = 0
+        self._signal_pipe: tuple[int, int] | None = None
+
+    def wake_on_signals(self) -> None:
+        """Let a signal end a wait in `receive` at once (the main thread only). Without it the poll is
+        resumed after the handler ran (PEP 475), and a SIGTERM that set the stop flag is seen only when
+        the wait times out — up to an idle worker's heartbeat interval."""
+        read_end, write_end = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+        self.poller.register(read_end, zmq.POLLIN)
+        self._signal_pipe = (read_end, write_end)
 
     def _push(self, address: str) -> zmq.Socket:
         sock = self.ctx.socket(zmq.PUSH)
@@ -49,8 +61,12 @@ class WorkerIO:
         """Everything waiting in the inbox; waits up to `timeout_s` for the first message (rounded
         up to whole milliseconds: a worker that asked to sleep until a time never wakes before it)."""
         msgs: list[Message] = []
-        if timeout_s > 0 and not self.poller.poll(math.ceil(timeout_s * 1e3)):
-            return msgs
+        if timeout_s > 0:
+            ready = dict(self.poller.poll(math.ceil(timeout_s * 1e3)))
+            if self._signal_pipe is not None and self._signal_pipe[0] in ready:
+                self._drain_signal_pipe()
+            if self.inbox not in ready:
+                return msgs  # timed out, or a signal: the caller looks at its stop flag
         while True:
             try:
                 data = self.inbox.recv(zmq.NOBLOCK)
@@ -85,7 +101,19 @@ class WorkerIO:
         order sent, after any Recompute sent before them (one socket)."""
         self.to_prefill.send(encode(msg))
 
+    def _drain_signal_pipe(self) -> None:
+        try:
+            while os.read(self._signal_pipe[0], 512):
+                pass
+        except BlockingIOError:
+            pass
+
     def close(self) -> None:
+        if self._signal_pipe is not None:
+            signal.set_wakeup_fd(-1)
+            for fd in self._signal_pipe:
+                os.close(fd)
+            self._signal_pipe = None
         for sock in (self.inbox, self.to_frontend, self.to_decode, self.to_prefill):
             if sock is not None:
                 sock.close()  # each with its own linger: 0 for the inbox, bounded for the outputs

@@ -59,10 +59,12 @@ def _progress_bar(enabled: bool, total: int):
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    # Redrawn between measurements only: rich's refresh thread would wake 10 times a second and take
+    # the interpreter's lock from the thread being timed (the disturbance the timing rules look for).
     with Progress(TextColumn("[bold]profile"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.description}"), transient=False) as bar:
+                  TextColumn("{task.description}"), transient=False, auto_refresh=False) as bar:
         task = bar.add_task("", total=total)
-        yield (lambda desc: bar.update(task, advance=1, description=desc)), bar.console.print
+        yield (lambda desc: bar.update(task, advance=1, description=desc, refresh=True)), bar.console.print
 
 
 def _jobs(session: ProfileSession, plan: ProfilePlan, cores: list[int]):

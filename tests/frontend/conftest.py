@@ -1,6 +1,8 @@
-"""Two real servers shared by the HTTP tests (a startup costs ~10-30 s on two cores): `server` with
+"""Two real servers shared by the HTTP tests (a startup costs ~5-50 s on two cores): `server` with
 the default flags, and `secured` with --api-key and a KV pool small enough to fill. Tests run one
-at a time, so token counter deltas read around a test belong to that test."""
+at a time, so token counter deltas read around a test belong to that test. Both stop when the last
+test of this folder ran (package scope): an idle server still wakes to supervise its workers, and
+the rest of the suite runs beside nothing it does not need."""
 
 from __future__ import annotations
 
@@ -10,19 +12,19 @@ from tests.frontend.helpers import SECURED_ARGS, SERVER_ARGS, SecuredServer
 from tests.server_utils import ServerProcess
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def server():
     with ServerProcess(*SERVER_ARGS) as srv:
         yield srv
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def secured():
     with SecuredServer(*SECURED_ARGS) as srv:
         yield srv
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def hf_tokenizer(server):
     """The server's tokenizer as the real clients load it: a local Hugging Face directory."""
     transformers = pytest.importorskip("transformers")
