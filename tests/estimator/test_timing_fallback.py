@@ -48,3 +48,18 @@ def test_a_measurement_right_after_an_undisturbed_one_skips_the_look_for_a_quiet
     timer._seen(Timing(0.01, (clean, busy), usable=1))
     timer.settle(())
     assert looks == [0.5, 0.5]
+
+
+def test_the_profile_progress_bar_runs_no_thread_beside_the_timed_one(capsys):
+    """rich's refresh thread woke 10 times a second and took the interpreter's lock from the thread being
+    timed: the bar is redrawn when a measurement ends instead."""
+    import threading
+
+    from estimator.profiler.sweep import _progress_bar
+
+    before = {t.ident for t in threading.enumerate()}
+    with _progress_bar(True, 2) as (advance, log):
+        advance("first")
+        assert {t.ident for t in threading.enumerate()} == before
+        advance("second")
+    assert "2/2" in capsys.readouterr().out
