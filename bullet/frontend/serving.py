@@ -10,12 +10,10 @@ import time
 from bullet.config import ServerArgs
 from bullet.frontend.client import RuntimeClient
 from bullet.launcher.launcher import Launcher
+from bullet.types.worker_state import heartbeat_interval_s
 from engines.host import release_free_heap
 
 log = logging.getLogger("bullet.serving")
-# How often the supervisor looks for hung workers (at most a quarter of --heartbeat-timeout). A worker
-# that exits wakes it at once (`WorkerExits`): only the heartbeat watchdog needs a clock.
-SUPERVISE_INTERVAL_S = 1.0
 TRIM_INTERVAL_S = 10.0
 
 
@@ -145,11 +143,6 @@ class ServingRuntime:
             self.client.fail_all(f"the server shut down before this request finished ({timeout:g}s to drain)")
         return left
 
-    @property
-    def watchdog_interval_s(self) -> float:
-        timeout = self.args.heartbeat_timeout
-        return min(SUPERVISE_INTERVAL_S, timeout / 4) if timeout > 0 else SUPERVISE_INTERVAL_S
-
     async def _supervise(self) -> None:
         exits = WorkerExits(asyncio.get_running_loop())
         exits.watch(self.launcher.sentinels())
@@ -161,7 +154,8 @@ class ServingRuntime:
     async def _supervise_with(self, exits: WorkerExits) -> None:
         last_trim = time.monotonic()
         while True:
-            await exits.wait(self.watchdog_interval_s)
+            # a worker that exits wakes this at once (`WorkerExits`): only the hung-worker watchdog needs a clock
+            await exits.wait(heartbeat_interval_s(self.args.heartbeat_timeout))
             if time.monotonic() - last_trim > TRIM_INTERVAL_S:  # hand freed request buffers back to the OS
                 last_trim = time.monotonic()
                 await asyncio.to_thread(release_free_heap)

@@ -9,6 +9,16 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+# The heartbeat's clock: an idle worker publishes, and the launcher's watchdog looks for a silent one, this
+# often — at most a quarter of `--heartbeat-timeout`, so an idle worker is never taken for a hung one.
+HEARTBEAT_INTERVAL_S = 1.0
+
+
+def heartbeat_interval_s(heartbeat_timeout: float) -> float:
+    """`HEARTBEAT_INTERVAL_S`, or a quarter of `heartbeat_timeout` where that is shorter (0: no watchdog)."""
+    return min(HEARTBEAT_INTERVAL_S, heartbeat_timeout / 4) if heartbeat_timeout > 0 else HEARTBEAT_INTERVAL_S
+
+
 UNIT_MASK_BITS = 192  # the layout's unit set holds ids 0-191 (an H200's 132 SMs); compute_units counts them all
 
 

@@ -14,21 +14,11 @@ from typing import Callable, Protocol
 from bullet.loops.base import LoopCore, Wake, WakeKind
 from bullet.types.messages import AbortRequest, Evict, FlushCache, GenerateRequest, Handoff, Recompute, Release
 from bullet.types.roles import Role
-from bullet.types.worker_state import WorkerFlags
+from bullet.types.worker_state import HEARTBEAT_INTERVAL_S, WorkerFlags
 from bullet.workers.outbox import request_from_generate, request_from_handoff, request_from_recompute
 
 log = logging.getLogger("bullet.worker")
-# An idle worker blocks on its socket and still wakes this often to publish its heartbeat: a message
-# or a signal (`WorkerIO.wake_on_signals`) wakes it at once, so the interval costs no latency, and on
-# a small VM each wake-up costs ~0.4 ms of CPU (20 a second kept an idle worker at ~2.5 % of a core).
-IDLE_HEARTBEAT_S = 1.0
 PEER_POLL_S = 0.002  # work waits on the peer (pages, a share): look again this soon
-
-
-def idle_heartbeat_s(heartbeat_timeout: float) -> float:
-    """How often an idle worker publishes: at most a quarter of the launcher's `--heartbeat-timeout`,
-    so that the watchdog never takes an idle worker for a hung one (0: the watchdog is off)."""
-    return min(IDLE_HEARTBEAT_S, heartbeat_timeout / 4) if heartbeat_timeout > 0 else IDLE_HEARTBEAT_S
 
 
 class Inbox(Protocol):
@@ -39,9 +29,12 @@ class WorkerDriver:
     def __init__(self, core: LoopCore, io: Inbox, should_stop: Callable[[], bool],
                  on_idle: Callable[[], None] = lambda: None, vet: Callable[[object], str | None] = lambda msg: None,
                  prefetch: Callable[[object], object] = lambda constraint: None,
-                 fatal: Callable[[], bool] = lambda: False, heartbeat_s: float = IDLE_HEARTBEAT_S):
+                 fatal: Callable[[], bool] = lambda: False, heartbeat_s: float = HEARTBEAT_INTERVAL_S):
         self.core, self.io, self.should_stop, self.on_idle = core, io, should_stop, on_idle
-        self.heartbeat_s = heartbeat_s  # an idle worker's longest sleep (`idle_heartbeat_s`)
+        # An idle worker's longest sleep on its socket (`heartbeat_interval_s`): it wakes only to publish its
+        # heartbeat, as a message or a signal (`WorkerIO.wake_on_signals`) ends the wait at once. On a small
+        # VM each wake-up costs ~0.35 ms of CPU: 20 a second kept an idle worker at 1-3 % of a core.
+        self.heartbeat_s = heartbeat_s
         self.vet = vet  # why a well-formed message must still be dropped (bullet.workers.vetting)
         # starts compiling a request's grammar as it arrives (in a background thread), so the step
         # that samples its first token here rarely waits for it (engines.grammar.Grammars.prefetch)

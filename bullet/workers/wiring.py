@@ -24,8 +24,8 @@ from bullet.shm.shared_page_allocator import SharedPageAllocator
 from bullet.shm.state_buffer import StateBuffer
 from bullet.types.finish import FinishChecker
 from bullet.types.roles import Role
-from bullet.types.worker_state import ControlFlags, WorkerFlags
-from bullet.workers.driver import WorkerDriver, idle_heartbeat_s
+from bullet.types.worker_state import ControlFlags, WorkerFlags, heartbeat_interval_s
+from bullet.workers.driver import WorkerDriver
 from bullet.workers.executor import ModelExecutor
 from bullet.workers import kernel_stats
 from bullet.workers.io import WorkerIO
@@ -140,7 +140,7 @@ def build_worker(spec: WorkerSpec, stopped: Callable[[], bool], cuda: CudaAccess
                           prefetch=grammars.prefetch if grammars is not None else lambda constraint: None,
                           # ranks out of step cannot run another step: the worker exits and is restarted
                           fatal=(lambda: runner.broken) if isinstance(runner, LeadingRunner) else (lambda: False),
-                          heartbeat_s=idle_heartbeat_s(args.heartbeat_timeout))
+                          heartbeat_s=heartbeat_interval_s(args.heartbeat_timeout))
     kernel_stats.serving_starts()  # warmed and captured: a compile from here on is one while serving
     # under --tp-size the other ranks are not stopped from here: the launcher ends them (SIGTERM ends a
     # follower at once), and a message to a rank already gone could hold up this worker's exit

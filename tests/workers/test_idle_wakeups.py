@@ -16,14 +16,15 @@ from bullet.frontend.serving import WorkerExits
 from bullet.shared.endpoints import Endpoints, make_runtime_dir, remove_runtime_dir
 from bullet.types.messages import FlushCache, encode
 from bullet.types.roles import Role
-from bullet.workers.driver import IDLE_HEARTBEAT_S, WorkerDriver, idle_heartbeat_s
+from bullet.types.worker_state import HEARTBEAT_INTERVAL_S, heartbeat_interval_s
+from bullet.workers.driver import WorkerDriver
 from bullet.loops.base import Wake
 
 
 def test_an_idle_worker_publishes_often_enough_for_the_watchdog_and_no_more():
-    assert idle_heartbeat_s(30.0) == IDLE_HEARTBEAT_S  # the default watchdog: once a second
-    assert idle_heartbeat_s(2.0) == 0.5  # a tight watchdog: four heartbeats inside its timeout
-    assert idle_heartbeat_s(0.0) == IDLE_HEARTBEAT_S  # watchdog off
+    assert heartbeat_interval_s(30.0) == HEARTBEAT_INTERVAL_S  # the default watchdog: once a second
+    assert heartbeat_interval_s(2.0) == 0.5  # a tight watchdog: four heartbeats inside its timeout
+    assert heartbeat_interval_s(0.0) == HEARTBEAT_INTERVAL_S  # watchdog off
 
     class IdleCore:
         idle = True
@@ -88,7 +89,6 @@ def test_the_supervisor_is_woken_by_a_worker_that_exits_and_stops_watching_it():
     async def scenario() -> tuple[float, int, float]:
         exits = WorkerExits(asyncio.get_running_loop())
         exits.watch([proc.sentinel])
-        began = time.monotonic()
         await exits.wait(0.05)  # nothing exited: the wait times out
         assert not exits.event.is_set() and exits.fds == {proc.sentinel}
         proc.kill()
