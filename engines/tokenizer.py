@@ -81,8 +81,11 @@ def gguf_tokenizer_dir(gguf_path: Path) -> Path:
     target = cache_dir() / "tokenizers" / f"{gguf_path.stem}-{key}"
     if (target / "tokenizer.json").exists():
         return target
+    from engines.weights.gguf_loader import plain_array_reader_installed  # deferred: it imports torch
+
     try:
-        hf = _load_hf(gguf_path.parent, gguf_file=gguf_path.name)
+        with plain_array_reader_installed():  # transformers parses the file with gguf's reader class: this one
+            hf = _load_hf(gguf_path.parent, gguf_file=gguf_path.name)
     except Exception as exc:
         raise ModelLoadError(f"{gguf_path}: cannot read the tokenizer from GGUF metadata ({exc})") from exc
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")
