@@ -15,12 +15,13 @@ from estimator.profiler.command import run as run_cpu
 DESCRIPTION = CPU_DESCRIPTION + (
     " With --device cuda: per-kernel sweeps over token counts and SM shares timed with CUDA events, SMs "
     "restricted by --partition-backend, each phase beside the other in a second process (needs MPS), "
-    "calibrated with the same code. Written for an NVIDIA GPU but not yet run on one: run `bullet doctor` first.")
+    "calibrated with the same code. Run on an NVIDIA H200 with --partition-backend green-ctx (libsmctrl not yet on "
+    "hardware): run `bullet doctor` first.")
 
 
 def add_arguments(p) -> None:
     add_cpu_arguments(p)
-    gpu = p.add_argument_group("GPU (not yet run on hardware)")
+    gpu = p.add_argument_group("GPU (measured on an H200 with green contexts)")
     gpu.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"], help="where the server will run")
     gpu.add_argument("--partition-backend", default="green-ctx", choices=["libsmctrl", "green-ctx", "none"],
                      help="how SMs are restricted, as the server will restrict them")

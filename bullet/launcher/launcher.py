@@ -243,21 +243,29 @@ class Launcher:
     def _profile(self):
         """The estimator profile of this model on this device: cached, or measured now (minutes)."""
         args = self.args
+        measured = []
+
+        def announce(what: str):
+            measured.append(what)
+            log.info("the bullet policy needs %s: measuring (once; cached for later runs)", what)
+
         if self.device.type == "cuda":
-            log.info("the bullet policy needs a GPU profile of this model under %s: measuring (once; cached)",
-                     args.partition_backend)
             # mps-percentage cannot vary a share within one process: SM scaling is profiled on green contexts
             backend = "green-ctx" if args.partition_backend == "mps-percentage" else args.partition_backend
             factory = share_factory(backend, os.environ.get(LIBRARY_ENV))
             # decode timed as the workers will run it: CUDA-graph replays where the backend allows them (an
             # eager step is launch-bound — flat in SMs on an H200 — and 1.5-2x slower than a replay)
             graphs = decide_for_worker(args.partition_backend, self.device, self.cuda).enabled
-            return ensure_cuda_profile(args.model_path, args.load_format, self.shared.dtype, factory,
-                                       backend, quick=True, decode_graphs=graphs)
-        log.info("the bullet policy needs an estimator profile of this model on %d cores: measuring "
-                 "(once; cached for later runs)", len(self.cores))
-        return ensure_profile(args.model_path, args.load_format, self.shared.dtype, self.cores, quick=True,
-                              quantization=self.shared.quantization)
+            what = f"a GPU profile of this model under {args.partition_backend}"
+            path = ensure_cuda_profile(args.model_path, args.load_format, self.shared.dtype, factory, backend,
+                                       quick=True, decode_graphs=graphs, announce=lambda: announce(what))
+        else:
+            what = f"an estimator profile of this model on {len(self.cores)} cores"
+            path = ensure_profile(args.model_path, args.load_format, self.shared.dtype, self.cores, quick=True,
+                                  quantization=self.shared.quantization, announce=lambda: announce(what))
+        if not measured:
+            log.info("estimator profile: %s (measured earlier on this machine)", path)
+        return path
 
     def stop(self) -> None:
         if self.state is None:

@@ -133,34 +133,39 @@ def cuda_reusable(path: Path, model: str, dtype: str, gpu: str, backend: str, qu
         and _current(p, quick)
 
 
-def cached_or_measured(path: Path, fits: Callable[[Path], bool], measure: Callable[[], object]) -> Path:
+def cached_or_measured(path: Path, fits: Callable[[Path], bool], measure: Callable[[], object],
+                       announce: Callable[[], object] | None = None) -> Path:
     """`path`, once a profile that `fits` is there: the cached one, or the one `measure()` writes
-    now. Two servers starting together measure once: the second waits on the lock, then finds the
-    profile."""
+    now, after `announce()` (a caller's word that the wait is a measurement). Two servers starting
+    together measure once: the second waits on the lock, then finds the profile."""
     if path.exists() and fits(path):
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (path.exists() and fits(path)):
+            if announce is not None:
+                announce()
             measure()
     return path
 
 
 def ensure_profile(model_path: str | None, load_format: str = "auto", dtype="auto",
                    cores: int | Sequence[int] | None = None, quick: bool = True, progress: bool = True,
-                   output: str | Path | None = None, quantization: str = "none") -> Path:
+                   output: str | Path | None = None, quantization: str = "none",
+                   announce: Callable[[], object] | None = None) -> Path:
     """The path of a profile of this model on these cores, its weights served as `quantization` (none |
     w8a8_int8: a profile must time the kernels the server runs): the cached one when it still fits,
     else measured now in a child process (`python -m estimator.profiler`; about a minute with `quick`), with a
-    progress bar (`progress`) or log lines only, on stderr."""
+    progress bar (`progress`) or log lines only, on stderr; `announce()` is called before measuring."""
     core_ids = resolve_cores(cores)
     est_dtype = estimator_dtype(dtype)
     name = model_cache_name(model_path, load_format)
     path = Path(output) if output else default_profile_path(name, est_dtype, core_ids, quantization)
     return cached_or_measured(
         path, lambda p: reusable(p, name, est_dtype, core_ids, quick, quantization),
-        lambda: _measure_in_child(model_path, load_format, est_dtype, core_ids, quick, progress, path, quantization))
+        lambda: _measure_in_child(model_path, load_format, est_dtype, core_ids, quick, progress, path, quantization),
+        announce)
 
 
 def _measure_in_child(model_path, load_format: str, dtype: str, core_ids: list[int], quick: bool, progress: bool,

@@ -114,9 +114,10 @@ def measure_cuda_profile(model_path: str | None, load_format: str, dtype, share_
 
 
 def ensure_cuda_profile(model_path: str | None, load_format: str, dtype, share_factory: ShareFactory, backend: str,
-                        quick: bool = True, output: str | Path | None = None, **options) -> Path:
+                        quick: bool = True, output: str | Path | None = None,
+                        announce: Callable[[], object] | None = None, **options) -> Path:
     """The cached GPU profile of this model under `backend`, or one measured now (in this process;
-    two servers starting together measure once). `options` go to `measure_cuda_profile`."""
+    two servers starting together measure once), after `announce()`. `options` go to `measure_cuda_profile`."""
     est_dtype = estimator_dtype(dtype)
     name, gpu = model_cache_name(model_path, load_format), gpu_identity()
     # a profile whose decode steps were graph replays is another profile than an eager one
@@ -124,4 +125,5 @@ def ensure_cuda_profile(model_path: str | None, load_format: str, dtype, share_f
     path = Path(output) if output else cuda_profile_path(name, est_dtype, gpu, label)
     return cached_or_measured(
         path, lambda p: cuda_reusable(p, name, est_dtype, gpu, backend, quick),
-        lambda: measure_cuda_profile(model_path, load_format, dtype, share_factory, backend, quick, path, **options))
+        lambda: measure_cuda_profile(model_path, load_format, dtype, share_factory, backend, quick, path, **options),
+        announce)

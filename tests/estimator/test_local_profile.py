@@ -270,9 +270,26 @@ def test_a_fitting_cached_profile_is_reused(tiny_profile):
     assert not reusable(output, name, "bf16", cores + [max(cores) + 1], quick=True)
     assert not reusable(output, name, "bf16", cores, quick=False)  # a quick profile does not serve a full request
     assert not reusable(output, "another-model", "bf16", cores, quick=True)
-    before = output.stat().st_mtime_ns
-    assert ensure_profile(config_path, "dummy", "bfloat16", cores, quick=True, output=output) == output
+    before, announced = output.stat().st_mtime_ns, []
+    assert ensure_profile(config_path, "dummy", "bfloat16", cores, quick=True, output=output,
+                          announce=lambda: announced.append(1)) == output
     assert output.stat().st_mtime_ns == before and estimator_dtype("bfloat16") == "bf16"
+    assert not announced  # a server says "measuring" only when it does
+
+
+def test_a_missing_profile_is_announced_then_measured_once(tmp_path):
+    from estimator.profiler.cache import cached_or_measured
+
+    path, events = tmp_path / "profiles" / "p.json", []
+
+    def measure():
+        events.append("measure")
+        path.write_text("{}")
+
+    fits = lambda p: p.read_text() == "{}"  # noqa: E731
+    assert cached_or_measured(path, fits, measure, lambda: events.append("announce")) == path
+    assert cached_or_measured(path, fits, measure, lambda: events.append("announce")) == path
+    assert events == ["announce", "measure"]
 
 
 def test_a_profile_session_gives_the_process_its_cores_back(tiny_profile):
