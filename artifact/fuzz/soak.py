@@ -57,6 +57,28 @@ def soak_request(rng: random.Random, model: str, max_tokens: int) -> tuple[str, 
                                     "max_tokens": n, "stream": stream}, stream
 
 
+def reports_an_error(text: bytes, stream: bool) -> bool:
+    """Whether a 200 answer carries an error: a stream's error event (`data: {"error": ...}`, what the
+    server sends when a generation fails after its headers went out), or a body whose top level is an
+    error. Read as JSON, not searched as bytes: a model that writes the word "error" streams a delta
+    `{"content": "error"}`, which is a completed request (a 10-minute soak met it once)."""
+    if not stream:
+        try:
+            return "error" in json.loads(text)
+        except (ValueError, TypeError):
+            return True  # a 200 that is not JSON is not a completed generation
+    for line in text.splitlines():
+        if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+            continue
+        try:
+            event = json.loads(line[5:])
+        except ValueError:
+            return True
+        if isinstance(event, dict) and "error" in event:
+            return True
+    return False
+
+
 def _tokens(path: str, body: dict, text: bytes, stream: bool) -> int:
     """Output tokens the server reports; for streams, the events received (a lower bound)."""
     if stream:
@@ -78,7 +100,8 @@ async def one(session: aiohttp.ClientSession, url: str, path: str, body: dict, s
         async with session.post(url + path, json=body, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
             text = await resp.read()
             stats.statuses[resp.status] += 1
-            if resp.status == 200 and (not stream or text.rstrip().endswith(b"data: [DONE]")) and b'"error"' not in text[-400:]:
+            if resp.status == 200 and (not stream or text.rstrip().endswith(b"data: [DONE]")) \
+                    and not reports_an_error(text, stream):
                 stats.completed += 1
                 stats.latencies.append(time.monotonic() - t0)
                 stats.output_tokens += _tokens(path, body, text, stream)

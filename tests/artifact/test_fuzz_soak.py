@@ -187,3 +187,21 @@ def test_leftovers_are_read_once_they_settle_or_as_they_stand_after_the_grace():
     began = time.monotonic()
     assert settled_leftovers(None, None, [os.getpid()], grace_s=0.3)["processes_left"] == [os.getpid()]
     assert time.monotonic() - began >= 0.3
+
+
+def test_the_soak_counts_an_error_event_as_failed_and_the_word_error_as_text():
+    """A stream that ends with [DONE] still failed if it carried an error event; one whose model wrote the
+    word "error" (a delta `{"content": "error"}`) completed — a 10-minute soak counted it failed once."""
+    from artifact.fuzz.soak import reports_an_error
+
+    def stream(*events) -> bytes:
+        return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+
+    text = {"choices": [{"index": 0, "delta": {"content": "error"}, "finish_reason": None}]}
+    failure = {"error": {"message": "the decode worker failed", "type": "server_error", "code": 503}}
+    assert not reports_an_error(stream(text, text), stream=True)
+    assert reports_an_error(stream(text, failure), stream=True)
+    assert reports_an_error(b"data: {not json\n\ndata: [DONE]\n\n", stream=True)
+    assert not reports_an_error(json.dumps({"text": '{"error": 1}', "meta_info": {}}).encode(), stream=False)
+    assert reports_an_error(json.dumps(failure).encode(), stream=False)
+    assert reports_an_error(b"<html>", stream=False)
