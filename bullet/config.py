@@ -46,6 +46,11 @@ class ServerArgs(BaseModel):
     api_key: str | None = Field(None, description="require 'Authorization: Bearer <key>' on every request")
     max_request_body_bytes: int = Field(16 << 20, ge=1024, description="largest HTTP request body accepted; a larger "
                                         "one gets 413 before it is read (16 MiB holds a 128k-token prompt many times over)")
+    timeout_keep_alive: float = Field(65.0, gt=0.0, description="seconds an idle HTTP connection stays open for the "
+                                      "client's next request (uvicorn's flag). Longer than clients keep idle pooled "
+                                      "connections (aiohttp 15 s, httpx 5 s) and proxies (often 60 s), so the client "
+                                      "lets go first: with uvicorn's 5 s, a request a client sent on a connection idle "
+                                      "for 5 s met the server closing it and was lost (ServerDisconnectedError)")
     tp_size: int = Field(1, ge=1, le=64, description="tensor-parallel ranks per worker: the prefill and the decode worker "
                          "each run as this many processes, rank i of both holding the i-th shard of the weights and of "
                          "the KV pool (Megatron-style: heads and MLP width split, partial sums all-reduced through gloo) "

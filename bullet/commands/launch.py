@@ -101,7 +101,8 @@ def serve(server_args) -> int:
     runtime = ServingRuntime(server_args)
     app = create_app(server_args, runtime)
     config = uvicorn.Config(app, host=server_args.host, port=server_args.port, log_level=server_args.log_level,
-                            timeout_graceful_shutdown=5, access_log=server_args.log_level == "debug")
+                            timeout_graceful_shutdown=5, timeout_keep_alive=server_args.timeout_keep_alive,
+                            access_log=server_args.log_level == "debug")
     server = DrainingServer(config, runtime, server_args.shutdown_timeout)
     fatal: list[str] = []
 
