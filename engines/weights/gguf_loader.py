@@ -53,7 +53,7 @@ def plain_array_reader():
 
 _PLAIN_ARRAY_READER = None
 _installed_lock = threading.Lock()
-_installed: list = []  # the class each nested install replaced; empty: gguf's own reader is in place
+_installed = {"depth": 0, "replaced": None}  # uses open now, and the class the first of them replaced
 
 
 @contextmanager
@@ -65,15 +65,16 @@ def plain_array_reader_installed():
 
     plain = plain_array_reader()
     with _installed_lock:
-        _installed.append(gguf.GGUFReader)
-        gguf.GGUFReader = plain
+        if _installed["depth"] == 0:
+            _installed["replaced"], gguf.GGUFReader = gguf.GGUFReader, plain
+        _installed["depth"] += 1
     try:
         yield
     finally:
         with _installed_lock:
-            replaced = _installed.pop()
-            if not _installed:
-                gguf.GGUFReader = replaced
+            _installed["depth"] -= 1
+            if _installed["depth"] == 0:
+                gguf.GGUFReader = _installed["replaced"]
 
 
 def open_gguf(path: Path):

@@ -42,7 +42,7 @@ def test_the_installed_reader_is_put_back_after_nested_and_concurrent_uses():
     assert gguf.GGUFReader is original
 
     # two threads whose windows overlap, the first leaving first: the class stays until both left
-    entered, first_left, second_may_leave = threading.Event(), threading.Event(), threading.Event()
+    entered, second_started, first_left, second_may_leave = (threading.Event() for _ in range(4))
     seen = {}
 
     def first():
@@ -59,7 +59,6 @@ def test_the_installed_reader_is_put_back_after_nested_and_concurrent_uses():
             seen["after the first left"] = gguf.GGUFReader
             second_may_leave.wait(5)
 
-    second_started = threading.Event()
     threads = [threading.Thread(target=first), threading.Thread(target=second)]
     for t in threads:
         t.start()

@@ -5,33 +5,27 @@ so the client lets go first. With uvicorn's own 5 s, a pooled client (aiohttp ke
 
 from __future__ import annotations
 
-import socket
+import http.client
 import time
 
 from bullet.config import ServerArgs
 
-REQUEST = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: keep-alive\r\n\r\n"
 
-
-def _one_response(sock: socket.socket) -> bytes:
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(4096)
-        if not chunk:
-            return data  # the server closed the connection
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
-    while len(body) < length:
-        body += sock.recv(4096)
-    return head
+def _health(conn: http.client.HTTPConnection) -> int:
+    conn.request("GET", "/health")
+    response = conn.getresponse()
+    response.read()
+    return response.status
 
 
 def test_an_idle_connection_outlives_uvicorns_five_seconds(server):
     assert ServerArgs().timeout_keep_alive > 15  # above aiohttp's idle pool; httpx keeps 5 s
-    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
-        sock.sendall(REQUEST)
-        assert _one_response(sock).startswith(b"HTTP/1.1 200")
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        assert _health(conn) == 200
+        sock = conn.sock  # kept open for the next request
         time.sleep(5.5)  # uvicorn's default would have closed it at 5 s
-        sock.sendall(REQUEST)
-        assert _one_response(sock).startswith(b"HTTP/1.1 200"), "the server closed an idle connection after 5 s"
+        # on a connection the server closed, this raises RemoteDisconnected (http.client does not retry)
+        assert _health(conn) == 200 and conn.sock is sock, "the server closed an idle connection after 5 s"
+    finally:
+        conn.close()
