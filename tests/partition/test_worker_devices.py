@@ -181,3 +181,43 @@ def test_tensor_parallel_ranks_on_a_gpu_are_refused_before_anything_loads(tmp_pa
     args = ServerArgs(device="cuda:0", tp_size=2, load_format="dummy", max_total_tokens=256)
     with pytest.raises(ValueError, match=r"--tp-size 2 on cuda:0: .*CPUs only"):
         Launcher(args, cuda=FakeCuda())
+
+
+def test_a_bullet_server_on_a_gpu_measures_its_profile_once_and_says_so(tiny_config, gpu_env, monkeypatch, caplog):
+    """`--policy bullet` on a GPU without `--estimator-profile`: the launcher's own path measures the GPU
+    profile (under the backend it serves with, decode as graph replays where that backend replays them)
+    and says "measuring" before it does; the next server finds it cached and names it instead. The
+    measurement itself is faked (it needs a GPU); everything around it is the launcher's."""
+    import logging
+
+    from estimator.profiler import cuda_measure
+
+    measured = []
+
+    def measure(model_path, load_format, dtype, factory, backend, quick, path, **options):
+        measured.append((backend, quick, options))
+        path.write_text(SHIPPED_PROFILE.read_text())
+
+    monkeypatch.setattr(cuda_measure, "gpu_identity", lambda device=0: "Fake GPU (132 SMs)")
+    monkeypatch.setattr(cuda_measure, "measure_cuda_profile", measure)
+    # the shipped profile was measured on an H200: here any profile at the path fits
+    monkeypatch.setattr(cuda_measure, "cuda_reusable", lambda path, *rest: path.exists())
+    args = server_args("cuda", "bullet", "green-ctx", tiny_config).model_copy(update={"estimator_profile": None})
+    paths = []
+    for _ in range(2):
+        caplog.clear()
+        launcher = Launcher(args, cuda=FakeCuda())
+        with caplog.at_level(logging.INFO, logger="bullet.launcher"):
+            try:
+                launcher.prepare()
+                paths.append(launcher.estimator_profile)
+            finally:
+                launcher.stop()
+        said = [r.getMessage() for r in caplog.records if "profile" in r.getMessage()]
+        if len(paths) == 1:
+            assert any("measuring" in m and "under green-ctx" in m for m in said), said
+        else:
+            assert said == [f"estimator profile: {paths[0]} (measured earlier on this machine)"], said
+    assert DECODE_GRAPHS["green-ctx"] == PER_SHARE  # green contexts replay decode graphs, one set per share
+    assert measured == [("green-ctx", True, {"decode_graphs": True})]
+    assert paths[0] == paths[1]
