@@ -12,6 +12,7 @@ import sys
 
 import bullet.commands
 from bullet import __version__
+from engines.help_format import DefaultsHelpFormatter
 
 
 def _command_names() -> list[str]:
@@ -33,7 +34,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for mod in _commands(only):
         p = sub.add_parser(mod.NAME, help=mod.HELP, description=getattr(mod, "DESCRIPTION", mod.HELP),
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                           formatter_class=DefaultsHelpFormatter)
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)
     return parser

@@ -31,16 +31,27 @@ def _flag_type(annotation):
     return (base if base in (int, float, str) else str), None
 
 
+def _help(field) -> str:
+    """The field's description and its default, unless the description already names one."""
+    text = field.description or ""
+    if "(default" in text:
+        return text
+    if isinstance(field.default, bool):
+        shown = "on" if field.default else "off"  # a --flag/--no-flag pair: which of the two holds
+    else:
+        shown = "unset" if field.default is None else field.default
+    return f"{text} (default: {shown})"
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     for name, field in ServerArgs.model_fields.items():
         flag = "--" + name.replace("_", "-")
         if field.annotation is bool:
             p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
-                           help=f"{field.description} (default: {field.default})")
+                           help=_help(field))
             continue
         kind, choices = _flag_type(field.annotation)
-        p.add_argument(flag, dest=name, type=kind, choices=choices, default=argparse.SUPPRESS,
-                       help=f"{field.description} (default: {field.default})")
+        p.add_argument(flag, dest=name, type=kind, choices=choices, default=argparse.SUPPRESS, help=_help(field))
 
 
 def run(args: argparse.Namespace) -> int:

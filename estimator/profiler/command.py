@@ -10,6 +10,7 @@ import sys
 import time
 
 from engines.cpuset import parse_id_list
+from engines.help_format import DefaultsHelpFormatter
 from estimator.profiler.prediction_errors import calibration_fit_rows
 
 NAME = "profile"
@@ -79,6 +80,6 @@ def _summary(profile, output, seconds: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m estimator.profiler", description=DESCRIPTION,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=DefaultsHelpFormatter)
     add_arguments(parser)
     return run(parser.parse_args(argv))
