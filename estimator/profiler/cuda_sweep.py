@@ -50,7 +50,10 @@ def run_cuda_plan(bench: ModelBench, shares: ShareControl, timer: GpuTimer, plan
         for units in units_of[role_of(case)]:
             samples += session.sweep(case, units, plan.sweep_repeats).samples
     for case in plan.steps:
-        for units in units_of[role_of(case)]:
+        shares_of_case = units_of[role_of(case)]
+        if isinstance(case, HybridCase):  # the chunked baselines' step: they run on the whole device
+            shares_of_case = shares_of_case[-1:]
+        for units in shares_of_case:
             samples += session.step(case, units, plan.repeats).samples
     padded = None
     if plan.padding_batch:

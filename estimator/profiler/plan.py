@@ -6,7 +6,8 @@ On every profiled share (every core count of a small CPU, a few SM shares of a G
   few prefill lengths and decode batches — the op samples of the SRM calibration;
 * end-to-end steps (`steps`): whole prefills (single prompts and packed batches), K-layer prefill
   steps as the layer-wise scheduler runs them, decode steps, and hybrid steps (a prompt chunk beside
-  decode rows, as the chunked-prefill baselines run) — the phase samples of Eq. 2.
+  decode rows, as the chunked-prefill baselines run; on the largest share only, the one those
+  baselines run on) — the phase samples of Eq. 2.
 With the other phase running on the complementary share (`corun_*`): decode steps beside prefills
 of a few lengths sl (-> D_{p,sl}), and prefill steps beside decode batches (-> prefill slowdown).
 On one share (one core of a CPU, decode's largest share of a GPU), three decode steps tell whether decode
@@ -52,7 +53,7 @@ class ProfilePlan:
 
     @classmethod
     def quick(cls) -> "ProfilePlan":
-        """About 40 s on 2 cores with SmolLM2-135M as served (int8; model load and CPU probe included)."""
+        """45-60 s on 2 cores with SmolLM2-135M as served (int8; model load and CPU probe included)."""
         return cls(
             name="quick",
             sweeps=(PrefillCase((32,)), PrefillCase((256,)), uniform_decode(1, 128), uniform_decode(16, 512),

@@ -76,6 +76,10 @@ def _jobs(session: ProfileSession, plan: ProfilePlan, cores: list[int]):
         # same mood, and the sweep is scaled to the step (`local_fit.scale_sweep_to_step`)
         swept = [c for c in plan.sweeps if c in plan.steps]
         for case in [*swept, *(c for c in plan.sweeps if c not in swept), *(c for c in plan.steps if c not in swept)]:
+            if isinstance(case, HybridCase) and units != len(cores):
+                # a hybrid step is what the chunked baselines run, always on every core of the server:
+                # on fewer it would price nothing (on 2 cores, 9 of a quick profile's ~55 s)
+                continue
             if case in plan.sweeps:
                 jobs.append((f"sweep {units}", case, units, f"{units} core(s): kernels of {case.label()}",
                              lambda c=case, u=units: session.sweep(c, u, plan.sweep_repeats)))

@@ -193,6 +193,8 @@ def test_plan_calibrates_to_a_synthetic_gpu_on_states_it_never_measured(bench):
     units = profiled_shares(H100_GREEN, quick=True)
     assert {u for _, u in shares.entered} >= set(units)
     assert {s.units for s in samples if s.kind == "attn_decode"} == set(units)
+    # hybrid steps (the chunked baselines') only on the largest share, the one those baselines run on
+    assert {s.units for s in samples if s.kind == "hybrid"} == {max(profiled_shares(shares.feasible("prefill"), True))}
     corun = [s for s in samples if s.co_running]
     assert {(s.kind, s.units) for s in corun} == {("decode", 32), ("decode", 64), ("prefill", 96), ("prefill", 64)}
     assert {(role, u) for role, u, _ in other.seen} == {("prefill", 96), ("prefill", 64), ("decode", 32), ("decode", 64)}

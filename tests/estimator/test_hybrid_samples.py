@@ -41,6 +41,19 @@ def test_every_plan_measures_hybrid_steps():
         assert {("hybrid", c.chunk_lens, tuple(sorted(c.decode.context_lens))) for c in hybrids} <= calibration_keys(plan)
 
 
+def test_a_cpu_profile_times_hybrid_steps_on_every_core_only():
+    """The chunked baselines run on every core of the server: a hybrid step on fewer prices nothing."""
+    from estimator.profiler.sweep import _jobs
+
+    plan = ProfilePlan.quick()
+    jobs = _jobs(None, plan, [0, 1, 2])
+    hybrid_units = {units for _, case, units, _, _ in jobs if isinstance(case, HybridCase)}
+    prefill_units = {units for group, case, units, _, _ in jobs if group.startswith("step") and isinstance(case, PrefillCase)}
+    assert hybrid_units == {3} and prefill_units == {1, 2, 3}
+    hybrids = {case for _, case, _, _, _ in jobs if isinstance(case, HybridCase)}
+    assert hybrids == {c for c in plan.steps if isinstance(c, HybridCase)}
+
+
 def _samples(model, hw, hybrid_factor: float) -> list[Sample]:
     """Phase samples of a "true" device: the raw model's steps, hybrid ones `hybrid_factor` slower
     than the decode calibration alone would say (the extra cost of mixing the two in one step)."""
