@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from pathlib import Path
 
 from engines.cache_root import cache_dir
@@ -21,6 +22,8 @@ class Tokenizer:
         self.vocab_size = len(hf)
         eos = {hf.eos_token_id} if hf.eos_token_id is not None else set()
         self.eos_token_ids: set[int] = eos
+        self._token_bytes: list[bytes] | None = None
+        self._table_lock = threading.Lock()
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.hf.encode(text, add_special_tokens=add_special_tokens)
@@ -30,6 +33,25 @@ class Tokenizer:
 
     def id_to_text(self, token_id: int) -> str:
         return self.hf.decode([token_id], skip_special_tokens=False)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The token's exact bytes. A byte-level BPE or byte-fallback token may hold part of a UTF-8
+        character, which `id_to_text` shows as U+FFFD; clients that put a text back together from
+        log-probabilities need the bytes themselves. The table comes from xgrammar's reading of the
+        vocabulary (byte-level, byte-fallback or raw), built on first use (`token_bytes_table`)."""
+        table = self.token_bytes_table()
+        return table[token_id] if 0 <= token_id < len(table) else self.id_to_text(token_id).encode()
+
+    def token_bytes_table(self) -> list[bytes]:
+        """Every token's bytes, by id (built once: ~0.1 s after xgrammar's import; callers on an event
+        loop build it in a thread first)."""
+        with self._table_lock:
+            if self._token_bytes is None:
+                import xgrammar  # deferred: only log-probabilities and grammars need it
+
+                info = xgrammar.TokenizerInfo.from_huggingface(self.hf)
+                self._token_bytes = [bytes(b) for b in info.decoded_vocab]
+            return self._token_bytes
 
     @property
     def has_chat_template(self) -> bool:

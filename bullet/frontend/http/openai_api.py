@@ -22,6 +22,7 @@ from bullet.frontend.http.generation import (
     submit_all,
 )
 from bullet.frontend.http.offload import sized
+from bullet.frontend.http.openai_logprobs import LogprobCursor, skipped_ids, token_bytes_ready
 from bullet.frontend.http.protocol import ChatBody, CompletionBody, OpenAISampling, read_body
 from bullet.frontend.http.sampling import MAX_N, build_sampling_params, check_constraint, per_sample
 from bullet.frontend.http.streaming import EventStream, merged_updates, sse
@@ -147,16 +148,6 @@ async def _finals(request: Request, rt, states) -> list[Update]:
 
 # -- completions ---------------------------------------------------------------------------------
 
-def _completion_logprobs(tok, st, n_top: int, offset0: int) -> dict:
-    tokens = [tok.id_to_text(t) for t in st.output_ids]
-    offsets, pos = [], offset0
-    for t in tokens:
-        offsets.append(pos)
-        pos += len(t)
-    tops = [{tok.id_to_text(i): lp for i, lp in (top or [])} for top in st.output_top_logprobs] if n_top else None
-    return {"tokens": tokens, "token_logprobs": list(st.output_logprobs), "top_logprobs": tops, "text_offset": offsets}
-
-
 def _best_of(body: CompletionBody) -> int:
     """Samples drawn per prompt: best_of (default n), of which the n best are returned."""
     if body.best_of is None or body.best_of == body.n:
@@ -203,7 +194,9 @@ async def completions(request: Request):
         raise APIError("max_tokens must be at least 1 (0 is allowed only with echo)", param="max_tokens")
     want_lp = body.logprobs is not None
     choosing = best_of > body.n  # samples are ranked by the log-probabilities of their tokens
-    params = _params(body, body.max_tokens, 16, logprobs=want_lp or choosing, top_logprobs_num=body.logprobs or 0)
+    # with echo the prompt's tokens are part of the answer, log-probabilities included
+    params = _params(body, body.max_tokens, 16, logprobs=want_lp or choosing, top_logprobs_num=body.logprobs or 0,
+                     prompt_logprobs=bool(want_lp and body.echo))
     await _check_constraint(rt, body, params)
     if rt.tokenizer is None:  # dummy weights: token ids in, token counts out, no text
         if any(isinstance(x, str) for x in prompts):
@@ -224,6 +217,12 @@ async def completions(request: Request):
     echoed = (await sized(size, lambda: [x if isinstance(x, str) else rt.tokenizer.decode(ids)
                                          for x, ids in zip(prompts, encoded)]) if body.echo else [""] * len(prompts))
     echo_text = [echoed[k // best_of] for k in range(len(jobs))]
+    if want_lp:
+        await token_bytes_ready(rt.tokenizer)
+    skipped = skipped_ids(rt.tokenizer, params.skip_special_tokens) if want_lp else set()
+    # with echo the offsets count from the prompt's first token, else from the end of the (echoed) prompt
+    cursors = [LogprobCursor(rt.tokenizer, body.logprobs or 0, skipped, 0 if body.echo else len(echo_text[k]))
+               if want_lp else None for k in range(len(jobs))]
 
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -241,8 +240,10 @@ async def completions(request: Request):
                         text, _ = echo_text[i] + text, sent_echo.add(i)
                     if not text and not u.done:
                         continue
+                    lp = (await sized(len(u.state.prompt_ids) if body.echo else 0, cursors[i].completion, u.state,
+                                      with_prompt=body.echo) if want_lp else None)
                     yield sse({"id": cid, "object": "text_completion", "created": created, "model": model,
-                               "choices": [{"index": i, "text": text, "logprobs": None,
+                               "choices": [{"index": i, "text": text, "logprobs": lp,
                                             "finish_reason": _finish_reason(u.state.finish_json)}]})
             if include_usage:
                 yield sse({"id": cid, "object": "text_completion", "created": created, "model": model,
@@ -255,7 +256,8 @@ async def completions(request: Request):
     choices = []
     for i, k in enumerate(kept):
         u = finals[k]
-        lp = _completion_logprobs(rt.tokenizer, u.state, body.logprobs or 0, len(echo_text[k])) if want_lp else None
+        lp = (await sized(len(u.state.prompt_ids) if body.echo else 0, cursors[k].completion, u.state,
+                          with_prompt=body.echo) if want_lp else None)
         choices.append({"index": i, "text": echo_text[k] + u.text, "logprobs": lp,
                         "finish_reason": _finish_reason(u.state.finish_json)})
     # usage counts every sample drawn (best_of of them per prompt): all of them were computed
@@ -286,16 +288,6 @@ def _chat_finish_reason(reason: dict | None, calls: list) -> str | None:
     """OpenAI's "tool_calls" for a reply that ended in calls; a reply cut at max_tokens stays "length"."""
     kind = _finish_reason(reason)
     return "tool_calls" if calls and kind == "stop" else kind
-
-
-def _chat_logprobs(tok, st, n_top: int) -> dict:
-    content = []
-    for k, (t, lp) in enumerate(zip(st.output_ids, st.output_logprobs)):
-        text = tok.id_to_text(t)
-        tops = [{"token": tok.id_to_text(i), "logprob": v, "bytes": list(tok.id_to_text(i).encode())}
-                for i, v in (st.output_top_logprobs[k] or [])] if n_top else []
-        content.append({"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": tops})
-    return {"content": content}
 
 
 @router.post("/chat/completions")
@@ -342,14 +334,20 @@ async def chat_completions(request: Request):
     await sized(len(ids), check_fits, rt, ids, params, prompt_field="messages", max_field=max_field)
     states = await _submit_all(rt, [(ids, sample) for sample in per_sample(params, body.n)], body.rid, body.priority)
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    if body.logprobs:
+        await token_bytes_ready(rt.tokenizer)
+    cursors = [LogprobCursor(rt.tokenizer, n_top) for _ in states]
     fmt = parser_for(rt.args.tool_call_parser, getattr(rt.tokenizer.hf, "chat_template", None))
 
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
-        def chunk(i, delta, reason=None):
+        def chunk(i, delta, reason=None, state=None):
+            """A chunk of choice i; with `state`, the log-probabilities of the tokens since its last chunk."""
+            entries = cursors[i].chat(state) if body.logprobs and state is not None else []
             return sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-                        "choices": [{"index": i, "delta": delta, "logprobs": None, "finish_reason": reason}]})
+                        "choices": [{"index": i, "delta": delta, "logprobs": {"content": entries} if entries else None,
+                                     "finish_reason": reason}]})
 
         readers = [CallReader(tool_request, fmt) if tool_request and tool_request.choice != "none" else None
                    for _ in states]
@@ -365,19 +363,20 @@ async def chat_completions(request: Request):
                         continue
                     if readers[i] is None:
                         if u.delta or u.done:
-                            yield chunk(i, {"content": u.delta} if u.delta else {}, _finish_reason(u.state.finish_json))
+                            yield chunk(i, {"content": u.delta} if u.delta else {}, _finish_reason(u.state.finish_json),
+                                        u.state)
                         continue
                     shown = readers[i].feed(u.delta)
                     if not u.done:
                         if shown:
-                            yield chunk(i, {"content": shown})
+                            yield chunk(i, {"content": shown}, state=u.state)
                         continue
                     rest, calls = readers[i].finish()
                     if shown + rest:
-                        yield chunk(i, {"content": shown + rest})
+                        yield chunk(i, {"content": shown + rest}, state=u.state)
                     for k, call in enumerate(calls):
                         yield chunk(i, {"tool_calls": [call.as_openai(k)]})
-                    yield chunk(i, {}, _chat_finish_reason(u.state.finish_json, calls))
+                    yield chunk(i, {}, _chat_finish_reason(u.state.finish_json, calls), u.state)
             if include_usage:
                 yield sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
                            "choices": [], "usage": _usage(states)})
@@ -392,7 +391,7 @@ async def chat_completions(request: Request):
         if calls:
             message["tool_calls"] = [c.as_openai() for c in calls]
         choices.append({"index": i, "message": message,
-                        "logprobs": _chat_logprobs(rt.tokenizer, u.state, n_top) if body.logprobs else None,
+                        "logprobs": {"content": cursors[i].chat(u.state)} if body.logprobs else None,
                         "finish_reason": _chat_finish_reason(u.state.finish_json, calls)})
     return JSONResponse({"id": cid, "object": "chat.completion", "created": created, "model": model,
                          "choices": choices, "usage": _usage([u.state for u in finals])})
