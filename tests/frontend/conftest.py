@@ -30,3 +30,11 @@ def hf_tokenizer(server):
     transformers = pytest.importorskip("transformers")
     path = server.get("/model_info")[1]["tokenizer_path"]
     return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+@pytest.fixture(scope="package")
+def openai_client(server):
+    """The official `openai` client on the default server's /v1 (no retries: a failure shows)."""
+    openai = pytest.importorskip("openai")
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120) as c:
+        yield c

@@ -16,9 +16,8 @@ GREEDY = {"temperature": 0, "max_tokens": 12}
 
 
 @pytest.fixture(scope="module")
-def client(server):
-    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120) as c:
-        yield c
+def client(openai_client):
+    return openai_client
 
 
 @pytest.fixture(scope="module")

@@ -14,17 +14,9 @@ import pytest
 from bullet.frontend.http.openai_logprobs import LogprobCursor, chat_entry, legacy_name
 from engines.tokenizer import Tokenizer
 
-openai = pytest.importorskip("openai")
-
 QUESTION = "Name a color."
 PROMPT = "The capital of France is"
 WIDE = "東京 and 世界 😀"  # characters that byte-level BPE splits over several tokens
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")
@@ -37,11 +29,11 @@ def _close(a: list, b: list) -> bool:
                                     for x, y in zip(a, b))
 
 
-def test_streamed_chat_chunks_carry_every_tokens_logprobs(client):
+def test_streamed_chat_chunks_carry_every_tokens_logprobs(openai_client):
     kw = dict(model="default", messages=[{"role": "user", "content": QUESTION}], max_tokens=8, temperature=0,
               logprobs=True, top_logprobs=2)
-    whole = client.chat.completions.create(**kw)
-    chunks = [c for c in client.chat.completions.create(stream=True, **kw) if c.choices]
+    whole = openai_client.chat.completions.create(**kw)
+    chunks = [c for c in openai_client.chat.completions.create(stream=True, **kw) if c.choices]
     streamed = [e for c in chunks if c.choices[0].logprobs for e in c.choices[0].logprobs.content]
     expected = whole.choices[0].logprobs.content
     assert len(expected) == whole.usage.completion_tokens
@@ -53,10 +45,10 @@ def test_streamed_chat_chunks_carry_every_tokens_logprobs(client):
     assert bytes(b for e in streamed for b in e.bytes).decode() == whole.choices[0].message.content
 
 
-def test_streamed_completion_chunks_carry_every_tokens_logprobs(client):
+def test_streamed_completion_chunks_carry_every_tokens_logprobs(openai_client):
     kw = dict(model="default", prompt=PROMPT, max_tokens=6, temperature=0, logprobs=2)
-    whole = client.completions.create(**kw).choices[0]
-    chunks = [c.choices[0] for c in client.completions.create(stream=True, **kw) if c.choices]
+    whole = openai_client.completions.create(**kw).choices[0]
+    chunks = [c.choices[0] for c in openai_client.completions.create(stream=True, **kw) if c.choices]
     tokens = [t for c in chunks if c.logprobs for t in c.logprobs.tokens]
     logprobs = [v for c in chunks if c.logprobs for v in c.logprobs.token_logprobs]
     offsets = [o for c in chunks if c.logprobs for o in c.logprobs.text_offset]
@@ -65,9 +57,9 @@ def test_streamed_completion_chunks_carry_every_tokens_logprobs(client):
     assert "".join(c.text for c in chunks) == whole.text
 
 
-def test_echo_scores_the_prompt_as_generate_does(client, server):
+def test_echo_scores_the_prompt_as_generate_does(openai_client, server):
     """lm-eval's loglikelihood request: echo, max_tokens 0, logprobs 1."""
-    out = client.completions.create(model="default", prompt=PROMPT, max_tokens=0, logprobs=1, echo=True,
+    out = openai_client.completions.create(model="default", prompt=PROMPT, max_tokens=0, logprobs=1, echo=True,
                                     temperature=0).choices[0]
     lp = out.logprobs
     native = server.post("/generate", {"text": PROMPT, "return_logprob": True, "logprob_start_len": 0,
@@ -80,15 +72,15 @@ def test_echo_scores_the_prompt_as_generate_does(client, server):
     assert _close(lp.token_logprobs, [v for v, _, _ in inputs])
     assert [out.text[o:o + len(t)] for o, t in zip(lp.text_offset, lp.tokens)] == lp.tokens
     # with a continuation, the prompt's entries come first and the output's follow
-    more = client.completions.create(model="default", prompt=PROMPT, max_tokens=3, logprobs=1, echo=True,
+    more = openai_client.completions.create(model="default", prompt=PROMPT, max_tokens=3, logprobs=1, echo=True,
                                      temperature=0).choices[0]
     assert more.logprobs.tokens[:len(lp.tokens)] == lp.tokens and len(more.logprobs.tokens) == len(lp.tokens) + 3
     assert [more.text[o:o + len(t)] for o, t in zip(more.logprobs.text_offset, more.logprobs.tokens)] \
         == more.logprobs.tokens
 
 
-def test_echo_of_split_characters_names_partial_tokens_by_their_bytes(client, tok):
-    out = client.completions.create(model="default", prompt=WIDE, max_tokens=0, logprobs=1, echo=True).choices[0]
+def test_echo_of_split_characters_names_partial_tokens_by_their_bytes(openai_client, tok):
+    out = openai_client.completions.create(model="default", prompt=WIDE, max_tokens=0, logprobs=1, echo=True).choices[0]
     ids = tok.encode(WIDE)
     assert out.logprobs.tokens == [legacy_name(tok, t) for t in ids]
     partial = [t for t in out.logprobs.tokens if t.startswith("bytes:")]
