@@ -7,12 +7,15 @@ tokenizer directory, use that export."""
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import threading
 from pathlib import Path
 
 from engines.cache_root import cache_dir
 from engines.weights.errors import ModelLoadError
+
+log = logging.getLogger("engines.tokenizer")
 
 
 class Tokenizer:
@@ -47,10 +50,15 @@ class Tokenizer:
         loop build it in a thread first)."""
         with self._table_lock:
             if self._token_bytes is None:
-                import xgrammar  # deferred: only log-probabilities and grammars need it
+                try:
+                    import xgrammar  # deferred: only log-probabilities and grammars need it
 
-                info = xgrammar.TokenizerInfo.from_huggingface(self.hf)
-                self._token_bytes = [bytes(b) for b in info.decoded_vocab]
+                    info = xgrammar.TokenizerInfo.from_huggingface(self.hf)
+                    self._token_bytes = [bytes(b) for b in info.decoded_vocab]
+                except Exception as exc:  # a vocabulary xgrammar cannot read: each token's decoded text
+                    log.warning("token bytes from the decoded text (xgrammar could not read the vocabulary: %s)",
+                                exc)
+                    self._token_bytes = []
             return self._token_bytes
 
     @property

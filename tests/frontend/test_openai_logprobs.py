@@ -117,3 +117,16 @@ def test_the_cursor_renders_each_token_once_and_offsets_skip_special_tokens(tok)
     offsets = [p["text_offset"][0] for p in parts]
     assert offsets[0] == 5 and offsets[-1] == 5 + len("Hi 世界")  # the special token adds no text
     assert cursor.completion(state)["tokens"] == []
+
+
+def test_a_vocabulary_xgrammar_cannot_read_falls_back_to_decoded_text(hf_tokenizer, monkeypatch):
+    xgrammar = pytest.importorskip("xgrammar")
+
+    def unreadable(*args, **kwargs):
+        raise ValueError("unknown vocabulary type")
+
+    monkeypatch.setattr(xgrammar.TokenizerInfo, "from_huggingface", unreadable)
+    tok = Tokenizer(hf_tokenizer, None)
+    ids = tok.encode("Hello world")
+    assert [tok.token_bytes(t) for t in ids] == [tok.id_to_text(t).encode() for t in ids]
+    assert chat_entry(tok, ids[0], -1.0, None)["bytes"] == list(b"Hello")
