@@ -212,13 +212,13 @@ async def completions(request: Request):
     for ids in encoded:
         await sized(len(ids), check_fits, rt, ids, params, prompt_field="prompt", max_field="max_tokens")
     jobs = [(ids, sample) for ids in encoded for sample in per_sample(params, best_of)]
+    if want_lp:  # before anything is submitted: nothing runs while the handler waits
+        await token_bytes_ready(rt.tokenizer)
     states = await _submit_all(rt, jobs, body.rid, body.priority)
     cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     echoed = (await sized(size, lambda: [x if isinstance(x, str) else rt.tokenizer.decode(ids)
                                          for x, ids in zip(prompts, encoded)]) if body.echo else [""] * len(prompts))
     echo_text = [echoed[k // best_of] for k in range(len(jobs))]
-    if want_lp:
-        await token_bytes_ready(rt.tokenizer)
     skipped = skipped_ids(rt.tokenizer, params.skip_special_tokens) if want_lp else set()
     # with echo the offsets count from the prompt's first token, else from the end of the (echoed) prompt
     cursors = [LogprobCursor(rt.tokenizer, body.logprobs or 0, skipped, 0 if body.echo else len(echo_text[k]))
@@ -332,10 +332,10 @@ async def chat_completions(request: Request):
     await check_constraint(rt, params, where="request",
                            field="tools" if tool_constraint else _constraint_fields(body)[1])
     await sized(len(ids), check_fits, rt, ids, params, prompt_field="messages", max_field=max_field)
+    if body.logprobs:  # before anything is submitted: nothing runs while the handler waits
+        await token_bytes_ready(rt.tokenizer)
     states = await _submit_all(rt, [(ids, sample) for sample in per_sample(params, body.n)], body.rid, body.priority)
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-    if body.logprobs:
-        await token_bytes_ready(rt.tokenizer)
     cursors = [LogprobCursor(rt.tokenizer, n_top) for _ in states]
     fmt = parser_for(rt.args.tool_call_parser, getattr(rt.tokenizer.hf, "chat_template", None))
 
