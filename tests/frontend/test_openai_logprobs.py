@@ -53,6 +53,9 @@ def test_streamed_completion_chunks_carry_every_tokens_logprobs(openai_client):
     logprobs = [v for c in chunks if c.logprobs for v in c.logprobs.token_logprobs]
     offsets = [o for c in chunks if c.logprobs for o in c.logprobs.text_offset]
     assert tokens == whole.logprobs.tokens and offsets == whole.logprobs.text_offset
+    # offsets count from the prompt's start, as OpenAI's do: the first output token sits at its end
+    assert offsets[0] == len(PROMPT)
+    assert [(PROMPT + whole.text)[o:o + len(t)] for o, t in zip(offsets, tokens)] == tokens
     assert _close(logprobs, whole.logprobs.token_logprobs)
     assert "".join(c.text for c in chunks) == whole.text
 

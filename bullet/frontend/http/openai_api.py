@@ -216,13 +216,17 @@ async def completions(request: Request):
         await token_bytes_ready(rt.tokenizer)
     states = await _submit_all(rt, jobs, body.rid, body.priority)
     cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-    echoed = (await sized(size, lambda: [x if isinstance(x, str) else rt.tokenizer.decode(ids)
-                                         for x, ids in zip(prompts, encoded)]) if body.echo else [""] * len(prompts))
-    echo_text = [echoed[k // best_of] for k in range(len(jobs))]
+    # the prompt as text: echoed, and where log-probabilities' text_offset starts without echo
+    prompt_text = (await sized(size, lambda: [x if isinstance(x, str) else rt.tokenizer.decode(ids)
+                                              for x, ids in zip(prompts, encoded)])
+                   if body.echo or want_lp else [""] * len(prompts))
+    echo_text = [prompt_text[k // best_of] if body.echo else "" for k in range(len(jobs))]
     skipped = skipped_ids(rt.tokenizer, params.skip_special_tokens) if want_lp else set()
-    # with echo the offsets count from the prompt's first token, else from the end of the (echoed) prompt
-    cursors = [LogprobCursor(rt.tokenizer, body.logprobs or 0, skipped, 0 if body.echo else len(echo_text[k]))
-               if want_lp else None for k in range(len(jobs))]
+    # text_offset counts characters from the prompt's start, as OpenAI's does, echoed or not: with
+    # echo the prompt's tokens come first, without it the first output token sits at the prompt's end
+    starts = [0 if body.echo else len(prompt_text[k // best_of]) for k in range(len(jobs))]
+    cursors = [LogprobCursor(rt.tokenizer, body.logprobs or 0, skipped, starts[k]) if want_lp else None
+               for k in range(len(jobs))]
 
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)

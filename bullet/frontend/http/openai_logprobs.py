@@ -6,7 +6,7 @@
   client that joins the bytes gets the text back.
 * Completions (`choices[].logprobs`, the legacy shape): parallel lists `tokens`, `token_logprobs`,
   `top_logprobs` (a dict per position, keyed by token text) and `text_offset` (where each token's
-  text starts in the choice's text). A token that is not whole UTF-8 is named `bytes:\\xe4\\xb8`,
+  text starts, in characters from the prompt's start, echoed or not, as OpenAI counts). A token that is not whole UTF-8 is named `bytes:\\xe4\\xb8`,
   as OpenAI names it, so two partial tokens never share a key. With `echo` the prompt's tokens come
   first, the first with a null log-probability.
 
