@@ -80,6 +80,11 @@ def test_echo_scores_the_prompt_as_generate_does(openai_client, server):
     assert more.logprobs.tokens[:len(lp.tokens)] == lp.tokens and len(more.logprobs.tokens) == len(lp.tokens) + 3
     assert [more.text[o:o + len(t)] for o, t in zip(more.logprobs.text_offset, more.logprobs.tokens)] \
         == more.logprobs.tokens
+    # streamed, the same entries: the prompt's with the first chunk, each output token's once
+    chunks = [c.choices[0] for c in openai_client.completions.create(
+        model="default", prompt=PROMPT, max_tokens=3, logprobs=1, echo=True, temperature=0, stream=True) if c.choices]
+    assert [t for c in chunks if c.logprobs for t in c.logprobs.tokens] == more.logprobs.tokens
+    assert [o for c in chunks if c.logprobs for o in c.logprobs.text_offset] == more.logprobs.text_offset
 
 
 def test_echo_of_split_characters_names_partial_tokens_by_their_bytes(openai_client, tok):
