@@ -138,3 +138,23 @@ def test_a_vocabulary_xgrammar_cannot_read_falls_back_to_decoded_text(hf_tokeniz
     ids = tok.encode("Hello world")
     assert [tok.token_bytes(t) for t in ids] == [tok.id_to_text(t).encode() for t in ids]
     assert chat_entry(tok, ids[0], -1.0, None)["bytes"] == list(b"Hello")
+
+
+def test_lm_evals_loglikelihood_request_reads_the_continuations_logprobs(openai_client, server, tok):
+    """What lm-eval's `local-completions` model sends for a loglikelihood request (context and
+    continuation as one list of token ids, echo, max_tokens 1, logprobs 1) and how it reads the answer:
+    the continuation's log-probability is the sum of `token_logprobs[ctxlen:-1]`, and it is greedy when
+    each of those tokens is the top of its `top_logprobs`. (Before echo returned the prompt's entries,
+    that sum was over nothing: 0.0 and "greedy" for every continuation.)"""
+    for context, continuation in ((PROMPT, " Paris"), (PROMPT, " London"), ("東京は日本の", "首都です")):
+        ctx, full = tok.encode(context), tok.encode(context + continuation)
+        choice = openai_client.completions.create(model="default", prompt=full, max_tokens=1, echo=True, logprobs=1,
+                                                  temperature=0, seed=1234).choices[0]
+        lp, n = choice.logprobs, len(ctx)
+        loglikelihood = sum(lp.token_logprobs[n:-1])
+        greedy = all(max(top, key=top.get) == token for token, top in zip(lp.tokens[n:-1], lp.top_logprobs[n:-1]))
+        native = server.post("/generate", {"input_ids": full, "return_logprob": True, "logprob_start_len": 0,
+                                           "sampling_params": {"max_new_tokens": 0}})[1]["meta_info"]
+        expected = sum(v for v, _, _ in native["input_token_logprobs"][n:])
+        assert loglikelihood == pytest.approx(expected, abs=1e-3) and loglikelihood < 0
+        assert greedy == (continuation == " Paris"), (continuation, lp.tokens[n:-1], lp.top_logprobs[n:-1])
