@@ -51,9 +51,9 @@ class Tokenizer:
         with self._table_lock:
             if self._token_bytes is None:
                 try:
-                    import xgrammar  # deferred: only log-probabilities and grammars need it
+                    from engines.grammar import tokenizer_info  # deferred: xgrammar, paid on first use only
 
-                    info = xgrammar.TokenizerInfo.from_huggingface(self.hf)
+                    info = tokenizer_info(self.hf, self.vocab_size, ())
                     self._token_bytes = [bytes(b) for b in info.decoded_vocab]
                 except Exception as exc:  # a vocabulary xgrammar cannot read: each token's decoded text
                     log.warning("token bytes from the decoded text (xgrammar could not read the vocabulary: %s)",

@@ -53,7 +53,7 @@ class ProfilePlan:
 
     @classmethod
     def quick(cls) -> "ProfilePlan":
-        """45-60 s on 2 cores with SmolLM2-135M as served (int8; model load and CPU probe included)."""
+        """45-50 s on 2 cores with SmolLM2-135M as served (int8; model load and CPU probe included)."""
         return cls(
             name="quick",
             sweeps=(PrefillCase((32,)), PrefillCase((256,)), uniform_decode(1, 128), uniform_decode(16, 512),

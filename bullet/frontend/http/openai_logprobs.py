@@ -33,11 +33,11 @@ def legacy_name(tok, token_id: int) -> str:
 
 
 def chat_entry(tok, token_id: int, logprob: float | None, top) -> dict:
-    raw = tok.token_bytes(token_id)
-    alternatives = [{"token": tok.token_bytes(i).decode("utf-8", errors="replace"), "logprob": v,
-                     "bytes": list(tok.token_bytes(i))} for i, v in (top or [])]
-    return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(raw),
-            "top_logprobs": alternatives}
+    def entry(raw: bytes, value) -> dict:
+        return {"token": raw.decode("utf-8", errors="replace"), "logprob": value, "bytes": list(raw)}
+
+    return {**entry(tok.token_bytes(token_id), logprob),
+            "top_logprobs": [entry(tok.token_bytes(i), v) for i, v in (top or [])]}
 
 
 class LogprobCursor:
