@@ -158,3 +158,9 @@ def test_lm_evals_loglikelihood_request_reads_the_continuations_logprobs(openai_
         expected = sum(v for v, _, _ in native["input_token_logprobs"][n:])
         assert loglikelihood == pytest.approx(expected, abs=1e-3) and loglikelihood < 0
         assert greedy == (continuation == " Paris"), (continuation, lp.tokens[n:-1], lp.top_logprobs[n:-1])
+
+
+def test_a_streamed_echo_without_logprobs_has_none(openai_client):
+    chunks = [c.choices[0] for c in openai_client.completions.create(
+        model="default", prompt=PROMPT, max_tokens=3, echo=True, temperature=0, stream=True) if c.choices]
+    assert "".join(c.text for c in chunks).startswith(PROMPT) and all(c.logprobs is None for c in chunks)

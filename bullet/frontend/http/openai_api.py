@@ -244,9 +244,10 @@ async def completions(request: Request):
                         text, _ = echo_text[i] + text, sent_echo.add(i)
                     if not text and not u.done:
                         continue
-                    # the prompt's entries (a thread's work when long) come with the first chunk only
-                    size = len(u.state.prompt_ids) if body.echo and not cursors[i].prompt_done else 0
-                    lp = await sized(size, cursors[i].completion, u.state, with_prompt=body.echo) if want_lp else None
+                    lp = None
+                    if want_lp:  # the prompt's entries (a thread's work when long) come with the first chunk only
+                        size = len(u.state.prompt_ids) if body.echo and not cursors[i].prompt_done else 0
+                        lp = await sized(size, cursors[i].completion, u.state, with_prompt=body.echo)
                     yield sse({"id": cid, "object": "text_completion", "created": created, "model": model,
                                "choices": [{"index": i, "text": text, "logprobs": lp,
                                             "finish_reason": _finish_reason(u.state.finish_json)}]})
