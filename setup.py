@@ -13,7 +13,9 @@ ones on purpose, to run the narrower code on a wider CPU.
 
 `engines._cpu_gemv` (csrc/cpu_gemv.c) multiplies a decode step's few rows by weights read once: its
 bfloat16 projections and its mixture-of-experts SwiGLU experts; it is built as the attention kernel is
-(the same ISA choices, the shared helpers of csrc/cpu_vec.h)."""
+(the same ISA choices, the shared helpers of csrc/cpu_vec.h). Its AMX part (csrc/cpu_amx.c: a prefill's
+bfloat16 experts on the tiles) is left out where the compiler does not know the AMX targets (gcc >= 11
+and clang >= 12 do) or the build is told to stay below AVX-512; the CPU is asked at run time."""
 
 import os
 import subprocess
@@ -47,7 +49,8 @@ def _target_compiles(target: str, body: str) -> bool:
 
 
 def _isa_macros() -> list[tuple[str, None]]:
-    """BULLET_NO_AVX512 / BULLET_NO_AVX2 where the compiler lacks a target (or the build is told to)."""
+    """BULLET_NO_AVX512 / BULLET_NO_AVX2 / BULLET_NO_AMX where the compiler lacks a target (or the build is
+    told to)."""
     want = os.environ.get("BULLET_CPU_ATTENTION_ISA", "auto").lower()
     if want not in ("auto", "avx512", "avx2", "generic"):
         raise SystemExit(f"BULLET_CPU_ATTENTION_ISA must be auto, avx512, avx2 or generic, got {want!r}")
@@ -55,7 +58,10 @@ def _isa_macros() -> list[tuple[str, None]]:
         "avx2,fma,f16c", "__m256 x = _mm256_cvtph_ps(_mm_setzero_si128()); return (int)_mm256_cvtss_f32(x);")
     avx512 = avx2 and want in ("auto", "avx512") and _target_compiles(
         "avx512f,avx512bw,avx512vl,avx2,fma,f16c", "return (int)_mm512_reduce_add_ps(_mm512_setzero_ps());")
-    return [(name, None) for name, have in (("BULLET_NO_AVX2", avx2), ("BULLET_NO_AVX512", avx512)) if not have]
+    amx = avx512 and _target_compiles(
+        "amx-tile,amx-bf16,avx512f", "_tile_zero(0); _tile_release(); return 0;")
+    return [(name, None) for name, have in (("BULLET_NO_AVX2", avx2), ("BULLET_NO_AVX512", avx512),
+                                            ("BULLET_NO_AMX", amx)) if not have]
 
 
 # The CPU kernels (csrc/cpu_attention.c, csrc/cpu_gemv.c): the vector code carries its own target
@@ -81,6 +87,7 @@ setup(
             extra_link_args=["-pthread"],
         ),
         Extension("engines._cpu_attention", sources=["csrc/cpu_attention.c"], **CPU_KERNEL_BUILD),
-        Extension("engines._cpu_gemv", sources=["csrc/cpu_gemv.c"], **CPU_KERNEL_BUILD),
+        Extension("engines._cpu_gemv", sources=["csrc/cpu_gemv.c", "csrc/cpu_amx.c"],
+                  **{**CPU_KERNEL_BUILD, "depends": ["csrc/cpu_vec.h", "csrc/cpu_amx.h"]}),
     ]
 )

@@ -18,7 +18,11 @@
  *
  * Three implementations of the dot products: AVX-512, AVX2 and portable C, picked as in
  * csrc/cpu_vec.h; a vector one needs the reduced dimension to be whole registers, else the portable one
- * runs. Expert ids come from Python but are checked here before any thread starts. */
+ * runs. Expert ids come from Python but are checked here before any thread starts.
+ *
+ * A prefill-sized bfloat16 batch on a CPU with AMX runs its experts here too, on the tiles
+ * (csrc/cpu_amx.c, `tile_rows`), summing into per-thread float32 rows instead of per-pick ones
+ * (`run_experts_tiled`). */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -32,6 +36,7 @@
 #include <omp.h>
 #endif
 
+#include "cpu_amx.h"
 #include "cpu_vec.h"
 
 typedef struct {
@@ -153,10 +158,10 @@ static void dots(int isa, const void *W, int dtype, int N, int K, const float *x
     dots_generic(W, dtype, N, K, xs, R, y, ldy);
 }
 
-/* One expert over its rows: picks[0..m) index (token * k + pick); each pick's result goes to
- * per_pick[pick] (float32, [T * k, H]). Scratch: xs [m, H], h [m, 2I], act [m, I], ys [m, H]. */
-static void run_expert(const moe_args *a, int isa, int e, const int32_t *picks, int m, float *xs, float *h, float *act,
-                       float *ys, float *per_pick) {
+/* One expert over its rows: picks[0..m) index (token * k + pick); ys [m, H] gets the expert's output
+ * for each (float32). Scratch: xs [m, H], h [m, 2I], act [m, I]. */
+static void expert_rows(const moe_args *a, int isa, int e, const int32_t *picks, int m, float *xs, float *h, float *act,
+                        float *ys) {
     const int H = a->H, I = a->I, esz = a->dtype == ELEM_F32 ? 4 : 2;
     for (int i = 0; i < m; i++) {
         const int64_t row = (int64_t)(picks[i] / a->k) * H;
@@ -171,11 +176,18 @@ static void run_expert(const moe_args *a, int isa, int e, const int32_t *picks, 
             act[(int64_t)i * I + j] = g / (1.f + expf(-g)) * u; /* SwiGLU: silu(gate) * up */
         }
     dots(isa, dn, a->dtype, H, I, act, m, ys, H);
-    for (int i = 0; i < m; i++) memcpy(per_pick + (int64_t)picks[i] * H, ys + (int64_t)i * H, sizeof(float) * H);
 }
 
-/* Every active expert, one per work item, then each token's picks weighted and summed in pick order.
- * `scratch` holds `threads` blocks of `per_thread` floats. */
+static void store_out(const moe_args *a, int64_t i, float v) {
+    if (a->dtype == ELEM_F32)
+        ((float *)a->out)[i] = v;
+    else
+        ((uint16_t *)a->out)[i] = float_to_bf16(v);
+}
+
+/* Every active expert, one per work item, then each token's picks weighted and summed in pick order:
+ * a token's result depends neither on which thread ran which expert nor on the other tokens of the
+ * batch. `scratch` holds `threads` blocks of `per_thread` floats; per_pick [T * k, H] float32. */
 static void run_experts(const moe_args *a, int isa, int threads, const int32_t *order, const int32_t *starts,
                         const int32_t *active, int n_active, int max_rows, float *scratch, size_t per_thread,
                         float *per_pick) {
@@ -190,8 +202,10 @@ static void run_experts(const moe_args *a, int isa, int threads, const int32_t *
         float *h = xs + (size_t)max_rows * H, *act = h + (size_t)max_rows * 2 * I, *ys = act + (size_t)max_rows * I;
 #pragma omp for schedule(dynamic, 1)
         for (int it = 0; it < n_active; it++) {
-            const int e = active[it];
-            run_expert(a, isa, e, order + starts[e], starts[e + 1] - starts[e], xs, h, act, ys, per_pick);
+            const int e = active[it], n = starts[e + 1] - starts[e];
+            expert_rows(a, isa, e, order + starts[e], n, xs, h, act, ys);
+            for (int i = 0; i < n; i++)
+                memcpy(per_pick + (int64_t)order[starts[e] + i] * H, ys + (int64_t)i * H, sizeof(float) * H);
         }
     }
 #pragma omp parallel for num_threads(threads) schedule(static)
@@ -200,29 +214,104 @@ static void run_experts(const moe_args *a, int isa, int threads, const int32_t *
             float acc = 0.f;
             for (int p = 0; p < a->k; p++)
                 acc += a->weights[(int64_t)t * a->k + p] * per_pick[((int64_t)t * a->k + p) * H + j];
-            if (a->dtype == ELEM_F32)
-                ((float *)a->out)[(int64_t)t * H + j] = acc;
-            else
-                ((uint16_t *)a->out)[(int64_t)t * H + j] = float_to_bf16(acc);
+            store_out(a, (int64_t)t * H + j, acc);
         }
     }
 }
 
-/* experts(x, out, weights, ids, gate_up, down, T, k, E, H, I, dtype, isa, threads): addresses as
- * integers (the tensors' data_ptr; dtypes, shapes and contiguity checked by engines.model.cpu_gemv),
- * every expert id checked here. Writes out [T, H]. Releases the GIL. */
+/* The same with experts of at least `tile_rows` rows on AMX tiles (csrc/cpu_amx.c), for batches as large
+ * as a prefill's: a (token, pick)'s output is added, weighted, to its token's row of its thread's float32
+ * sums `acc` ([threads][T, H], zeroed) as soon as its expert is done — T x H floats per thread where the
+ * pick-order sum above keeps T x k x H — and the threads' sums are added in thread order at the end.
+ * Each thread takes a fixed share of the experts (the largest first, each to the thread with the least
+ * work so far, counting an expert's rows and the reading of its weights), so the result is the same on
+ * every run of the same batch and thread count; unlike the decode path's, it may differ in the last bits
+ * with the batch or the thread count. `tile_scratch` holds `threads` blocks of `tile_per_thread` bytes. */
+static void run_experts_tiled(const moe_args *a, int isa, int threads, const int32_t *order, const int32_t *starts,
+                              const int32_t *active, int n_active, int max_rows, float *scratch, size_t per_thread,
+                              int tile_rows, char *tile_scratch, size_t tile_per_thread, int32_t *owner, float *acc) {
+    const int H = a->H, I = a->I;
+    const size_t plane = (size_t)a->T * H;
+    int team = 1;
+#pragma omp parallel num_threads(threads)
+    {
+#ifdef _OPENMP
+        const int me = omp_get_thread_num();
+#else
+        const int me = 0;
+#endif
+#pragma omp single
+        {
+#ifdef _OPENMP
+            team = omp_get_num_threads();
+#endif
+            int64_t load[team];
+            for (int t = 0; t < team; t++) load[t] = 0;
+            for (int it = 0; it < n_active; it++) { /* `active` lists the largest experts first */
+                int best = 0;
+                for (int t = 1; t < team; t++) best = load[t] < load[best] ? t : best;
+                owner[it] = best;
+                load[best] += 64 + starts[active[it] + 1] - starts[active[it]]; /* weights ~ 64 rows' compute */
+            }
+        }
+        float *xs = scratch + per_thread * (size_t)me, *mine = acc + plane * (size_t)me;
+        float *h = xs + (size_t)max_rows * H, *act = h + (size_t)max_rows * 2 * I, *ys = act + (size_t)max_rows * I;
+        amx_thread_begin();
+        for (int it = 0; it < n_active; it++) {
+            if (owner[it] != me) continue;
+            const int e = active[it], n = starts[e + 1] - starts[e];
+            const int32_t *picks = order + starts[e];
+            if (n >= tile_rows) {
+                amx_expert(a->x, a->k, picks, n, (const uint16_t *)a->gate_up + (int64_t)e * 2 * I * H,
+                           (const uint16_t *)a->down + (int64_t)e * H * I, H, I, a->weights, mine,
+                           tile_scratch + tile_per_thread * (size_t)me);
+                continue;
+            }
+            expert_rows(a, isa, e, picks, n, xs, h, act, ys);
+            for (int i = 0; i < n; i++) {
+                const float w = a->weights[picks[i]];
+                float *dst = mine + (int64_t)(picks[i] / a->k) * H;
+                for (int j = 0; j < H; j++) dst[j] += w * ys[(int64_t)i * H + j];
+            }
+        }
+        amx_thread_end();
+    }
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int t = 0; t < a->T; t++)
+        for (int j = 0; j < H; j++) {
+            float sum = acc[(int64_t)t * H + j];
+            for (int th = 1; th < team; th++) sum += acc[plane * th + (int64_t)t * H + j];
+            store_out(a, (int64_t)t * H + j, sum);
+        }
+}
+
+static int by_key(const void *l, const void *r) {
+    const int64_t a = *(const int64_t *)l, b = *(const int64_t *)r;
+    return (a > b) - (a < b);
+}
+
+/* experts(x, out, weights, ids, gate_up, down, T, k, E, H, I, dtype, isa, threads, tile_rows): addresses
+ * as integers (the tensors' data_ptr; dtypes, shapes and contiguity checked by engines.model.cpu_gemv),
+ * every expert id checked here. Experts of at least `tile_rows` rows run on AMX tiles (0: none; only
+ * bfloat16, where amx_ready() and the shapes fit). Writes out [T, H]. Releases the GIL. */
 static PyObject *py_experts(PyObject *self, PyObject *args) {
     unsigned long long x, out, weights, ids, gate_up, down;
     moe_args a;
-    int isa, threads;
-    if (!PyArg_ParseTuple(args, "KKKKKKiiiiiiii", &x, &out, &weights, &ids, &gate_up, &down, &a.T, &a.k, &a.E, &a.H,
-                          &a.I, &a.dtype, &isa, &threads))
+    int isa, threads, tile_rows;
+    if (!PyArg_ParseTuple(args, "KKKKKKiiiiiiiii", &x, &out, &weights, &ids, &gate_up, &down, &a.T, &a.k, &a.E, &a.H,
+                          &a.I, &a.dtype, &isa, &threads, &tile_rows))
         return NULL;
     if (a.T < 0 || a.k <= 0 || a.E <= 0 || a.H <= 0 || a.I <= 0 || (a.dtype != ELEM_F32 && a.dtype != ELEM_BF16)) {
         PyErr_SetString(PyExc_ValueError, "experts: bad shape or dtype");
         return NULL;
     }
     if (isa_refused("experts", isa)) return NULL;
+    if (tile_rows < 0 || (tile_rows && (a.dtype != ELEM_BF16 || !amx_shapes_fit(a.H, a.I) || !amx_ready()))) {
+        PyErr_Format(PyExc_ValueError, "experts: AMX tiles need bfloat16, hidden and expert sizes in whole multiples of 32 "
+                     "and a CPU whose tiles this process may use (tile_rows %d, H %d, I %d, ready %d)", tile_rows, a.H, a.I,
+                     amx_ready());
+        return NULL;
+    }
     a.x = (const void *)(uintptr_t)x;
     a.out = (void *)(uintptr_t)out;
     a.weights = (const float *)(uintptr_t)weights;
@@ -240,31 +329,57 @@ static PyObject *py_experts(PyObject *self, PyObject *args) {
     threads = threads > 0 ? threads : 1;
     int32_t *starts = calloc((size_t)a.E + 1, sizeof(int32_t)), *order = malloc(sizeof(int32_t) * (n_picks ? n_picks : 1)),
             *active = malloc(sizeof(int32_t) * (size_t)a.E), *fill = malloc(sizeof(int32_t) * (size_t)a.E);
-    float *per_pick = malloc(sizeof(float) * (size_t)(n_picks ? n_picks : 1) * a.H), *scratch = NULL;
-    int n_active = 0, max_rows = 0;
-    const int tables = starts && order && active && fill && per_pick;
+    int64_t *keys = malloc(sizeof(int64_t) * (size_t)a.E);
+    float *per_pick = tile_rows ? NULL : malloc(sizeof(float) * (size_t)(n_picks ? n_picks : 1) * a.H), *scratch = NULL;
+    char *tile_scratch = NULL;
+    int n_active = 0, max_rows = 0, max_tiled = 0; /* the most rows of an expert without and with tiles */
+    const int tables = starts && order && active && fill && keys;
     if (tables) {
         for (int64_t p = 0; p < n_picks; p++) starts[a.ids[p] + 1]++;
         for (int e = 0; e < a.E; e++) {
             const int n = starts[e + 1];
-            if (n) active[n_active++] = e;
-            max_rows = n > max_rows ? n : max_rows;
+            if (n) keys[n_active++] = ((int64_t)(INT32_MAX - n) << 32) | e; /* most rows first, then by id */
+            if (tile_rows && n >= tile_rows)
+                max_tiled = n > max_tiled ? n : max_tiled;
+            else
+                max_rows = n > max_rows ? n : max_rows;
             starts[e + 1] += starts[e];
             fill[e] = starts[e];
         }
+        qsort(keys, (size_t)n_active, sizeof(int64_t), by_key);
+        for (int i = 0; i < n_active; i++) active[i] = (int32_t)(keys[i] & 0xffffffff);
         for (int64_t p = 0; p < n_picks; p++) order[fill[a.ids[p]]++] = (int32_t)p;
     }
     const size_t per_thread = (size_t)(max_rows > 0 ? max_rows : 1) * (2 * (size_t)a.H + 3 * (size_t)a.I);
+    const size_t tile_per_thread = max_tiled ? amx_scratch_bytes(max_tiled, a.H, a.I) : 0;
     scratch = tables ? malloc(sizeof(float) * per_thread * (size_t)threads) : NULL;
-    const int ok = scratch != NULL;
+    /* with tiles: each thread's sums [T, H] instead of the per-pick outputs, and who runs each expert */
+    float *acc = NULL;
+    int32_t *owner = NULL;
+    if (scratch && tile_rows) {
+        acc = calloc((size_t)threads * a.T * a.H + 1, sizeof(float));
+        owner = malloc(sizeof(int32_t) * (size_t)(n_active ? n_active : 1));
+        tile_scratch = aligned_alloc(64, tile_per_thread ? tile_per_thread * (size_t)threads : 64);
+    }
+    const int ok = scratch != NULL && (!tile_rows || (acc && owner && tile_scratch)) && (tile_rows || per_pick);
     if (ok) {
-        Py_BEGIN_ALLOW_THREADS run_experts(&a, isa, threads, order, starts, active, n_active, max_rows, scratch, per_thread,
-                                           per_pick);
+        Py_BEGIN_ALLOW_THREADS
+        if (tile_rows)
+            run_experts_tiled(&a, isa, threads, order, starts, active, n_active, max_rows, scratch, per_thread, tile_rows,
+                              tile_scratch, tile_per_thread, owner, acc);
+        else
+            run_experts(&a, isa, threads, order, starts, active, n_active, max_rows, scratch, per_thread, per_pick);
         Py_END_ALLOW_THREADS
     }
-    free(starts), free(order), free(active), free(fill), free(per_pick), free(scratch);
+    free(starts), free(order), free(active), free(fill), free(keys), free(per_pick), free(scratch), free(tile_scratch);
+    free(acc), free(owner);
     if (!ok) return PyErr_NoMemory();
     Py_RETURN_NONE;
+}
+
+static PyObject *py_amx_ready(PyObject *self, PyObject *unused) {
+    /* whether experts may run on AMX tiles here: this build has the code, the CPU the tiles, the OS granted them */
+    return PyBool_FromLong(amx_ready());
 }
 
 /* linear(x, w, bias, out, M, N, K, dtype, isa, threads): out [M, N] = x [M, K] @ w [N, K]^T (+ bias [N],
@@ -317,6 +432,7 @@ static PyObject *py_best_isa(PyObject *self, PyObject *unused) {
 static PyMethodDef methods[] = {
     {"linear", py_linear, METH_VARARGS, "x @ w^T (+ bias) over a few rows (see engines.model.cpu_gemv)."},
     {"experts", py_experts, METH_VARARGS, "MoE SwiGLU experts over decode-sized batches (see engines.model.cpu_gemv)."},
+    {"amx_ready", py_amx_ready, METH_NOARGS, "whether experts may run on AMX tiles in this process"},
     {"best_isa", py_best_isa, METH_NOARGS, "the widest implementation this build and this CPU run"},
     {NULL, NULL, 0, NULL},
 };

@@ -1,7 +1,7 @@
 """The mixture-of-experts CPU path against a dense model of the same active parameters.
 
   python -m artifact.benchmarks.bench_moe [--dtype float32 bfloat16] [--threads 1 2] [--repeats 5] [--grouped] [--row-form]
-                                         [--rowwise] [--against PATH] [--balanced-routing]
+                                         [--untiled] [--rowwise] [--against PATH] [--balanced-routing]
 
 Two models with dummy weights, built from Hugging Face style configs through the engine's own config
 and model code: a Qwen3-MoE (every layer sparse: `--experts` SwiGLU experts of width
@@ -28,11 +28,13 @@ Per step it reports MoE / dense time and whether the goal (at most 1.5x) is met,
 the bytes the step reads (weights it touches plus the KV cache): a decode row reads its top-k
 experts, as many bytes as the dense MLP, but a batch of rows picks up to `--experts` distinct ones —
 counted per layer in an extra, untimed step. At decode the MoE's experts run in the C kernel
-(`engines.model.cpu_gemv`), and at prefill the experts that few rows picked; `--grouped` also times
-the MoE with the kernel off (`engines.model.moe.CPU_KERNEL_TOKENS = KERNEL_EXPERT_ROWS = 0`: the
-grouped torch path with its few-row forms), `--row-form` with the kernel and the few-row forms off
-(also `COLUMN_ROWS`, `NATIVE_BF16_ROWS`, `WEIGHTS_FIRST_ROWS`: every expert as x @ W^T through
-MKL/oneDNN), `--rowwise` with only `WEIGHTS_FIRST_ROWS` off, in the same rounds; `--against PATH`
+(`engines.model.cpu_gemv`); at prefill, in bfloat16 on a CPU with AMX, all of them in the same kernel
+on the tiles, elsewhere the experts that few rows picked. `--grouped` also times the MoE with the kernel
+off (`engines.model.moe.CPU_KERNEL_TOKENS = KERNEL_EXPERT_ROWS = TILE_EXPERT_ROWS = 0`: the grouped torch
+path with its few-row forms), `--untiled` with only the tiles off (`TILE_EXPERT_ROWS = 0`), `--row-form`
+with the kernel and the few-row forms off (also `COLUMN_ROWS`, `NATIVE_BF16_ROWS`, `WEIGHTS_FIRST_ROWS`:
+every expert as x @ W^T through MKL/oneDNN), `--rowwise` with only `WEIGHTS_FIRST_ROWS` off, in the same
+rounds; `--against PATH`
 the MoE with another build of the C kernel (a source tree built with `python setup.py build_ext
 --inplace`, e.g. a `git worktree` of an older commit), in the same rounds. `--balanced-routing` draws
 each token's picks uniformly at random instead of taking the dummy router's. Writes
@@ -60,9 +62,11 @@ GOAL = 1.5  # MoE step time / dense step time, at most
 PAGE_SIZE = 16
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # engines.model.moe's CPU forms of the experts: the C kernel's batch limit, the grouped path's few-row forms
-KNOBS = ("CPU_KERNEL_TOKENS", "KERNEL_EXPERT_ROWS", "COLUMN_ROWS", "NATIVE_BF16_ROWS", "WEIGHTS_FIRST_ROWS")
+KNOBS = ("CPU_KERNEL_TOKENS", "KERNEL_EXPERT_ROWS", "COLUMN_ROWS", "NATIVE_BF16_ROWS", "WEIGHTS_FIRST_ROWS",
+         "TILE_EXPERT_ROWS")
 # the MoE's other sides, timed in the same rounds when asked: name -> (flag, knobs set to 0, label)
-OTHER_FORMS = {"moe_grouped": ("grouped", ("CPU_KERNEL_TOKENS", "KERNEL_EXPERT_ROWS"), "grouped path"),
+OTHER_FORMS = {"moe_grouped": ("grouped", ("CPU_KERNEL_TOKENS", "KERNEL_EXPERT_ROWS", "TILE_EXPERT_ROWS"), "grouped path"),
+               "moe_untiled": ("untiled", ("TILE_EXPERT_ROWS",), "without AMX tiles"),
                "moe_rows": ("row_form", KNOBS, "row form only"),
                "moe_against": ("against", (), "other kernel build"),
                "moe_rowwise": ("rowwise", ("WEIGHTS_FIRST_ROWS",), "bf16 experts row-wise")}
@@ -260,11 +264,14 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--context", type=int, default=256, help="tokens each decode row attends over")
     ap.add_argument("--grouped", action="store_true",
                     help="also time the MoE with the C kernel off (moe.CPU_KERNEL_TOKENS = moe.KERNEL_EXPERT_ROWS "
-                         "= 0): every expert on the grouped torch path, in the same rounds")
+                         "= moe.TILE_EXPERT_ROWS = 0): every expert on the grouped torch path, in the same rounds")
+    ap.add_argument("--untiled", action="store_true",
+                    help="also time the MoE with its prefill's experts off the AMX tiles (moe.TILE_EXPERT_ROWS = 0; "
+                         "the same as the MoE side where the CPU has no AMX or the dtype is float32), in the same rounds")
     ap.add_argument("--row-form", action="store_true",
                     help="also time the MoE with the C kernel and the grouped path's few-row forms off (every "
                          "expert as x @ W^T through MKL/oneDNN: moe.CPU_KERNEL_TOKENS = moe.KERNEL_EXPERT_ROWS = moe.COLUMN_ROWS = "
-                         "moe.NATIVE_BF16_ROWS = moe.WEIGHTS_FIRST_ROWS = 0), in the same rounds")
+                         "moe.NATIVE_BF16_ROWS = moe.WEIGHTS_FIRST_ROWS = moe.TILE_EXPERT_ROWS = 0), in the same rounds")
     ap.add_argument("--balanced-routing", action="store_true",
                     help="the MoE's picks drawn uniformly at random per token (seeded; a trained router's balance) "
                          "instead of the dummy router's, which concentrates a 512-token prompt on ~53 of 128 experts per layer")

@@ -12,7 +12,9 @@ rounding of each output. A row's result is the same alone or batched.
   0.7-1.7x the kernel's time at 4-32 rows, no clear winner, and the float32 model is the reference.
 * `experts`: a mixture-of-experts layer's SwiGLU experts, each picked expert's matrices read once for
   all its rows. `engines.model.moe.experts_forward` takes it for float32 and bfloat16 batches of at most
-  `moe.CPU_KERNEL_TOKENS` tokens (prefill's large groups stay GEMMs, which compute faster there).
+  `moe.CPU_KERNEL_TOKENS` tokens (prefill's large groups stay GEMMs, which compute faster there), and,
+  on a CPU with AMX, for larger bfloat16 batches with `tile_rows`: each expert then multiplies on the
+  AMX tiles (`csrc/cpu_amx.c`: the weights as the tiles' left operand, read as they lie, the rows packed).
 
 The vector code is the widest the CPU has under the process's kernel cap (`engines.device`)."""
 
@@ -22,7 +24,7 @@ import functools
 
 import torch
 
-from engines.device import ISA_GENERIC, own_kernel_isa
+from engines.device import ISA_AVX512, ISA_GENERIC, cpu_has_amx, own_kernel_isa
 
 try:
     from engines import _cpu_gemv as _ext
@@ -53,11 +55,20 @@ def available(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> boo
             and gate_up.is_contiguous() and down.is_contiguous())
 
 
+def tiles_available(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> bool:
+    """Whether `experts` may run these experts on AMX tiles: bfloat16 experts whose hidden size and width
+    are whole multiples of 32, on a CPU with AMX that this process may use (`engines.device.cpu_has_amx`,
+    which a kernel cap below AVX-512 turns off), where `available` holds."""
+    return (available(x, gate_up, down) and x.dtype == torch.bfloat16 and kernel_isa() == ISA_AVX512
+            and gate_up.shape[-1] % 32 == 0 and down.shape[-1] % 32 == 0 and cpu_has_amx() and _ext.amx_ready())
+
+
 def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
-            isa: int | None = None) -> torch.Tensor:
+            isa: int | None = None, tile_rows: int = 0) -> torch.Tensor:
     """x [T, H], weights/ids [T, k], gate_up [E, 2I, H], down [E, H, I] -> [T, H] in x's dtype:
     sum over k of weight x down @ (silu(gate @ x) * (up @ x)). `isa`: one of engines.device.ISA_*
-    (default `kernel_isa()`; the tests run every implementation this CPU has)."""
+    (default `kernel_isa()`; the tests run every implementation this CPU has). `tile_rows`: experts that
+    at least this many rows picked run on AMX tiles (0: none; needs `tiles_available`)."""
     if _ext is None:
         raise RuntimeError("engines._cpu_gemv is not built (python setup.py build_ext --inplace)")
     t, k = ids.shape
@@ -75,7 +86,7 @@ def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: 
     if t:
         _ext.experts(x.data_ptr(), out.data_ptr(), weights.data_ptr(), ids.data_ptr(), gate_up.data_ptr(),
                      down.data_ptr(), t, k, e, h, two_i // 2, DTYPE_CODES[x.dtype],
-                     kernel_isa() if isa is None else isa, torch.get_num_threads())
+                     kernel_isa() if isa is None else isa, torch.get_num_threads(), tile_rows)
     return out
 
 

@@ -7,7 +7,8 @@ MLP of its own (gate/up fused in one [2I, H] matrix, gate rows first, then down 
 output is the sum of its experts' outputs times their probabilities.
 
 On a CPU a decode-sized batch (at most `CPU_KERNEL_TOKENS` tokens) runs its experts in the C kernel of
-`engines.model.cpu_gemv` (each picked expert's weights read once for all its rows). Otherwise
+`engines.model.cpu_gemv` (each picked expert's weights read once for all its rows); on a CPU with AMX a
+larger bfloat16 batch runs them there too, on the tiles (`TILE_EXPERT_ROWS`). Otherwise
 `grouped_experts` is the path of every device: the (token,
 pick) rows are sorted by expert, so each expert that any token picked runs once, as two GEMMs over
 its own rows (SwiGLU's product between them is `fused.silu_mul`, one kernel on a GPU); the results
@@ -215,9 +216,34 @@ def experts_forward(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, g
             _TRITON_FAILED.append(repr(exc))
             kernel_fallbacks.record("triton MoE experts", "grouped experts in torch", exc)
     # (not where the fused GPU stages are on: the tests run that path on CPU tensors)
+    elif (x.shape[0] > CPU_KERNEL_TOKENS and TILE_EXPERT_ROWS and not fused.fused_on(x)
+          and cpu_gemv.tiles_available(x, gate_up, down)):
+        return tiled_experts(x, weights, ids, gate_up, down)
     elif x.shape[0] <= CPU_KERNEL_TOKENS and not fused.fused_on(x) and cpu_gemv.available(x, gate_up, down):
         return cpu_gemv.experts(x, weights, ids, gate_up, down)
     return grouped_experts(x, weights, ids, gate_up, down)
+
+
+# On a CPU with AMX, a bfloat16 batch of more than CPU_KERNEL_TOKENS tokens (prefill's) runs its experts in
+# the C kernel, those that at least TILE_EXPERT_ROWS rows picked on AMX tiles (csrc/cpu_amx.c); 0 turns
+# this off (the benchmark's --untiled side). Why: the MoE benchmark's 512-token prefill
+# (artifact/benchmarks/bench_moe.py, an Intel Xeon with AMX, docs/moe_cpu.md) spent 347 ms in its experts
+# through the grouped path and 177 ms here on one thread (245 -> 90 ms on two; with picks spread
+# uniformly, 598 -> 282 ms on one). An expert of one row took as long on the tiles as in the decode
+# kernel (0.22 ms from memory), so every expert takes them. Decode batches keep the decode kernel, whose
+# results do not depend on the batch.
+TILE_EXPERT_ROWS = 1
+# Each thread keeps float32 sums [tokens, hidden] until the end of a call: a call takes at most this many
+# bytes of them, so a long prompt goes in slices of tokens
+TILE_CALL_BYTES = 64 << 20
+
+
+def tiled_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
+                  down: torch.Tensor) -> torch.Tensor:
+    """The C kernel with AMX tiles, over slices of the batch that keep its sums within TILE_CALL_BYTES."""
+    per_call = max(1, TILE_CALL_BYTES // (torch.get_num_threads() * x.shape[1] * 4))
+    return torch.cat([cpu_gemv.experts(x[i:i + per_call], weights[i:i + per_call], ids[i:i + per_call], gate_up, down,
+                                       tile_rows=TILE_EXPERT_ROWS) for i in range(0, x.shape[0], per_call)])
 
 
 def triton_on(x: torch.Tensor) -> bool:

@@ -14,21 +14,12 @@ import pytest
 import torch
 
 from engines.model import cpu_gemv, moe
+from tests.engines.moe_reference import experts_definition as _definition
 from engines.model.layers import FloatLinear, float_linear
 
 pytestmark = pytest.mark.skipif(cpu_gemv._ext is None, reason="engines._cpu_gemv is not built")
 ISAS = range(cpu_gemv.kernel_isa() + 1) if cpu_gemv._ext is not None else []
 TOL = {torch.float32: {"atol": 1e-5, "rtol": 1e-5}, torch.bfloat16: {"atol": 1e-2, "rtol": 1e-2}}
-
-
-def _definition(x, weights, ids, gate_up, down) -> torch.Tensor:
-    width = down.shape[2]
-    out = torch.zeros(x.shape, dtype=torch.float64)
-    for t in range(x.shape[0]):
-        for j, e in enumerate(ids[t].tolist()):
-            h = gate_up[e].double() @ x[t].double()
-            out[t] += float(weights[t, j]) * (down[e].double() @ (torch.nn.functional.silu(h[:width]) * h[width:]))
-    return out
 
 
 def _case(tokens, hidden, width, experts, top_k, dtype, seed=0):
