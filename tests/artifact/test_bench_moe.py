@@ -1,6 +1,6 @@
 """The MoE-vs-dense benchmark on tiny sizes, through its real models and runner: the two configs
 have the same active parameters but the router's, every (dtype, threads, step) has its timings and
-ratios (the MoE's other forms too: the grouped path, the row form), a decode row touches exactly top-k
+ratios (the MoE's other forms too: the grouped path, without AMX tiles, the row form), a decode row touches exactly top-k
 experts per layer, and the JSON and markdown are written."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from engines.model import cpu_gemv, moe
 
 TINY = ["--hidden", "64", "--layers", "2", "--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--vocab", "256",
         "--experts", "8", "--top-k", "2", "--moe-intermediate", "32", "--prompt", "16", "--batches", "1", "4",
-        "--context", "8", "--repeats", "1", "--threads", "1", "--grouped", "--row-form", "--rowwise", "--name", "moe-tiny"]
+        "--context", "8", "--repeats", "1", "--threads", "1", "--grouped", "--untiled", "--row-form", "--rowwise",
+        "--name", "moe-tiny"]
 # another build of the C kernel: this tree's own, loaded a second time as a module of its own
 AGAINST = ["--against", str(Path(cpu_gemv._ext.__file__).parent.parent)] if cpu_gemv._ext is not None else []
 
@@ -43,6 +44,7 @@ def test_tiny_run_writes_every_step_and_its_ratios(tmp_path, monkeypatch):
         (d, 1, s) for d in ("float32", "bfloat16") for s in ("prefill_16", "decode_b1", "decode_b4")]
     for r in rows:
         assert r["moe_ms"] > 0 and r["dense_ms"] > 0 and r["moe_rows_ms"] > 0 and r["moe_grouped_ms"] > 0
+        assert r["moe_untiled_ms"] > 0 and r["moe_untiled_ratio"] == r["moe_untiled_ms"] / r["dense_ms"]
         assert r["moe_grouped_ratio"] == r["moe_grouped_ms"] / r["dense_ms"]
         assert (r["moe_against_ms"] > 0) if AGAINST else "moe_against_ms" not in r
         assert r["ratio"] == r["moe_ms"] / r["dense_ms"] and r["goal_met"] == (r["ratio"] <= bench_moe.GOAL)
@@ -53,6 +55,7 @@ def test_tiny_run_writes_every_step_and_its_ratios(tmp_path, monkeypatch):
     assert all(r["bytes_ratio"] < next(q for q in rows if q["step"] == "prefill_16")["bytes_ratio"] for r in b1)
     table = (tmp_path / "moe-tiny.md").read_text().splitlines()
     assert len(table) == 2 + len(rows) and "row form only ms" in table[0] and "grouped path ms" in table[0]
+    assert "without AMX tiles ms" in table[0]
 
 
 def test_balanced_routing_draws_the_picks_and_puts_the_router_back(tmp_path, monkeypatch):
