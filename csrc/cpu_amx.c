@@ -107,25 +107,8 @@ __attribute__((target("avx512f"))) static inline void transpose16(__m512 *r) {
     }
 }
 
-/* e^x for SwiGLU's sigmoid: 2^(x log2 e) as a power of two times a degree-6 polynomial of the rest
- * (relative error ~1e-7, far below the activation's bfloat16 rounding); x clamped to +-88 */
-__attribute__((target("avx512f"))) static inline __m512 exp16(__m512 x) {
-    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.f)), _mm512_set1_ps(-88.f));
-    const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.4426950408889634f));
-    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_mul_ps(_mm512_sub_ps(t, n), _mm512_set1_ps(0.6931471805599453f));
-    __m512 p = _mm512_set1_ps(1.f / 720);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 120));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 24));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 6));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-    return _mm512_scalef_ps(p, n);
-}
-
 /* silu(g) * u in float32, rounded to bfloat16 (to nearest even) in the low half of each lane */
-__attribute__((target("avx512f"))) static inline __m512i swiglu_bf16(__m512 g, __m512 u) {
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) static inline __m512i swiglu_bf16(__m512 g, __m512 u) {
     const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
     const __m512i v = _mm512_castps_si512(_mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e)), u));
     const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(v, 16), _mm512_set1_epi32(1));
@@ -214,7 +197,7 @@ __attribute__((target("amx-tile,amx-bf16"))) static void rows_times_blocks(const
     }
 }
 
-__attribute__((target("amx-tile,amx-bf16,avx512f"))) void amx_expert(const uint16_t *x, int k, const int32_t *picks, int m,
+__attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) void amx_expert(const uint16_t *x, int k, const int32_t *picks, int m,
                                                                      const uint16_t *gate_up, const uint16_t *down,
                                                                      int H, int I, const float *weights, float *acc,
                                                                      void *scratch) {

@@ -91,6 +91,42 @@ __attribute__((target("avx2,fma,f16c"))) static inline float hsum8(__m256 v) {
 }
 #endif
 
+#if HAVE_X86
+/* e^x, 8 or 16 lanes (Cephes' expf): x = n ln2 + r, |r| <= ln2 / 2, e^r by a degree-6 polynomial, 2^n in
+ * the exponent bits. x is clamped to [-87.34, 88.38]: below, the result flushes to ~0; above, it stays
+ * the largest finite float instead of overflowing the exponent. The attention kernel's softmax takes it
+ * for scores minus their maximum (<= 0), the AMX experts for SwiGLU's sigmoid. */
+#define EXP_BODY(V, SET1, ADD, MUL, FMADD, MAX, MIN, ROUND, CVT, SLLI, ADDI, CASTI, SET1I)                     \
+    x = MIN(MAX(x, SET1(-87.33654f)), SET1(88.37626f));                                                    \
+    V n = ROUND(MUL(x, SET1(1.44269504088896341f)));                                                      \
+    V r = FMADD(n, SET1(-0.693359375f), x);                                                               \
+    r = FMADD(n, SET1(2.12194440e-4f), r);                                                                \
+    V p = SET1(1.9875691500e-4f);                                                                         \
+    p = FMADD(p, r, SET1(1.3981999507e-3f));                                                              \
+    p = FMADD(p, r, SET1(8.3334519073e-3f));                                                              \
+    p = FMADD(p, r, SET1(4.1665795894e-2f));                                                              \
+    p = FMADD(p, r, SET1(1.6666665459e-1f));                                                              \
+    p = FMADD(p, r, SET1(5.0000001201e-1f));                                                              \
+    p = FMADD(MUL(p, r), r, ADD(r, SET1(1.f)));                                                           \
+    return MUL(p, CASTI(SLLI(ADDI(CVT(n), SET1I(127)), 23)));
+
+__attribute__((target("avx2,fma,f16c"))) static inline __m256 exp8(__m256 x) {
+#define ROUND8(v) _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+    EXP_BODY(__m256, _mm256_set1_ps, _mm256_add_ps, _mm256_mul_ps, _mm256_fmadd_ps, _mm256_max_ps, _mm256_min_ps,
+             ROUND8, _mm256_cvtps_epi32, _mm256_slli_epi32, _mm256_add_epi32, _mm256_castsi256_ps, _mm256_set1_epi32)
+#undef ROUND8
+}
+
+#if HAVE_AVX512
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) static inline __m512 exp16(__m512 x) {
+#define ROUND16(v) _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+    EXP_BODY(__m512, _mm512_set1_ps, _mm512_add_ps, _mm512_mul_ps, _mm512_fmadd_ps, _mm512_max_ps, _mm512_min_ps,
+             ROUND16, _mm512_cvtps_epi32, _mm512_slli_epi32, _mm512_add_epi32, _mm512_castsi512_ps, _mm512_set1_epi32)
+#undef ROUND16
+}
+#endif
+#endif
+
 /* The widest implementation both this build and this CPU have (the OS saving the wide registers
  * included: libgcc's CPU model checks XCR0 before it reports an AVX or AVX-512 feature). */
 static inline int best_isa(void) {

@@ -58,6 +58,12 @@ def test_the_tiles_compute_the_definition(tile_rows):
     got = cpu_gemv.experts(x, weights, ids, gate_up, down, tile_rows=tile_rows)
     assert got.dtype == torch.bfloat16 and got.shape == x.shape
     torch.testing.assert_close(got.double(), _definition(x, weights, ids, gate_up, down), **TOL)
+    # gate values far past the exponential's range (|g| ~ 100s): silu saturates to 0 and to g, no inf or NaN
+    big = (x.float() * 60).to(torch.bfloat16)
+    want = _definition(big, weights, ids, gate_up, down)
+    got = cpu_gemv.experts(big, weights, ids, gate_up, down, tile_rows=tile_rows)
+    assert bool(got.isfinite().all()) and float(want.abs().max()) > 1e3
+    torch.testing.assert_close(got.double(), want, atol=1e-2 * float(want.abs().max()), rtol=1e-2)
 
 
 @needs_tiles
