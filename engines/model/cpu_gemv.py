@@ -78,6 +78,9 @@ def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: 
         raise ValueError(f"experts: x {tuple(x.shape)} {x.dtype}, weights {tuple(weights.shape)}, ids "
                          f"{tuple(ids.shape)}, gate_up {tuple(gate_up.shape)} {gate_up.dtype}, down "
                          f"{tuple(down.shape)} {down.dtype} do not fit together")
+    if tile_rows and not tiles_available(x, gate_up, down):  # the C side does not know the process's kernel cap
+        raise ValueError(f"experts: AMX tiles need bfloat16, hidden and expert sizes in whole multiples of 32 and a "
+                         f"CPU with AMX under a kernel cap of AVX-512 (x {x.dtype}, hidden {h}, width {two_i // 2})")
     x = x.contiguous()
     weights = weights.to(torch.float32).contiguous()
     ids = ids.to(torch.int64).contiguous()
