@@ -11,13 +11,13 @@
  *                         product silu(gate) * up is taken as the tiles come out (float32, rounded once
  *                         to bfloat16) and written straight into the packed right operand of
  *   y = down @ act       [H, n], 32 weight rows per pass, each 16x16 result tile transposed in registers
- *                         to the rows' float32 outputs.
+ *                         and added, times the pick's weight, to its token's float32 sums.
  *
  * Each pass holds 4 result tiles (two weight tiles x two 16-column blocks of rows), so every weight tile
  * loaded is used twice and every row tile twice. Accumulation is float32 inside the tile unit; an
- * element's sum is formed the same way whatever the other rows of the expert, so a row's result does not
- * depend on which rows share its expert. Results equal the float64 definition within bfloat16 rounding
- * of the activation (tests/engines/test_cpu_gemv.py). */
+ * element's sum is formed the same way whatever the other rows of the expert, so a row's expert output
+ * does not depend on which rows share its expert. Results equal the float64 definition within bfloat16
+ * rounding of the activation (tests/engines/test_cpu_amx.py). */
 
 #include "cpu_amx.h"
 
