@@ -155,8 +155,8 @@ static inline void prefetch_step(const uint16_t *next0, const uint16_t *next1, i
  * (17-64 rows per expert; an Intel Xeon with AMX) the experts took 410 -> 348 ms on one thread and
  * 176 -> 162 ms on two; with the dummy router's few large experts, no change (207 -> 210 ms). Measured
  * and left out: prefetching into the first-level cache (380 ms), two passes ahead (350 ms), the whole
- * next pass at once (slower at every row count), and the steps in chunks that keep 32 weight rows in
- * the first-level cache across the pairs (no change). */
+ * next pass at once (slower than the kept form at every row count), and the steps in chunks that keep
+ * 32 weight rows in the first-level cache across the pairs (no change). */
 __attribute__((target("amx-tile,amx-bf16"))) static void rows_times_blocks(const uint16_t *w0, const uint16_t *w1,
                                                                           int ld, const uint32_t *xp, int steps,
                                                                           int blocks, float (*res)[4][256],

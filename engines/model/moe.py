@@ -229,8 +229,9 @@ def experts_forward(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, g
 # this off (the benchmark's --untiled side). Why: the MoE benchmark's 512-token prefill
 # (artifact/benchmarks/bench_moe.py, an Intel Xeon with AMX, docs/moe_cpu.md) spent 347 ms in its experts
 # through the grouped path and 177 ms here on one thread (245 -> 90 ms on two; with picks spread
-# uniformly, 598 -> 282 ms on one). An expert of one row took as long on the tiles as in the decode
-# kernel (0.22 ms from memory), so every expert takes them. Decode batches keep the decode kernel, whose
+# uniformly, 598 -> 282 ms on one). Sending the experts of fewer rows to the decode kernel's dot products
+# instead (TILE_EXPERT_ROWS 2 or 4: 568 and 557 ms for the whole prefill step against 556, alternating
+# rounds) gained nothing, so every expert takes the tiles. Decode batches keep the decode kernel, whose
 # results do not depend on the batch.
 TILE_EXPERT_ROWS = 1
 # Each thread keeps float32 sums [tokens, hidden] until the end of a call: a call takes at most this many
@@ -242,6 +243,8 @@ def tiled_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gat
                   down: torch.Tensor) -> torch.Tensor:
     """The C kernel with AMX tiles, over slices of the batch that keep its sums within TILE_CALL_BYTES."""
     per_call = max(1, TILE_CALL_BYTES // (torch.get_num_threads() * x.shape[1] * 4))
+    if x.shape[0] <= per_call:  # one call, and no copy of its result
+        return cpu_gemv.experts(x, weights, ids, gate_up, down, tile_rows=TILE_EXPERT_ROWS)
     return torch.cat([cpu_gemv.experts(x[i:i + per_call], weights[i:i + per_call], ids[i:i + per_call], gate_up, down,
                                        tile_rows=TILE_EXPERT_ROWS) for i in range(0, x.shape[0], per_call)])
 
