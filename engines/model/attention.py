@@ -13,8 +13,8 @@ Three shapes of work, chosen per sequence from the ForwardContext:
 Only torch ops, so the same code runs on CUDA tensors. On a GPU (and on a CPU for the int8 model,
 `engines.model.cpu_attention`) the runner sets `ctx.paged` instead: kernels then read K/V from the
 pool's pages (`engines.model.paged_attention`), except in a step of fresh prompts only, which SDPA
-serves from its new K/V as above; a step mixing decode rows and chunks runs each kind on its own
-kernel (`paged_attention.split_mixed`)."""
+serves from its new K/V as above (on the GPU; the CPU kernels attend prompts too, `attends_prompts`);
+a step mixing decode rows and chunks runs each kind on its own kernel (`paged_attention.split_mixed`)."""
 
 from __future__ import annotations
 
@@ -39,10 +39,12 @@ def paged_attention(
     if ctx.paged is not None or ctx.paged_parts is not None:
         if ctx.all_decode:
             return ctx.kernels.decode(q, k_cache, v_cache, ctx.paged, scale)
-        if all(n == c for n, c in zip(ctx.q_lens, ctx.ctx_lens)):
+        if all(n == c for n, c in zip(ctx.q_lens, ctx.ctx_lens)) and not getattr(ctx.kernels, "attends_prompts", False):
             # Every sequence is a fresh prompt: its keys are this step's k/v, contiguous already, and
             # SDPA's flash kernel is the fastest causal attention torch has (measured fine for GPU
-            # prefill); the paged kernels are for chunks that attend to a cached prefix.
+            # prefill); the paged kernels are for chunks that attend to a cached prefix. Kernels that
+            # attend prompts themselves (`attends_prompts`, the CPU's) compute a row the same way
+            # whatever chunk it came in: SDPA's blocks follow the chunk's length.
             out = torch.empty_like(q)
             for start, q_len in zip(ctx.q_starts, ctx.q_lens):
                 out[start : start + q_len] = _causal_sdpa(q, k, v, start, q_len, scale)

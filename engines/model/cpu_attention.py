@@ -4,16 +4,20 @@
 The gather path (`engines.model.attention` with `engines.decode_groups`) copies every decode row's
 context out of its pages, per layer, before two batched matmuls read it again: at batch 32 over
 ~300-token contexts that gather was the largest share of a decode step. The kernel walks each row's
-pages directly — one work item per (sequence, KV head) on torch's OpenMP threads, its query heads
-sharing each key and value read, float32 arithmetic (a float16/bfloat16 pool widened in registers).
+pages directly — one work item per block of a sequence's rows and KV head on torch's OpenMP threads,
+the rows and query heads sharing each key and value read, float32 arithmetic (a float16/bfloat16 pool
+widened in registers).
 
-`decode` is the kernel. `extend` (a step that mixes decode rows with prompt chunks after a cached
-prefix) runs the kernel over its decode rows and causal SDPA per chunk over the chunk's gathered
-context, as the gather path does. `kernels_for` picks this set on a CPU for the int8 model only
-(float32 queries): float models keep the gather path, so the fp32 reference computes exactly what it
-did. The vector code is the widest the CPU has (the C side asks the CPU, never running an instruction
-it lacks), capped by the process's kernel cap (`ATEN_CPU_CAPABILITY=avx2`: AVX2, see
-`engines.device.AVX2_ONLY_ENV`)."""
+`decode` attends the decode rows (one new token each); `extend` every row, a prompt chunk's as a
+decode row at its place — and the runner sends it fresh prompts too (`attends_prompts`), not SDPA: a
+token's output is then the same bits in any batch, in a decode step or in any chunk of its prompt,
+whatever a prefix cache held. That matters for the int8 model, the one `kernels_for` picks this set
+for on a CPU (float32 queries): its activations are rounded to 8 bits per token, so SDPA's blocking,
+which follows a chunk's length, moved the logits by up to ~0.4 between a cold prompt and a cached one
+(the same request gave other log-probabilities, and in time other tokens). Float models keep the
+gather path, so the fp32 reference computes exactly what it did. The vector code is the widest the
+CPU has (the C side asks the CPU, never running an instruction it lacks), capped by the process's
+kernel cap (`ATEN_CPU_CAPABILITY=avx2`: AVX2, see `engines.device.AVX2_ONLY_ENV`)."""
 
 from __future__ import annotations
 
@@ -50,6 +54,9 @@ class CpuPagedKernels:
     `isa`: one of ISA_* (default `kernel_isa()`; the tests run every implementation this CPU has)."""
 
     name = "cpu"
+    # prompts too: every row is computed as a decode row at its place, so a token's output does not
+    # depend on how its prompt was cut into chunks or how much of it the prefix cache held
+    attends_prompts = True
 
     def __init__(self, isa: int | None = None):
         if _ext is None:
@@ -64,26 +71,15 @@ class CpuPagedKernels:
         return self._call(q, k_cache, v_cache, tables, scale, out)
 
     def extend(self, q, k_cache, v_cache, tables: PagedTables, scale, out=None):
-        out = self.decode(q, k_cache, v_cache, tables, scale, out)  # the rows of one-token sequences
-        ps = tables.page_size
-        starts, lens = tables.q_starts.tolist(), tables.seq_lens.tolist()
-        for b, n_ctx in enumerate(lens):
-            q0, q1 = starts[b], starts[b + 1]
-            if q1 - q0 <= 1:
-                continue
-            pages = tables.page_table[b, : -(-n_ctx // ps)].long()
-            slots = (pages[:, None] * ps + torch.arange(ps)).reshape(-1)[:n_ctx]
-            ki = k_cache.index_select(1, slots).unsqueeze(0).to(q.dtype)  # [1, KVH, ctx, D]
-            vi = v_cache.index_select(1, slots).unsqueeze(0).to(q.dtype)
-            qi = q[q0:q1].transpose(0, 1).unsqueeze(0)  # [1, H, n_q, D]
-            # new token j (0-based) sits at position n_ctx - n_q + j and sees keys up to it
-            rows = torch.arange(q1 - q0).unsqueeze(1) + (n_ctx - (q1 - q0))
-            mask = torch.arange(n_ctx).unsqueeze(0) <= rows
-            oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=scale, enable_gqa=True)
-            out[q0:q1] = oi.squeeze(0).transpose(0, 1)
-        return out
+        """Every row, a prompt chunk's too, each as a decode row at its own place (row j of n new tokens
+        over a context of L sees its first L - n + 1 + j tokens)."""
+        out = torch.empty(q.shape, dtype=q.dtype) if out is None else out
+        if torch.autograd.profiler._is_profiler_enabled:
+            with torch.profiler.record_function("cpu_attention::extend"):
+                return self._call(q, k_cache, v_cache, tables, scale, out, every_row=True)
+        return self._call(q, k_cache, v_cache, tables, scale, out, every_row=True)
 
-    def _call(self, q, k_cache, v_cache, tables: PagedTables, scale, out):
+    def _call(self, q, k_cache, v_cache, tables: PagedTables, scale, out, every_row: bool = False):
         kvh, slots, d = k_cache.shape
         if q.dtype != torch.float32 or q.dim() != 3 or q.shape[2] != d or q.shape[1] % kvh:
             raise ValueError(f"q must be float32 [T, H, {d}] with H a multiple of {kvh}, got {q.dtype} {tuple(q.shape)}")
@@ -105,5 +101,5 @@ class CpuPagedKernels:
         _ext.decode(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), table.data_ptr(),
                     lens.data_ptr(), starts.data_ptr(), batch, q.shape[0], q.shape[1], kvh, d, slots, tables.page_size,
                     table.shape[1], KV_CODES[k_cache.dtype], scale, self.isa, torch.get_num_threads(),
-                    q.stride(0))
+                    q.stride(0), every_row)
         return out

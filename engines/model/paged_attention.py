@@ -104,7 +104,10 @@ def split_mixed(page_tables: Sequence[Sequence[int]], ctx_lens: Sequence[int], q
 
 
 class PagedKernels(Protocol):
-    """q: [T, H, D]; k_cache/v_cache: [KV heads, slots, D] (one layer); returns [T, H, D] in q's dtype."""
+    """q: [T, H, D]; k_cache/v_cache: [KV heads, slots, D] (one layer); returns [T, H, D] in q's dtype.
+    `attends_prompts`: whether a step of fresh prompts goes to `extend` too (else SDPA over its new K/V)."""
+
+    attends_prompts: bool
 
     def decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: PagedTables,
                scale: float, out: torch.Tensor | None = None) -> torch.Tensor: ...
@@ -117,6 +120,7 @@ class TorchPagedKernels:
     """The reference: per sequence, gather its slots and attend in float32. Exact, slow, any device."""
 
     name = "torch"
+    attends_prompts = False
 
     def decode(self, q, k_cache, v_cache, tables, scale, out=None):
         return self.extend(q, k_cache, v_cache, tables, scale, out)  # a decode row is a 1-token extend

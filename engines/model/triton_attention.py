@@ -221,6 +221,7 @@ class TritonPagedKernels:
     `forced_splits`); None picks it per batch shape."""
 
     name = "triton"
+    attends_prompts = False
 
     def __init__(self, num_splits: int | None = None):
         if num_splits is not None and not 1 <= num_splits <= 256:

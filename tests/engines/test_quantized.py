@@ -98,6 +98,18 @@ def test_int8_logits_do_not_depend_on_the_batch(int8_runner, teacher_forced):
     assert torch.equal(mixed[0], alone[2]) and torch.equal(mixed[2], alone[0])
 
 
+def test_int8_logits_do_not_depend_on_how_the_prompt_was_cut(int8_runner, teacher_forced):
+    """A prompt prefilled whole, or in two chunks cut anywhere (a prefix cache holds whole pages, a
+    chunked prefill cuts at its budget), or to its last token as a decode row: the same logits to the
+    bit. Before attention ran every row as a decode row, a cut moved this prompt's logits by up to ~0.4."""
+    seqs, _ = teacher_forced
+    runner, ids = int8_runner, seqs[4][:45]
+    table = list(range(-(-len(ids) // runner.page_size)))
+    whole = runner.forward([SeqChunk(ids, 0, table)]).last_logits[0]
+    for cut in (1, 2, 15, 16, 20, 32, 43, 44):
+        runner.forward([SeqChunk(ids[:cut], 0, table, "none")])
+        assert torch.equal(runner.forward([SeqChunk(ids[cut:], cut, table)]).last_logits[0], whole), cut
+
 @pytest.mark.parametrize("seed", range(12))
 def test_weight_pairs_stay_under_the_saturation_limit(seed):
     g = torch.Generator().manual_seed(seed)

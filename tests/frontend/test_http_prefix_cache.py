@@ -113,6 +113,31 @@ def test_metrics_export_the_hit_rate(warm):
     assert metric(text, "bullet:kv_pages_cached") == state["kv_pages_cached"] > 0
 
 
+def test_the_default_models_answer_does_not_depend_on_what_the_cache_held(server):
+    """The default server (the int8 model): one prompt prefilled cold, then again from the cache, then
+    after another prompt cached only its first pages — the same tokens and log-probabilities to the
+    bit. The int8 model rounds activations to 8 bits per token, so attention whose sums followed the
+    chunk's length (SDPA's blocks) moved these log-probabilities by up to ~0.1 with what was cached."""
+    prompt = TEXT[:400]
+
+    def run(text):
+        status, body = server.post("/generate", {"text": text, "return_logprob": True,
+                                                 "sampling_params": {**GREEDY, "max_new_tokens": 8}})
+        assert status == 200, body
+        return body
+
+    flushed(server)
+    cold, full = run(prompt), run(prompt)
+    flushed(server)
+    run(prompt[:150] + " and then something else entirely.")
+    part = run(prompt)
+    cached = [b["meta_info"]["cached_tokens"] for b in (cold, full, part)]
+    assert cached[0] == 0 and cached[1] > cached[2] > 0, cached
+    for body in (full, part):
+        assert body["output_ids"] == cold["output_ids"]
+        assert body["meta_info"]["output_token_logprobs"] == cold["meta_info"]["output_token_logprobs"]
+
+
 def test_flush_cache_refuses_while_a_request_runs_then_empties_the_cache(warm):
     # pages of this test's own in the cache, whatever ran before it: a request aborted a few tokens in
     # may leave none (a shuffled CI run had the module's other tests flush everything first)
