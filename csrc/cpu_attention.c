@@ -123,15 +123,13 @@ static void key_offsets(const decode_args *a, int s, int h, int n, int n_pad, in
 }
 
 /* pages lie anywhere in the pool, so the hardware prefetcher cannot guess where the next one starts:
- * the keys (first-level cache) and values (second level) of every page that starts at a key in lo .. hi - 1 */
-static inline void prefetch_pages(const decode_args *a, const int64_t *offs, int lo, int hi) {
+ * the keys (first-level cache) and values (second level) of the page whose first key lies at `at` */
+static inline void prefetch_page(const decode_args *a, int64_t at) {
     const size_t esz = kv_elem(a->kv_dtype), page_bytes = (size_t)a->page_size * a->head_dim * esz;
-    for (int j = lo; j < hi; j++)
-        if (j % a->page_size == 0)
-            for (size_t off = 0; off < page_bytes; off += 64) {
-                PREFETCH((const char *)a->k + offs[j] * esz + off);
-                PREFETCH_L2((const char *)a->v + offs[j] * esz + off);
-            }
+    for (size_t off = 0; off < page_bytes; off += 64) {
+        PREFETCH((const char *)a->k + at * esz + off);
+        PREFETCH_L2((const char *)a->v + at * esz + off);
+    }
 }
 
 /* NAME(sc, n): exp(sc[j] - max) in place over n scores; returns 1 / their sum */
@@ -160,13 +158,14 @@ static inline void prefetch_pages(const decode_args *a, const int64_t *offs, int
     }
 
 /* The softmax of every (row, query head) pair of the block, then its value sums, written to `out`.
- * In scope: a, h, r0, r1, n_last, n_pad, scores, offs, G, D, dt. */
+ * In scope: a, h, r0, r1, n_last, n_pad, scores, offs, G, D, dt, page_bytes. */
 #define SOFTMAX_AND_VALUES(VEC, W, CH, SOFTMAX, LOADV, ZERO, LOADU, STOREU, SET1, FMA, MUL)                   \
     float inv[16 * 16];                                                                                    \
     for (int r = r0; r < r1; r++)                                                                          \
         for (int g = 0; g < G; g++)                                                                        \
             inv[(r - r0) * G + g] = SOFTMAX(scores + ((int64_t)(r - r0) * G + g) * n_pad, n_last - (r1 - 1 - r)); \
     for (int j0 = 0; j0 < n_last; j0 += VALUE_BLOCK) {                                                     \
+        int ahead = 1; /* the first pass over the block fetches each next page as it reaches a page */     \
         for (int r = r0; r < r1; r++) {                                                                    \
             const int n_r = n_last - (r1 - 1 - r), j1 = j0 + VALUE_BLOCK < n_r ? j0 + VALUE_BLOCK : n_r;    \
             if (j1 <= j0) continue;                                                                        \
@@ -179,6 +178,8 @@ static inline void prefetch_pages(const decode_args *a, const int64_t *offs, int
                     for (int c = 0; c < CH; c++)                                                           \
                         acc[g][c] = j0 == 0 || d0 + W * c >= D ? ZERO() : LOADU(out + g * D + d0 + W * c); \
                 for (int j = j0; j < j1; j++) {                                                            \
+                    if (ahead && j % a->page_size == 0 && j + a->page_size < n_last)                       \
+                        for (size_t o = 0; o < page_bytes; o += 64) PREFETCH((const char *)a->v + offs[j + a->page_size] * kv_elem(dt) + o); \
                     VEC vv[CH];                                                                            \
                     for (int c = 0; c < CH; c++) vv[c] = d0 + W * c < D ? LOADV(a->v, dt, offs[j] + d0 + W * c) : ZERO(); \
                     for (int g = 0; g < G; g++) {                                                          \
@@ -189,6 +190,7 @@ static inline void prefetch_pages(const decode_args *a, const int64_t *offs, int
                 for (int g = 0; g < G; g++)                                                                \
                     for (int c = 0; c < CH && d0 + W * c < D; c++)                                         \
                         STOREU(out + g * D + d0 + W * c, last ? MUL(acc[g][c], SET1(inv[(r - r0) * G + g])) : acc[g][c]); \
+                ahead = 0;                                                                                 \
             }                                                                                              \
         }                                                                                                  \
     }
@@ -231,19 +233,26 @@ __attribute__((target(AVX2_TARGET), always_inline)) static inline void block_avx
     const int D = a->head_dim, end = a->q_starts[s + 1];
     const int n_last = a->lens[s] - (end - r1), n_pad = (n_last + 15) & ~15;
     (void)kt;
+    const int ps = a->page_size;
     key_offsets(a, s, h, n_last, n_pad, offs);
-    prefetch_pages(a, offs, 0, n_last < 32 ? n_last : 32);
-    for (int j = 0; j < n_last; j++) {
-        if (j + 32 < n_last) prefetch_pages(a, offs, j + 32, j + 33);
-        for (int r = r1 - 1; r >= r0 && n_last - (r1 - 1 - r) > j; r--) { /* the rows whose context holds key j */
-            const float *q = a->q + (int64_t)r * a->q_stride + (int64_t)h * G * D;
-            __m256 acc[16];
-            for (int g = 0; g < G; g++) acc[g] = _mm256_setzero_ps();
-            for (int d = 0; d < D; d += 8) {
-                const __m256 kv = load8(a->k, dt, offs[j] + d);
-                for (int g = 0; g < G; g++) acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * D + d), kv, acc[g]);
+    const size_t esz = kv_elem(dt), page_bytes = (size_t)ps * D * esz;
+    for (int j0 = 0; j0 < n_last; j0 += ps) {
+        /* pages lie anywhere in the pool, so the hardware prefetcher cannot guess where the next one
+         * starts: the next page's keys, and this page's values into the second-level cache */
+        if (j0 + ps < n_last)
+            for (size_t o = 0; o < page_bytes; o += 64) PREFETCH((const char *)a->k + offs[j0 + ps] * esz + o);
+        for (size_t o = 0; o < page_bytes; o += 64) PREFETCH_L2((const char *)a->v + offs[j0] * esz + o);
+        for (int j = j0; j < j0 + ps && j < n_last; j++) {
+            for (int r = r1 - 1; r >= r0 && n_last - (r1 - 1 - r) > j; r--) { /* the rows whose context holds key j */
+                const float *q = a->q + (int64_t)r * a->q_stride + (int64_t)h * G * D;
+                __m256 acc[16];
+                for (int g = 0; g < G; g++) acc[g] = _mm256_setzero_ps();
+                for (int d = 0; d < D; d += 8) {
+                    const __m256 kv = load8(a->k, dt, offs[j] + d);
+                    for (int g = 0; g < G; g++) acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * D + d), kv, acc[g]);
+                }
+                for (int g = 0; g < G; g++) scores[((int64_t)(r - r0) * G + g) * n_pad + j] = hsum8(acc[g]) * a->scale;
             }
-            for (int g = 0; g < G; g++) scores[((int64_t)(r - r0) * G + g) * n_pad + j] = hsum8(acc[g]) * a->scale;
         }
     }
     /* 2 registers (16 dims) per head and slice: G <= 4 keeps 8 accumulators + 2 values */
@@ -313,7 +322,7 @@ __attribute__((target(AVX512_TARGET), always_inline)) static inline void block_a
     const int n_last = a->lens[s] - (end - r1), n_pad = (n_last + 15) & ~15;
     const size_t page_bytes = (size_t)ps * D * kv_elem(dt);
     key_offsets(a, s, h, n_last, n_pad, offs);
-    prefetch_pages(a, offs, 0, n_last < 32 ? n_last : 32);
+    for (int j = 0; j < 32 && j < n_last; j += ps) prefetch_page(a, offs[j]); /* the first two blocks' pages */
     const __m512 vscale = _mm512_set1_ps(a->scale);
     for (int j0 = 0; j0 < n_last; j0 += 16) {
         /* the pages that start two blocks ahead, a share of their lines beside each slice of this

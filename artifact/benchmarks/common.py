@@ -40,34 +40,37 @@ def print_table(rows: list[dict], columns: list[str], title: str = "") -> None:
     Console(width=None if sys.stdout.isatty() else 200).print(table)
 
 
-def load_kernel_build(path: str | Path):
-    """Another build of the few-row kernel module (`engines._cpu_gemv`): a `.so` file, or a source tree
-    whose `engines/` holds one (built there with `python setup.py build_ext --inplace`, e.g. in a
-    `git worktree` of an older commit). Loaded beside this tree's own build, so one run times both."""
+def load_kernel_build(path: str | Path, name: str = "_cpu_gemv"):
+    """Another build of one of the engine's C modules (`engines._cpu_gemv` by default, or
+    `_cpu_attention`): a `.so` file, or a source tree whose `engines/` holds one (built there with
+    `python setup.py build_ext --inplace`, e.g. in a `git worktree` of an older commit). Loaded beside
+    this tree's own build, so one run times both."""
     import importlib.util
 
     path = Path(path)
     if path.is_dir():
-        found = sorted((path / "engines").glob("_cpu_gemv*.so"))
+        found = sorted((path / "engines").glob(f"{name}*.so"))
         if not found:
-            raise SystemExit(f"--against {path}: no engines/_cpu_gemv*.so there (build it: cd {path} && "
+            raise SystemExit(f"--against {path}: no engines/{name}*.so there (build it: cd {path} && "
                              "python setup.py build_ext --inplace)")
         path = found[0]
     if not path.is_file():
         raise SystemExit(f"--against {path}: no such file")
-    spec = importlib.util.spec_from_file_location("_cpu_gemv", path)  # the module's init names it _cpu_gemv
+    spec = importlib.util.spec_from_file_location(name, path)  # the module's init is named after it
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 @contextlib.contextmanager
-def kernel_build(module):
-    """`with kernel_build(module):` — `engines.model.cpu_gemv` calls `module` (another build) inside."""
-    from engines.model import cpu_gemv  # deferred: torch loads only in the benchmarks that swap builds
+def kernel_build(module, wrapper: str = "cpu_gemv"):
+    """`with kernel_build(module):` — `engines.model.cpu_gemv` (or the `wrapper` module of
+    engines.model named) calls `module` (another build) inside."""
+    import importlib
 
-    kept, cpu_gemv._ext = cpu_gemv._ext, module
+    around = importlib.import_module(f"engines.model.{wrapper}")  # deferred: torch loads only where builds swap
+    kept, around._ext = around._ext, module
     try:
         yield module
     finally:
-        cpu_gemv._ext = kept
+        around._ext = kept
