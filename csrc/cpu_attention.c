@@ -13,8 +13,8 @@
  * Each row is computed in a fixed order whatever else is in the batch or the block, so a token's
  * output is bit-identical alone or batched, in a decode step or in any chunk of a prompt: for the int8
  * model, whose activations are rounded to 8 bits per token, SDPA's blocking (which follows the chunk's
- * length) changed the rounding of some activations and with it, through the layers, the logits by up
- * to ~0.4 when a prefix cache held part of a prompt. Items run on OpenMP threads: the extension links
+ * length) changed the rounding of some activations and with it, through the layers, a prompt's
+ * logits by up to ~1.2 when it was cut in two (a prefix cache held its first pages). Items run on OpenMP threads: the extension links
  * libgomp by soname, so inside a torch process it shares torch's OpenMP runtime (and its thread pool
  * and affinity) instead of starting a second one.
  *

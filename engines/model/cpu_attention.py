@@ -13,8 +13,8 @@ decode row at its place — and the runner sends it fresh prompts too (`attends_
 token's output is then the same bits in any batch, in a decode step or in any chunk of its prompt,
 whatever a prefix cache held. That matters for the int8 model, the one `kernels_for` picks this set
 for on a CPU (float32 queries): its activations are rounded to 8 bits per token, so SDPA's blocking,
-which follows a chunk's length, moved the logits by up to ~0.4 between a cold prompt and a cached one
-(the same request gave other log-probabilities, and in time other tokens). Float models keep the
+which follows a chunk's length, moved a prompt's logits by up to ~1.2 between a cold prompt and a cached
+one (the same request gave other log-probabilities, and in time other tokens). Float models keep the
 gather path, so the fp32 reference computes exactly what it did. The vector code is the widest the
 CPU has (the C side asks the CPU, never running an instruction it lacks), capped by the process's
 kernel cap (`ATEN_CPU_CAPABILITY=avx2`: AVX2, see `engines.device.AVX2_ONLY_ENV`)."""
@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 
 import torch
-import torch.nn.functional as F
 
 from engines.device import ISA_AVX2, ISA_AVX512, ISA_GENERIC, own_kernel_isa  # noqa: F401 (ISA_* named by callers)
 from engines.model.paged_attention import PagedTables
