@@ -122,14 +122,17 @@ static void key_offsets(const decode_args *a, int s, int h, int n, int n_pad, in
     for (int j = n; j < n_pad; j++) offs[j] = offs[n - 1];
 }
 
-/* pages lie anywhere in the pool, so the hardware prefetcher cannot guess where the next one starts:
- * the keys (first-level cache) and values (second level) of the page whose first key lies at `at` */
-static inline void prefetch_page(const decode_args *a, int64_t at) {
+/* Pages lie anywhere in the pool, so the hardware prefetcher cannot guess where the next one starts:
+ * the kernels fetch them ahead. One page of `cache` (the keys or the values of the layer), whose first
+ * key lies at element `at`, into the first-level cache or (`l2`) the second. */
+static inline void prefetch_page(const decode_args *a, const void *cache, int64_t at, int l2) {
     const size_t esz = kv_elem(a->kv_dtype), page_bytes = (size_t)a->page_size * a->head_dim * esz;
-    for (size_t off = 0; off < page_bytes; off += 64) {
-        PREFETCH((const char *)a->k + at * esz + off);
-        PREFETCH_L2((const char *)a->v + at * esz + off);
-    }
+    const char *p = (const char *)cache + at * esz;
+    for (size_t off = 0; off < page_bytes; off += 64)
+        if (l2)
+            PREFETCH_L2(p + off);
+        else
+            PREFETCH(p + off);
 }
 
 /* NAME(sc, n): exp(sc[j] - max) in place over n scores; returns 1 / their sum */
@@ -158,7 +161,7 @@ static inline void prefetch_page(const decode_args *a, int64_t at) {
     }
 
 /* The softmax of every (row, query head) pair of the block, then its value sums, written to `out`.
- * In scope: a, h, r0, r1, n_last, n_pad, scores, offs, G, D, dt, page_bytes. */
+ * In scope: a, h, r0, r1, n_last, n_pad, scores, offs, G, D, dt. */
 #define SOFTMAX_AND_VALUES(VEC, W, CH, SOFTMAX, LOADV, ZERO, LOADU, STOREU, SET1, FMA, MUL)                   \
     float inv[16 * 16];                                                                                    \
     for (int r = r0; r < r1; r++)                                                                          \
@@ -166,6 +169,7 @@ static inline void prefetch_page(const decode_args *a, int64_t at) {
             inv[(r - r0) * G + g] = SOFTMAX(scores + ((int64_t)(r - r0) * G + g) * n_pad, n_last - (r1 - 1 - r)); \
     for (int j0 = 0; j0 < n_last; j0 += VALUE_BLOCK) {                                                     \
         int ahead = 1; /* the first pass over the block fetches each next page as it reaches a page */     \
+        const int first_page = (j0 + a->page_size - 1) / a->page_size * a->page_size; /* a page's start */ \
         for (int r = r0; r < r1; r++) {                                                                    \
             const int n_r = n_last - (r1 - 1 - r), j1 = j0 + VALUE_BLOCK < n_r ? j0 + VALUE_BLOCK : n_r;    \
             if (j1 <= j0) continue;                                                                        \
@@ -177,9 +181,11 @@ static inline void prefetch_page(const decode_args *a, int64_t at) {
                 for (int g = 0; g < G; g++)                                                                \
                     for (int c = 0; c < CH; c++)                                                           \
                         acc[g][c] = j0 == 0 || d0 + W * c >= D ? ZERO() : LOADU(out + g * D + d0 + W * c); \
-                for (int j = j0; j < j1; j++) {                                                            \
-                    if (ahead && j % a->page_size == 0 && j + a->page_size < n_last)                       \
-                        for (size_t o = 0; o < page_bytes; o += 64) PREFETCH((const char *)a->v + offs[j + a->page_size] * kv_elem(dt) + o); \
+                for (int j = j0, page = first_page; j < j1; j++) {                                         \
+                    if (ahead && j == page) { /* a page starts: fetch the next one's values */             \
+                        if (j + a->page_size < n_last) prefetch_page(a, a->v, offs[j + a->page_size], 0);  \
+                        page += a->page_size;                                                              \
+                    }                                                                                      \
                     VEC vv[CH];                                                                            \
                     for (int c = 0; c < CH; c++) vv[c] = d0 + W * c < D ? LOADV(a->v, dt, offs[j] + d0 + W * c) : ZERO(); \
                     for (int g = 0; g < G; g++) {                                                          \
@@ -235,13 +241,10 @@ __attribute__((target(AVX2_TARGET), always_inline)) static inline void block_avx
     (void)kt;
     const int ps = a->page_size;
     key_offsets(a, s, h, n_last, n_pad, offs);
-    const size_t esz = kv_elem(dt), page_bytes = (size_t)ps * D * esz;
     for (int j0 = 0; j0 < n_last; j0 += ps) {
-        /* pages lie anywhere in the pool, so the hardware prefetcher cannot guess where the next one
-         * starts: the next page's keys, and this page's values into the second-level cache */
-        if (j0 + ps < n_last)
-            for (size_t o = 0; o < page_bytes; o += 64) PREFETCH((const char *)a->k + offs[j0 + ps] * esz + o);
-        for (size_t o = 0; o < page_bytes; o += 64) PREFETCH_L2((const char *)a->v + offs[j0] * esz + o);
+        /* the next page's keys, and this page's values into the second-level cache */
+        if (j0 + ps < n_last) prefetch_page(a, a->k, offs[j0 + ps], 0);
+        prefetch_page(a, a->v, offs[j0], 1);
         for (int j = j0; j < j0 + ps && j < n_last; j++) {
             for (int r = r1 - 1; r >= r0 && n_last - (r1 - 1 - r) > j; r--) { /* the rows whose context holds key j */
                 const float *q = a->q + (int64_t)r * a->q_stride + (int64_t)h * G * D;
@@ -322,15 +325,15 @@ __attribute__((target(AVX512_TARGET), always_inline)) static inline void block_a
     const int n_last = a->lens[s] - (end - r1), n_pad = (n_last + 15) & ~15;
     const size_t page_bytes = (size_t)ps * D * kv_elem(dt);
     key_offsets(a, s, h, n_last, n_pad, offs);
-    for (int j = 0; j < 32 && j < n_last; j += ps) prefetch_page(a, offs[j]); /* the first two blocks' pages */
+    for (int j = 0; j < 32 && j < n_last; j += ps) /* the first two blocks' pages */
+        prefetch_page(a, a->k, offs[j], 0), prefetch_page(a, a->v, offs[j], 1);
     const __m512 vscale = _mm512_set1_ps(a->scale);
     for (int j0 = 0; j0 < n_last; j0 += 16) {
         /* the pages that start two blocks ahead, a share of their lines beside each slice of this
          * block's transpose (issued all at once, the requests queued behind each other: slower) */
         int64_t ahead[16];
         int n_ahead = 0;
-        for (int j = j0 + 32; j < j0 + 48 && j < n_last; j++)
-            if (j % ps == 0) ahead[n_ahead++] = offs[j];
+        for (int j = (j0 + 32 + ps - 1) / ps * ps; j < j0 + 48 && j < n_last; j += ps) ahead[n_ahead++] = offs[j];
         const size_t per_slice = ((size_t)n_ahead * ((page_bytes + 63) / 64) + D / 16 - 1) / (D / 16);
         size_t off = 0;
         for (int d0 = 0, p = 0; d0 < D; d0 += 16) { /* kt[d] = dimension d of each of the block's keys */
@@ -405,8 +408,8 @@ static void attend_rows(const decode_args *a, int isa, int s, int r0, int r1, in
     for (int r = r0, end = a->q_starts[s + 1]; r < r1; r++) item_generic(a, s, r, a->lens[s] - (end - 1 - r), h, scores);
 }
 
-/* Rows of one sequence per work item: they share each key and value read. The block's scores
- * (rows x query heads per KV head x context) stay within 48 rows of scores. */
+/* Rows of one sequence per work item: they share each key and value read. At most 48 (row, query
+ * head) pairs per block, so that the block's scores (pairs x context) stay a few MB per thread. */
 static int row_block(int G) {
     const int rows = 48 / G;
     return rows < 1 ? 1 : rows > 16 ? 16 : rows;

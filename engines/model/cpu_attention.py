@@ -63,22 +63,21 @@ class CpuPagedKernels:
         self.isa = kernel_isa() if isa is None else isa
 
     def decode(self, q, k_cache, v_cache, tables: PagedTables, scale, out=None):
-        out = torch.empty(q.shape, dtype=q.dtype) if out is None else out
-        if torch.autograd.profiler._is_profiler_enabled:  # named in a profile (a C call is no torch op)
-            with torch.profiler.record_function("cpu_attention::decode"):
-                return self._call(q, k_cache, v_cache, tables, scale, out)
-        return self._call(q, k_cache, v_cache, tables, scale, out)
+        return self._named(q, k_cache, v_cache, tables, scale, out, every_row=False)
 
     def extend(self, q, k_cache, v_cache, tables: PagedTables, scale, out=None):
         """Every row, a prompt chunk's too, each as a decode row at its own place (row j of n new tokens
         over a context of L sees its first L - n + 1 + j tokens)."""
-        out = torch.empty(q.shape, dtype=q.dtype) if out is None else out
-        if torch.autograd.profiler._is_profiler_enabled:
-            with torch.profiler.record_function("cpu_attention::extend"):
-                return self._call(q, k_cache, v_cache, tables, scale, out, every_row=True)
-        return self._call(q, k_cache, v_cache, tables, scale, out, every_row=True)
+        return self._named(q, k_cache, v_cache, tables, scale, out, every_row=True)
 
-    def _call(self, q, k_cache, v_cache, tables: PagedTables, scale, out, every_row: bool = False):
+    def _named(self, q, k_cache, v_cache, tables: PagedTables, scale, out, every_row: bool):
+        out = torch.empty(q.shape, dtype=q.dtype) if out is None else out
+        if torch.autograd.profiler._is_profiler_enabled:  # named in a profile (a C call is no torch op)
+            with torch.profiler.record_function("cpu_attention::extend" if every_row else "cpu_attention::decode"):
+                return self._call(q, k_cache, v_cache, tables, scale, out, every_row)
+        return self._call(q, k_cache, v_cache, tables, scale, out, every_row)
+
+    def _call(self, q, k_cache, v_cache, tables: PagedTables, scale, out, every_row: bool):
         kvh, slots, d = k_cache.shape
         if q.dtype != torch.float32 or q.dim() != 3 or q.shape[2] != d or q.shape[1] % kvh:
             raise ValueError(f"q must be float32 [T, H, {d}] with H a multiple of {kvh}, got {q.dtype} {tuple(q.shape)}")
