@@ -25,7 +25,7 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_serializer
 
 from engines.model_config import ModelConfig
 from estimator.calibration import Calibration
@@ -53,6 +53,18 @@ class Provenance(BaseModel):
     plan: Literal["quick", "full"]
     measured_at: str
     duration_s: float
+    # measurements taken while other processes kept the machine busy (`estimator.profiler.session.CpuTimer`):
+    # such a profile is reused only while the machine is still busy (`estimator.profiler.cache.reusable`)
+    busy_measurements: int = 0
+
+    @model_serializer(mode="wrap")
+    def _without_a_quiet_count(self, handler):
+        """A profile measured on a quiet machine is written as before the field existed (the shipped
+        profiles stay the same bytes)."""
+        data = handler(self)
+        if not self.busy_measurements:
+            data.pop("busy_measurements", None)
+        return data
 
 
 class EstimatorProfile(BaseModel):

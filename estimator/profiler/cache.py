@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import logging
 import os
 import re
 import subprocess
@@ -27,8 +28,12 @@ from engines.device import cpu_identity, resolve_dtype
 from engines.weights import DEFAULT_MODEL
 from engines.weights.resolve import dummy_config, resolve_model_path
 from estimator.profile import EstimatorProfile, Provenance
+from estimator.profiler.timing import QUIET_BELOW, others_busy
 from estimator.version import package_version
 
+log = logging.getLogger(__name__)
+
+BUSY_LOOK_S = 0.5  # how long `reusable` watches the machine before it trusts a profile measured while it was busy
 ESTIMATOR_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}  # and back
 
@@ -119,10 +124,17 @@ def _current(p: Provenance, quick: bool) -> bool:
 
 def reusable(path: Path, model: str, dtype: str, cores: Sequence[int], quick: bool, quantization: str = "none") -> bool:
     """A cached profile fits if it was measured for this model, dtype, quantization, core count, CPU
-    and bullet version (a full profile also serves a quick request, not the other way round)."""
+    and bullet version (a full profile also serves a quick request, not the other way round) — and,
+    if other processes kept the machine busy while it was measured, only while they still do: on a
+    quiet machine it is measured again, undisturbed."""
     p = _provenance(path)
-    return (p is not None and p.model == model and p.dtype == dtype and p.quantization == quantization
+    fits = (p is not None and p.model == model and p.dtype == dtype and p.quantization == quantization
             and len(p.cores) == len(cores) and p.cpu == cpu_model_name() and _current(p, quick))
+    if fits and p.busy_measurements and others_busy(BUSY_LOOK_S) < QUIET_BELOW:
+        log.info("the cached profile %s was measured while other processes kept the machine busy; it is "
+                 "quiet now: measuring it again", path)
+        return False
+    return fits
 
 
 def cuda_reusable(path: Path, model: str, dtype: str, gpu: str, backend: str, quick: bool) -> bool:

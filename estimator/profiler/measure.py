@@ -34,13 +34,15 @@ def measure_profile(model_path: str | None, load_format: str, dtype, cores: Sequ
     if weights.dtype != torch_dtype:
         raise ValueError(f"{weights.quantization} weights compute in {weights.dtype}, not {torch_dtype}: "
                          "profile them with --dtype float32 (as the server runs them)")
-    hardware, samples, warnings = run_plan(weights.config, weights.state, torch_dtype, core_ids, plan, progress, log)
+    hardware, samples, warnings, busy = run_plan(weights.config, weights.state, torch_dtype, core_ids, plan,
+                                                 progress, log)
     estimator = build_estimator(weights.config, hardware, est_dtype, samples)
     provenance = Provenance(
         model=model_cache_name(model_path, load_format), model_source=str(weights.source) if weights.source else None,
         load_format=weights.load_format, dtype=est_dtype, quantization=weights.quantization, cores=core_ids, cpu=cpu_model_name(),
         bullet_version=package_version(), torch_version=torch.__version__, plan=plan.name,
-        measured_at=time.strftime("%Y-%m-%d %H:%M:%S"), duration_s=round(time.monotonic() - began, 1))
+        measured_at=time.strftime("%Y-%m-%d %H:%M:%S"), duration_s=round(time.monotonic() - began, 1),
+        busy_measurements=busy)
     served = "" if weights.quantization == "none" else f" ({weights.quantization} weights)"
     notes = [f"bullet profile ({plan.name}) of {weights.config.name} in {est_dtype}{served} on cores {core_ids} "
              f"of {cpu_model_name()}: kernel sweeps and end-to-end steps at every core count, "

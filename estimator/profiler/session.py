@@ -170,37 +170,62 @@ class MeasuringSession:
         return Measurement(label, samples, timing.seconds, timing.usable)
 
 
+# Measurements in a row with every run disturbed after which the machine counts as busy (another job
+# holding a core throughout, not a burst), and what one measurement may then take: waiting for quiet
+# moments that do not come made a quick profile take over 4 minutes beside one busy process on 2
+# cores (every server of a test suite then timed out starting), where it takes about 50 s on a quiet machine.
+BUSY_AFTER = 3
+BUSY_BUDGET_S = 0.5
+
+
 class CpuTimer:
     """The CPU's `Timer`: steps and kernel sweeps timed by `timing.time_calls` (the wall clock; a
     lone thread's own clock for the kernels of a one-core sweep: `kernel_timing.sweep_clock`), within
-    `budget_s` per measurement, waiting up to `quiet_wait_s` for other jobs to pause."""
+    `budget_s` per measurement, waiting up to `quiet_wait_s` for other jobs to pause.
+
+    Once BUSY_AFTER measurements in a row had no undisturbed run, the machine is `busy`: measurements
+    stop waiting for quiet moments and take BUSY_BUDGET_S of runs (at least two), whose least-disturbed
+    half is the answer (`timing.summarize`), until a measurement has an undisturbed run again."""
 
     unit_name = "core(s)"
 
     def __init__(self, budget_s: float, quiet_wait_s: float):
         self.budget_s, self.quiet_wait_s = budget_s, quiet_wait_s
         self.last_undisturbed = False  # whether every run of the last measurement was undisturbed
+        self.disturbed_in_a_row = 0  # measurements just before this one with no undisturbed run
+        self.busy_measurements = 0  # measurements taken while the machine was busy
+
+    @property
+    def busy(self) -> bool:
+        return self.disturbed_in_a_row >= BUSY_AFTER
+
+    def _limits(self) -> dict:
+        if self.busy:
+            self.busy_measurements += 1
+            return {"budget_s": min(self.budget_s, BUSY_BUDGET_S), "quiet_wait_s": 0.0}
+        return {"budget_s": self.budget_s, "quiet_wait_s": self.quiet_wait_s}
 
     def settle(self, own_pids: tuple[int, ...]) -> None:
         """Wait for a quiet moment before a measurement — unless the last one just ran undisturbed
         throughout: the machine was quiet a moment ago, and one look costs `timing.QUIET_WINDOW_S` (~4 s over
-        a quick profile's ~45 measurements). A burst that starts anyway is caught run by run."""
-        if not self.last_undisturbed:
+        a quick profile's ~45 measurements), or the machine is busy. A burst that starts anyway is caught
+        run by run."""
+        if not self.last_undisturbed and not self.busy:
             wait_until_quiet(self.quiet_wait_s, own_pids=own_pids)
 
     def _seen(self, timing: Timing) -> Timing:
         self.last_undisturbed = timing.usable == len(timing.runs)
+        self.disturbed_in_a_row = 0 if timing.usable else self.disturbed_in_a_row + 1
         return timing
 
     def step(self, run: Callable[[], object], repeats: int, own_pids: tuple[int, ...]) -> Timing:
-        return self._seen(time_calls(run, repeats=repeats, budget_s=self.budget_s, own_pids=own_pids,
-                                     quiet_wait_s=self.quiet_wait_s))
+        return self._seen(time_calls(run, repeats=repeats, own_pids=own_pids, **self._limits()))
 
     def kernels(self, bench: ModelBench, case: Case, units: int, repeats: int) -> tuple[dict[str, float], Timing]:
         """Per-kernel medians over the usable sweeps (a sweep = one forward, timed kernel by kernel)."""
         clock = sweep_clock(units)
         timing = self._seen(time_calls(lambda: kernel_times(bench, case, clock)[0], repeats=repeats,
-                                       budget_s=self.budget_s, quiet_wait_s=self.quiet_wait_s))
+                                       **self._limits()))
         sweeps = timing.values
         return {k: statistics.median(s[k] for s in sweeps) for k in sweeps[0]}, timing
 

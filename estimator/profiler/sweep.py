@@ -20,6 +20,8 @@ from estimator.profiler.plan import ProfilePlan
 from estimator.profiler.session import Measurement, ProfileSession
 from estimator.profiler.workload import DecodeCase, HybridCase, PrefillCase, uniform_decode
 
+BUSY_LINE = ("other processes keep this machine busy: measuring without waiting for quiet moments (a less "
+             "accurate profile, measured again at a launch on a quiet machine)")
 PROBE_SIZES = {"quick": ProbeSizes(gemm_n=512, matrix_mb=128, min_seconds=0.08), "full": ProbeSizes()}
 
 
@@ -103,16 +105,18 @@ def _jobs(session: ProfileSession, plan: ProfilePlan, cores: list[int]):
 
 def run_plan(config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype, cores: Sequence[int],
              plan: ProfilePlan, progress: bool = True,
-             log: Callable[[str], None] | None = None) -> tuple[HardwareSpec, list[Sample], list[str]]:
-    """The hardware description, every sample, and notes on what could not be measured cleanly.
+             log: Callable[[str], None] | None = None) -> tuple[HardwareSpec, list[Sample], list[str], int]:
+    """The hardware description, every sample, notes on what could not be measured cleanly, and how
+    many measurements were taken while the machine was busy (`session.CpuTimer.busy`).
 
     A measurement whose runs were all disturbed by other jobs is tried again at the end (a busy
-    spell may have passed). If it is still disturbed it is dropped, unless no measurement of its
-    kind (kernel sweeps, steps, each co-running kind) is clean at any core count."""
+    spell may have passed) — unless the machine is still busy then. If it is still disturbed it is
+    dropped, unless no measurement of its kind (kernel sweeps, steps, each co-running kind) is clean
+    at any core count."""
     cores = list(cores)
     too_slow: dict[tuple, int] = {}  # (units, kind) -> size of a step that took too long
     kept: dict[str, list[tuple[object, int, Measurement]]] = {}  # group -> (case, units, measurement)
-    disturbed: list[tuple[str, object, int, Callable[[], Measurement]]] = []
+    disturbed: list[tuple[str, object, int, Callable[[], Measurement], Measurement]] = []
 
     def skipped(case, units) -> bool:
         kind, size = _kind_and_size(case)
@@ -133,14 +137,19 @@ def run_plan(config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.d
             advance("cpu probe")
             say(" ".join(f"{k + 1} core(s): {hardware.measured_flops[_flops_key(dtype)][k] / 1e9:.0f} GFLOP/s, "
                          f"{hardware.measured_bandwidth[k] / 1e9:.1f} GB/s;" for k in range(hardware.units)))
+            timer = session.timer
+            was_busy = False
             for group, case, units, description, measure in jobs:
                 advance(description)
                 if skipped(case, units):
                     say(f"skipped {description}: a smaller step already took over {plan.max_step_seconds:.1f} s")
                     continue
                 measured = measure()
+                if timer.busy != was_busy:
+                    was_busy = timer.busy
+                    say(BUSY_LINE if was_busy else "the machine is quiet again: measuring as usual")
                 if measured.usable == 0:
-                    disturbed.append((group, case, units, measure))
+                    disturbed.append((group, case, units, measure, measured))
                     continue
                 kept.setdefault(group, []).append((case, units, measured))
                 if measured.seconds > plan.max_step_seconds and group.startswith("step"):
@@ -157,23 +166,35 @@ def run_plan(config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.d
                 if verdict.padded is not None:
                     hardware = hardware.model_copy(update={"decode_attention_padded": verdict.padded})
             still_disturbed = []
-            for group, case, units, measure in disturbed:
+            for group, case, units, measure, first in disturbed:
+                if timer.busy:  # still busy: a retry would see the same machine, and take as long again
+                    advance("a disturbed measurement, not retried (the machine is busy)")
+                    still_disturbed.append((group, case, units, first))
+                    continue
                 advance("retrying a disturbed measurement")
                 measured = measure()
                 if measured.usable:
                     kept.setdefault(group, []).append((case, units, measured))
                 else:
                     still_disturbed.append((group, case, units, measured))
+    # A disturbed step says more about the other jobs than about this machine: without it the
+    # calibration interpolates, or borrows the nearest core count's. Only a kind of measurement with
+    # no clean sample at any core count keeps its least-disturbed estimates (every one of them: the
+    # first one kept is no clean sample — counting it dropped the rest, and a profile measured on a
+    # busy machine was fitted to one sample of each kind).
+    clean = {g.split(" ")[0] for g, ms in kept.items() if ms}
     for group, case, units, measured in still_disturbed:
-        # A disturbed step says more about the other jobs than about this machine: without it the
-        # calibration interpolates, or borrows the nearest core count's. Only a kind of
-        # measurement with no clean sample at any core count keeps its least-disturbed estimate.
         family = group.split(" ")[0]
-        if any(g.split(" ")[0] == family and ms for g, ms in kept.items()):
+        if family in clean:
             notes.append(f"{measured.label}: every run disturbed by other processes; dropped")
         else:
             kept.setdefault(group, []).append((case, units, measured))
             notes.append(f"{measured.label}: every run disturbed by other processes; kept (nothing cleaner)")
+    if timer.busy_measurements:
+        notes.append(f"{timer.busy_measurements} measurements were taken while other processes kept the machine "
+                     "busy, without waiting for quiet moments: their times include "
+                     "the other processes' share of the cores and memory (the online correction adjusts the "
+                     "predictions as steps are served); a launch on a quiet machine measures the profile again")
     for units in profiled_unit_counts(len(cores)):
         if not any(group.endswith(f" {units}") and ms for group, ms in kept.items()):
             notes.append(f"no clean measurement on {units} core(s): predictions there borrow the calibration "
@@ -186,7 +207,7 @@ def run_plan(config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.d
         for case, units, m in ms:
             step = steps.get((case, units)) if group.startswith("sweep") else None
             samples += scale_sweep_to_step(m.samples, step, config.num_hidden_layers) if step else m.samples
-    return hardware, samples, notes
+    return hardware, samples, notes, timer.busy_measurements
 
 
 def _flops_key(dtype: torch.dtype) -> str:

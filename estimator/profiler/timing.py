@@ -39,6 +39,7 @@ MULTI_CORE_DELAY_LIMIT = 0.08
 FOREIGN_LIMIT = 0.15
 _BACKOFF_S = 0.05  # pause after a disturbed run: bursts of other jobs are often short
 QUIET_WINDOW_S = 0.1  # how long `others_busy` watches the machine to tell whether it is quiet
+QUIET_BELOW = 0.15  # cores' worth of CPU other processes may use on a machine that counts as quiet
 MIN_TIMED_S = 0.3  # usable run time wanted per measurement, for short steps
 MAX_REPEATS = 25
 
@@ -178,7 +179,7 @@ def others_busy(window_s: float = 0.25, own_pids: tuple[int, ...] = ()) -> float
     return max(0.0, ((busy1 - busy0) - (own1 - own0)) / ticks / window_s)
 
 
-def wait_until_quiet(max_wait_s: float, threshold: float = 0.15, own_pids: tuple[int, ...] = ()) -> float:
+def wait_until_quiet(max_wait_s: float, threshold: float = QUIET_BELOW, own_pids: tuple[int, ...] = ()) -> float:
     """Pause (at most `max_wait_s`) until other processes use less than `threshold` of a core;
     returns the seconds waited. Starting a measurement in a quiet moment makes clean runs likely."""
     waited = 0.0
