@@ -177,19 +177,7 @@ def run_plan(config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.d
                     kept.setdefault(group, []).append((case, units, measured))
                 else:
                     still_disturbed.append((group, case, units, measured))
-    # A disturbed step says more about the other jobs than about this machine: without it the
-    # calibration interpolates, or borrows the nearest core count's. Only a kind of measurement with
-    # no clean sample at any core count keeps its least-disturbed estimates (every one of them: the
-    # first one kept is no clean sample — counting it dropped the rest, and a profile measured on a
-    # busy machine was fitted to one sample of each kind).
-    clean = {g.split(" ")[0] for g, ms in kept.items() if ms}
-    for group, case, units, measured in still_disturbed:
-        family = group.split(" ")[0]
-        if family in clean:
-            notes.append(f"{measured.label}: every run disturbed by other processes; dropped")
-        else:
-            kept.setdefault(group, []).append((case, units, measured))
-            notes.append(f"{measured.label}: every run disturbed by other processes; kept (nothing cleaner)")
+    notes += keep_disturbed(kept, still_disturbed)
     if timer.busy_measurements:
         notes.append(f"{timer.busy_measurements} measurements were taken while other processes kept the machine "
                      "busy, without waiting for quiet moments: their times include "
@@ -208,6 +196,32 @@ def run_plan(config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.d
             step = steps.get((case, units)) if group.startswith("sweep") else None
             samples += scale_sweep_to_step(m.samples, step, config.num_hidden_layers) if step else m.samples
     return hardware, samples, notes, timer.busy_measurements
+
+
+def keep_disturbed(kept: dict[str, list[tuple[object, int, Measurement]]],
+                   disturbed: list[tuple[str, object, int, Measurement]]) -> list[str]:
+    """Which of the `disturbed` measurements (group, case, units, measurement; every run disturbed)
+    join the `kept` ones (group -> [(case, units, measurement)]), and a note on each.
+
+    A disturbed step says more about the other jobs than about this machine: without it the
+    calibration interpolates, or borrows the nearest core count's. Only a kind of measurement (a
+    sweep, step or co-run of prefill, decode or hybrid steps: what it calibrates) with no clean
+    sample at any core count keeps its least-disturbed estimates — every one of them: the first one
+    kept is no clean sample (counting it dropped the rest, and a profile measured on a busy machine
+    was fitted to one sample of each kind), and a hybrid step is no decode step (its only sample, on
+    every core, was dropped beside clean one-core steps while another process held a core)."""
+    def family(group: str, case) -> tuple[str, str]:
+        return group.split(" ")[0], type(case).__name__
+
+    clean = {family(group, case) for group, ms in kept.items() for case, _, _ in ms}
+    notes = []
+    for group, case, units, measured in disturbed:
+        if family(group, case) in clean:
+            notes.append(f"{measured.label}: every run disturbed by other processes; dropped")
+        else:
+            kept.setdefault(group, []).append((case, units, measured))
+            notes.append(f"{measured.label}: every run disturbed by other processes; kept (nothing cleaner)")
+    return notes
 
 
 def _flops_key(dtype: torch.dtype) -> str:

@@ -210,8 +210,8 @@ def test_quick_profile_round_trips_and_predicts_sensibly(tiny_profile):
     padding = [n for n in profile.notes if n.startswith("decode attention") or n.startswith("decode padding")]
     assert len(padding) == 1, profile.notes
     assert est.hardware.decode_attention_padded is bool(padding_in_log(padding)), padding
-    # the hybrid step was measured (at a core count whose runs a busy machine disturbed throughout it is
-    # dropped, as every step is) and calibrates mixed steps
+    # the hybrid step was measured and calibrates mixed steps (kept even when a busy machine disturbed
+    # every run of it: no other step stands in for it, `sweep.keep_disturbed`)
     assert est.calibration.of_kind("hybrid") and {s.units for s in est.calibration.of_kind("hybrid")} <= set(
         range(1, len(cores) + 1))
     # more work in a mixed step costs more under its one calibration (a chunk beside decode rows against
@@ -405,3 +405,24 @@ def test_a_busy_machine_is_measured_without_waiting_for_quiet_and_measured_again
         assert reusable(output, name, "bf16", cores, quick=True)  # still busy: the profile serves
     monkeypatch.setattr(cache, "others_busy", lambda window: 0.0)  # quiet (whatever else the machine runs now)
     assert not reusable(output, name, "bf16", cores, quick=True)
+
+
+def test_a_disturbed_measurement_is_kept_where_nothing_of_its_kind_is_clean():
+    """Clean one-core prefill and decode steps do not stand in for the only hybrid step (run on every
+    core, so disturbed throughout while another process held a core: the profile lost its hybrid
+    calibration), and where no sweep is clean every disturbed sweep is kept, not the first alone."""
+    from estimator.profiler.session import Measurement
+    from estimator.profiler.sweep import keep_disturbed
+    from estimator.profiler.workload import HybridCase, PrefillCase, uniform_decode
+
+    def m(label, usable):
+        return Measurement(label, [], 0.01, usable)
+
+    prefill, decode, hybrid = PrefillCase((32,)), uniform_decode(1, 64), HybridCase((64,), uniform_decode(4, 128))
+    kept = {"step 1": [(prefill, 1, m("p1", 2)), (decode, 1, m("d1", 2))]}
+    disturbed = [("step 2", prefill, 2, m("p2", 0)), ("step 2", hybrid, 2, m("h2", 0)),
+                 ("sweep 1", prefill, 1, m("kp1", 0)), ("sweep 2", prefill, 2, m("kp2", 0))]
+    notes = keep_disturbed(kept, disturbed)
+    assert [n.rsplit("; ", 1)[1] for n in notes] == ["dropped", "kept (nothing cleaner)", "kept (nothing cleaner)",
+                                                    "kept (nothing cleaner)"]
+    assert [c for c, _, _ in kept["step 2"]] == [hybrid] and len(kept["sweep 1"]) == len(kept["sweep 2"]) == 1
