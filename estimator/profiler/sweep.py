@@ -111,8 +111,7 @@ def run_plan(config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.d
 
     A measurement whose runs were all disturbed by other jobs is tried again at the end (a busy
     spell may have passed) — unless the machine is still busy then. If it is still disturbed it is
-    dropped, unless no measurement of its kind (kernel sweeps, steps, each co-running kind) is clean
-    at any core count."""
+    dropped, unless no measurement of its kind is clean at any core count (`keep_disturbed`)."""
     cores = list(cores)
     too_slow: dict[tuple, int] = {}  # (units, kind) -> size of a step that took too long
     kept: dict[str, list[tuple[object, int, Measurement]]] = {}  # group -> (case, units, measurement)
