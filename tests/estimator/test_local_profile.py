@@ -3,6 +3,7 @@ and a real quick profile of a tiny model checked against fresh measurements."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -368,8 +369,9 @@ def test_a_busy_machine_is_measured_without_waiting_for_quiet_and_measured_again
     from estimator.profiler.cache import model_cache_name
     from estimator.profiler.measure import measure_profile
 
-    real_busy, looks = timing._machine_busy_jiffies, []
-    monkeypatch.setattr(timing, "_machine_busy_jiffies", lambda: real_busy() + 100 * len(looks.append(1) or looks))
+    real_busy, looks = timing._machine_busy_jiffies, itertools.count(1)
+    # another job's CPU time: a core-second (100 ticks) more at every look, whatever the run's length
+    monkeypatch.setattr(timing, "_machine_busy_jiffies", lambda: real_busy() + 100 * next(looks))
     events: list[tuple[str, object]] = []
     for module in (session, timing):
         monkeypatch.setattr(module, "wait_until_quiet", lambda seconds, real=module.wait_until_quiet, **kw: (
