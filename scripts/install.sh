@@ -20,7 +20,16 @@ if [ -z "${VIRTUAL_ENV:-}" ]; then
 else
   py="$VIRTUAL_ENV/bin/python"
 fi
-pip() { "$py" -m pip --disable-pip-version-check -q "$@" 2>&1 | grep -v -e "is ignored" -e "^$" || true; }
+# pip's output is filtered of its "is ignored" notes; the filter must not hide a failed install, which
+# would otherwise only show later as an import error in a test or a server.
+pip() {
+  local rc=0
+  "$py" -m pip --disable-pip-version-check -q "$@" 2>&1 | { grep -v -e "is ignored" -e "^$" || true; } || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    echo "[install] failed (exit $rc): pip $*" >&2
+    exit "$rc"
+  fi
+}
 
 echo "[install] python: $py"
 if ! "$py" -c "import torch" 2>/dev/null; then
