@@ -13,6 +13,7 @@ import setproctitle
 import uvicorn
 
 from bullet.config import ServerArgs
+from bullet.frontend.http.listen import ListenError, bind_http_sockets, bound_port
 
 log = logging.getLogger("bullet.launch")
 
@@ -72,7 +73,18 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"bullet launch: {exc}", file=sys.stderr)
         return 2
-    return serve(server_args)
+    try:
+        sockets = bind_http_sockets(server_args.host, server_args.port)  # before the model: a busy port says so at once
+    except ListenError as exc:
+        print(f"bullet launch: {exc}", file=sys.stderr)
+        return 2
+    # --port 0: the free port the kernel chose is the server's port (its log, its processes' titles, /get_server_info)
+    server_args = server_args.model_copy(update={"port": bound_port(sockets)})
+    try:
+        return serve(server_args, sockets)
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 class DrainingServer(uvicorn.Server):
@@ -84,6 +96,13 @@ class DrainingServer(uvicorn.Server):
         super().__init__(config)
         self.runtime, self.shutdown_timeout = runtime, shutdown_timeout
         self._drain: asyncio.Task | None = None
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if self.started and sockets:  # uvicorn says where it listens only for an address it bound itself
+            host, port = self.config.host, sockets[0].getsockname()[1]
+            logging.getLogger("uvicorn.error").info(
+                "Uvicorn running on http://%s:%d (Press CTRL+C to quit)", f"[{host}]" if ":" in host else host, port)
 
     def handle_exit(self, sig, frame) -> None:
         if self._drain is not None or self.runtime.status != "serving" or not self.shutdown_timeout:
@@ -98,7 +117,8 @@ class DrainingServer(uvicorn.Server):
             super().handle_exit(sig, frame)
 
 
-def serve(server_args) -> int:
+def serve(server_args, sockets) -> int:
+    """Serves on `sockets` (bound to --host/--port by `bind_http_sockets`) until a signal or a fatal error."""
     # deferred: `bullet --help` lists commands without loading torch, the model loaders and the server
     from bullet.frontend.http.app import create_app
     from bullet.frontend.serving import ServingRuntime  # deferred: as above
@@ -127,7 +147,7 @@ def serve(server_args) -> int:
     print(f"[bullet] starting: model {server_args.model_path or 'SmolLM2-135M-Instruct (embedded)'}, "
           f"policy {server_args.policy}, http://{server_args.host}:{server_args.port}", file=sys.stderr, flush=True)
     try:
-        server.run()
+        server.run(sockets=sockets)
     except (ModelLoadError, WorkerStartupError) as exc:
         print(f"bullet launch: {exc}", file=sys.stderr)
         return 1
