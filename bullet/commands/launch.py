@@ -105,6 +105,10 @@ class DrainingServer(uvicorn.Server):
                 "Uvicorn running on http://%s:%d (Press CTRL+C to quit)", f"[{host}]" if ":" in host else host, port)
 
     def handle_exit(self, sig, frame) -> None:
+        if self.runtime.status == "starting":  # stop now, not after a start-up that can take minutes
+            super().handle_exit(sig, frame)
+            self.runtime.interrupt_start(sig)  # raises into the blocking start-up where it stands
+            return
         if self._drain is not None or self.runtime.status != "serving" or not self.shutdown_timeout:
             return super().handle_exit(sig, frame)
         log.info("signal %d: draining (up to %.0fs); send it again to stop at once", sig, self.shutdown_timeout)
@@ -122,7 +126,7 @@ def serve(server_args, sockets) -> int:
     # deferred: `bullet --help` lists commands without loading torch, the model loaders and the server
     from bullet.frontend.http.app import create_app
     from bullet.frontend.serving import ServingRuntime  # deferred: as above
-    from bullet.launcher.launcher import WorkerStartupError  # deferred: as above
+    from bullet.launcher.launcher import StartupInterrupted, WorkerStartupError  # deferred: as above
     from engines.host import bound_heap_growth  # deferred: as above
     from engines.weights import ModelLoadError  # deferred: as above
 
@@ -156,6 +160,8 @@ def serve(server_args, sockets) -> int:
             raise
     if runtime.startup_error is not None:
         print(f"bullet launch: {runtime.startup_error}", file=sys.stderr)
+        if isinstance(runtime.startup_error, StartupInterrupted):
+            return 128 + runtime.startup_error.sig  # the shell's code for a process a signal stopped
         return 1
     if fatal:
         print(f"bullet launch: stopped: {fatal[0]}", file=sys.stderr)

@@ -9,7 +9,7 @@ import time
 
 from bullet.config import ServerArgs
 from bullet.frontend.client import RuntimeClient
-from bullet.launcher.launcher import Launcher
+from bullet.launcher.launcher import Launcher, StartupInterrupted
 from bullet.types.worker_state import heartbeat_interval_s
 from engines.host import release_free_heap
 
@@ -62,6 +62,8 @@ class ServingRuntime:
         self.on_fatal = None  # called once the workers cannot be restarted any more
         self.startup_error: Exception | None = None  # why start() failed, when the reason is the user's to fix
         self.started_at = time.time()
+        self.interrupted: int | None = None  # the stop signal that came while starting
+        self._interruptible = False  # the start-up's blocking part runs: a signal may raise into it
 
     @property
     def tokenizer(self):
@@ -71,16 +73,34 @@ class ServingRuntime:
     def model(self):
         return self.launcher.shared
 
+    def interrupt_start(self, sig: int) -> None:
+        """From the stop-signal handler while starting: the blocking part of the start-up (the model
+        load, a first launch's profile, the workers' spawn: tens of seconds to minutes) is left at
+        once by raising into it, and the wait for the workers stops at its next look."""
+        self.interrupted = sig
+        if self._interruptible:
+            self._interruptible = False
+            raise StartupInterrupted(sig)
+
     async def start(self) -> None:
-        self.launcher.start()
+        try:
+            self._interruptible = self.interrupted is None
+            if not self._interruptible:
+                raise StartupInterrupted(self.interrupted)
+            self.launcher.start()
+            self._interruptible = False
+        except BaseException:
+            self._interruptible = False
+            self.launcher.stop()  # whatever the start-up made: segments, the socket directory, workers
+            raise
         shared = self.launcher.shared
         self.client = RuntimeClient(shared.config.vocab_size, shared.config.max_position_embeddings,
                                     shared.num_pages * shared.page_size,
                                     has_decode_worker="decode" in self.launcher.roles)
         await self.client.start(self.launcher.endpoints)
         try:
-            await self.launcher.wait_ready()
-        except Exception:
+            await self.launcher.wait_ready(interrupted=lambda: self.interrupted)
+        except BaseException:
             await self.stop()
             raise
         self.status = "serving"

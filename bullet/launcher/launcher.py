@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import time
+from collections.abc import Callable
 
 import torch.multiprocessing as mp
 
@@ -54,6 +56,19 @@ def reclaim_stale_instances() -> list[str]:
 
 class WorkerStartupError(RuntimeError):
     pass
+
+
+class StartupInterrupted(BaseException):
+    """A stop signal (Ctrl-C, SIGTERM) arrived while the server was still starting: raised out of
+    the start-up where it stood — loading the model, measuring the estimator profile (its child is
+    killed), starting the workers — so that the server stops at once instead of after a start that
+    can take minutes. A BaseException, as KeyboardInterrupt is: no `except Exception` on its way
+    may take it for a failure to recover from."""
+
+    def __init__(self, sig: int):
+        self.sig = sig
+        super().__init__(f"{signal.Signals(sig).name} while starting: stopped before serving "
+                         "(nothing half-measured is cached, no worker or shared-memory segment is left)")
 
 
 class Launcher:
@@ -158,10 +173,13 @@ class Launcher:
         return [(role, p) for role, p in self.procs.items()] + \
             [(role, p) for role, ps in self.followers.items() for p in ps]
 
-    async def wait_ready(self, timeout: float = 300.0) -> None:
-        """Until both workers published READY in this incarnation; raises if one exits first."""
+    async def wait_ready(self, timeout: float = 300.0, interrupted: Callable[[], int | None] = lambda: None) -> None:
+        """Until both workers published READY in this incarnation; raises if one exits first, or
+        `StartupInterrupted` once `interrupted()` names a signal."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if (sig := interrupted()) is not None:
+                raise StartupInterrupted(sig)
             dead = self.dead_workers()
             if dead:
                 raise WorkerStartupError(", ".join(f"{r} worker exited with code {c} during startup" for r, c in dead))

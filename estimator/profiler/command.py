@@ -82,4 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m estimator.profiler", description=DESCRIPTION,
                                      formatter_class=DefaultsHelpFormatter)
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except KeyboardInterrupt:  # Ctrl-C reaches a server's profiling child too: one line, not a traceback
+        print("profile: interrupted; nothing was written", file=sys.stderr)
+        return 130

@@ -20,7 +20,7 @@ from bullet.frontend.http.errors import APIError, api_error_handler
 from bullet.frontend.http.metrics import Metrics
 from bullet.frontend.http.middleware import AuthAndCount
 from bullet.frontend.serving import ServingRuntime
-from bullet.launcher.launcher import WorkerStartupError
+from bullet.launcher.launcher import StartupInterrupted, WorkerStartupError
 from engines.weights import ModelLoadError
 
 log = logging.getLogger("bullet.http")
@@ -33,7 +33,7 @@ def create_app(args: ServerArgs, runtime: ServingRuntime | None = None) -> FastA
     async def lifespan(app: FastAPI):
         try:
             await runtime.start()
-        except (ModelLoadError, WorkerStartupError) as exc:  # `bullet launch` says it in one line
+        except (ModelLoadError, WorkerStartupError, StartupInterrupted) as exc:  # `bullet launch` says it in one line
             runtime.startup_error = exc
             raise
         app.state.metrics = Metrics(runtime)

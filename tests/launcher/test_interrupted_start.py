@@ -1,0 +1,78 @@
+"""A stop signal while the server is still starting stops it then, not after the start-up: a user's
+Ctrl-C (SIGINT to the whole process group) or a service manager's SIGTERM (to the launcher alone)
+during a first launch's estimator profile — the longest part of a start, about a minute on 2 cores —
+ends the profile's child, writes no profile, leaves no process or /dev/shm segment, and says so in
+one line instead of two tracebacks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from engines.cache_root import cache_dir
+from tests.server_utils import bullet_segments, free_port, pid_alive, wait_for
+
+
+def processes_naming(text: str) -> list[int]:
+    """Live processes whose command line contains `text`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if text in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return [pid for pid in found if pid_alive(pid)]
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_a_signal_during_the_first_launchs_profile_stops_the_server_at_once(how, tmp_path):
+    cache = tmp_path / "cache"  # no profile cached: this launch measures one
+    cache.mkdir()
+    for kept in ("weights", "tokenizers", "dtype"):  # the converted model is the session's: no minute spent on it
+        (cache_dir() / kept).mkdir(parents=True, exist_ok=True)
+        (cache / kept).symlink_to(cache_dir() / kept)
+    server = subprocess.Popen([sys.executable, "-m", "bullet.cli", "launch", "--port", str(free_port())],
+                              env={**os.environ, "BULLET_CACHE_DIR": str(cache)}, start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+
+    def read_stderr() -> None:  # read to the end: a full pipe would stall the server
+        for line in server.stderr:
+            lines.append(line.rstrip())
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: any("measuring (once" in line for line in lines) or server.poll() is not None, 240,
+                 "the profile to be announced")
+        assert server.poll() is None, "\n".join(lines[-20:])
+        children = wait_for(lambda: processes_naming(str(cache)), 60, "the profiling child")  # its --output
+        if how == "ctrl-c":
+            os.killpg(server.pid, signal.SIGINT)  # what a terminal sends: the launcher and its children
+        else:
+            server.send_signal(signal.SIGTERM)  # what a service manager sends: the launcher alone
+        code = server.wait(timeout=60)
+        reader.join(timeout=10)
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+    output = "\n".join(lines)
+    name = "SIGINT" if how == "ctrl-c" else "SIGTERM"
+    said = [line for line in lines if "while starting" in line]
+    assert said == [f"bullet launch: {name} while starting: stopped before serving (nothing half-measured is "
+                    "cached, no worker or shared-memory segment is left)"], output
+    assert "Traceback" not in output, output
+    assert code == 128 + (signal.SIGINT if how == "ctrl-c" else signal.SIGTERM), output
+    assert not [pid for pid in children if pid_alive(pid)], "the profiling child outlived the server"
+    assert not processes_naming(str(cache))
+    assert not list(cache.glob("profiles/*.json")), "a profile was written"
+    assert not [n for n in bullet_segments() if n.removeprefix("sem.").startswith(f"bullet-{server.pid}x")]
