@@ -14,22 +14,13 @@ import urllib.request
 
 import pytest
 
-from bullet.cli import main
 from bullet.frontend.http.listen import ListenError, bind_http_sockets, bound_port
-from tests.launcher.test_device_choice import DUMMY, no_weights_loaded  # noqa: F401  (a fixture)
-
-
-def launch_error(capsys, *flags: str) -> str:
-    code = main(["launch", *DUMMY, *flags])
-    err = capsys.readouterr().err.strip()
-    assert code == 2, err
-    assert len(err.splitlines()) == 1, err
-    return err
+from tests.launcher.test_device_choice import launch_error, no_weights_loaded  # noqa: F401  (a fixture)
 
 
 @pytest.fixture
 def busy_port():
-    """A port another process-like listener holds."""
+    """A port held by a listening socket, as another server would hold it."""
     holder = socket.socket()
     holder.bind(("127.0.0.1", 0))
     holder.listen()
