@@ -60,7 +60,8 @@ class ServingRuntime:
         self.failures: list[dict] = []
         self._supervisor: asyncio.Task | None = None
         self.on_fatal = None  # called once the workers cannot be restarted any more
-        self.startup_error: BaseException | None = None  # why start() failed, when the reason is the user's to fix (or a signal)
+        # why start() failed, when the reason is the user's to fix or a stop signal
+        self.startup_error: BaseException | None = None
         self.started_at = time.time()
         self.interrupted: int | None = None  # the stop signal that came while starting
         self._interruptible = False  # the start-up's blocking part runs: a signal may raise into it

@@ -98,7 +98,8 @@ def test_port_0_serves_on_the_port_it_names():
         assert len(starts) == 1, lines
         port = int(starts[0].group(1))
         assert port > 0
-        assert any(line.endswith(f"Uvicorn running on http://127.0.0.1:{port} (Press CTRL+C to quit)") for line in lines)
+        running = f"Uvicorn running on http://127.0.0.1:{port} (Press CTRL+C to quit)"
+        assert any(line.endswith(running) for line in lines), lines
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=30) as reply:
             assert reply.status == 200
         with open(f"/proc/{server.pid}/cmdline") as title:
