@@ -39,8 +39,7 @@ SLOW_MODULES = {
     "frontend/test_bench_serving.py", "frontend/test_http_api_key.py", "frontend/test_http_capacity.py",
     "frontend/test_http_fuzz.py", "frontend/test_http_kv_full.py", "frontend/test_http_prefix_cache.py",
     "frontend/test_http_tokenizerless.py", "frontend/test_sglang_frontend.py", "frontend/test_tool_calls.py",
-    "launcher/test_interrupted_start.py", "launcher/test_reliability.py", "launcher/test_tensor_parallel_serving.py",
-    "launcher/test_two_process_runtime.py",
+    "launcher/test_reliability.py", "launcher/test_tensor_parallel_serving.py", "launcher/test_two_process_runtime.py",
     "launcher/test_worker_failures.py",
     "policies/test_policies_served.py", "policies/test_priority_served.py",
 }

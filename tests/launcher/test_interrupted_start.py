@@ -2,10 +2,12 @@
 Ctrl-C (SIGINT to the whole process group) or a service manager's SIGTERM (to the launcher alone)
 during a first launch's estimator profile — the longest part of a start, about a minute on 2 cores —
 ends the profile's child, writes no profile, leaves no process or /dev/shm segment, and says so in
-one line instead of two tracebacks."""
+one line instead of two tracebacks. The runtime's side (where the signal is raised, what is cleaned up,
+the wait for the workers) is also driven without a model."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -15,6 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from bullet.config import ServerArgs
+from bullet.frontend.serving import ServingRuntime
+from bullet.launcher.launcher import Launcher, StartupInterrupted
 from engines.cache_root import cache_dir
 from tests.server_utils import bullet_segments, free_port, pid_alive, wait_for
 
@@ -32,6 +37,7 @@ def processes_naming(text: str) -> list[int]:
     return [pid for pid in found if pid_alive(pid)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
 def test_a_signal_during_the_first_launchs_profile_stops_the_server_at_once(how, tmp_path):
     cache = tmp_path / "cache"  # no profile cached: this launch measures one
@@ -76,3 +82,33 @@ def test_a_signal_during_the_first_launchs_profile_stops_the_server_at_once(how,
     assert not processes_naming(str(cache))
     assert not list(cache.glob("profiles/*.json")), "a profile was written"
     assert not [n for n in bullet_segments() if n.removeprefix("sem.").startswith(f"bullet-{server.pid}x")]
+
+
+def test_a_signal_in_the_blocking_start_up_is_raised_there_and_what_it_made_is_stopped():
+    runtime = ServingRuntime(ServerArgs())
+    stopped = []
+
+    def start_then_signal():  # the launcher's start as a signal finds it: mid-way, in this thread
+        runtime.interrupt_start(signal.SIGTERM)
+        raise AssertionError("the signal did not leave the start-up where it stood")
+
+    runtime.launcher.start, runtime.launcher.stop = start_then_signal, lambda: stopped.append(True)
+    with pytest.raises(StartupInterrupted) as caught:
+        asyncio.run(runtime.start())
+    assert caught.value.sig == signal.SIGTERM and stopped == [True]
+    runtime.interrupt_start(signal.SIGINT)  # a second signal, the blocking part over: recorded, not raised
+    assert runtime.interrupted == signal.SIGINT
+
+
+def test_a_signal_before_the_start_up_stops_it_before_anything_loads():
+    runtime = ServingRuntime(ServerArgs())
+    runtime.interrupt_start(signal.SIGINT)  # uvicorn's lifespan has not called start() yet: recorded
+    runtime.launcher.start = lambda: pytest.fail("the start-up ran after the signal")
+    with pytest.raises(StartupInterrupted):
+        asyncio.run(runtime.start())
+
+
+def test_the_wait_for_the_workers_ends_at_a_signal():
+    with pytest.raises(StartupInterrupted) as caught:
+        asyncio.run(Launcher(ServerArgs()).wait_ready(interrupted=lambda: signal.SIGTERM))
+    assert caught.value.sig == signal.SIGTERM
