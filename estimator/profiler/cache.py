@@ -180,21 +180,30 @@ def ensure_profile(model_path: str | None, load_format: str = "auto", dtype="aut
         announce)
 
 
+# `python -m estimator.profiler`, ignoring SIGINT from its first line: a Ctrl-C at a terminal reaches the whole
+# process group, and the parent is the one to answer it (a server stops its start-up, a script gets
+# KeyboardInterrupt) by killing this child, as subprocess.run does on any exception — so the child, caught
+# perhaps still importing, prints no traceback of its own.
+_CHILD = ("import runpy, signal; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+          "runpy.run_module('estimator.profiler', run_name='__main__', alter_sys=True)")
+
+
 def _measure_in_child(model_path, load_format: str, dtype: str, core_ids: list[int], quick: bool, progress: bool,
                       path: Path, quantization: str = "none") -> Path:
-    command = [sys.executable, "-m", "estimator.profiler", "--load-format", load_format, "--dtype", dtype,
-               "--quantization", quantization, "--cores", ",".join(map(str, core_ids)), "--output", str(path)]
+    args = ["--load-format", load_format, "--dtype", dtype,
+            "--quantization", quantization, "--cores", ",".join(map(str, core_ids)), "--output", str(path)]
     if model_path:
-        command += ["--model-path", str(model_path)]
+        args += ["--model-path", str(model_path)]
     if quick:
-        command.append("--quick")
+        args.append("--quick")
     if not progress:
-        command.append("--no-progress")
+        args.append("--no-progress")
     try:  # the child's output goes to our stderr: a server's stdout stays its own
         out = sys.stderr.fileno()
     except (AttributeError, OSError, ValueError):
         out = None  # stderr replaced by an object without a file (captured): inherit instead
-    result = subprocess.run(command, stdout=out, stderr=out)
+    result = subprocess.run([sys.executable, "-c", _CHILD, *args], stdout=out, stderr=out)
     if result.returncode != 0 or not path.exists():
-        raise RuntimeError(f"bullet profile failed (exit code {result.returncode}): {' '.join(command)}")
+        command = " ".join([sys.executable, "-m", "estimator.profiler", *args])  # the same, as a user would run it
+        raise RuntimeError(f"bullet profile failed (exit code {result.returncode}): {command}")
     return path
