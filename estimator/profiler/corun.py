@@ -69,6 +69,8 @@ def _serve(conn, config: ModelConfig, state: dict, dtype: torch.dtype, kv_tokens
                     log.append((start, time.perf_counter()))
             conn.recv()  # the stop request
             conn.send(log)
+    except EOFError:  # the profiler is gone (a stopped server start kills it): nobody to report to, no traceback
+        return
     finally:
         shares.close()
 
