@@ -13,7 +13,7 @@ import setproctitle
 import uvicorn
 
 from bullet.config import ServerArgs
-from bullet.frontend.http.listen import ListenError, bind_http_sockets, bound_port
+from bullet.frontend.http.listen import ListenError, address_label, bind_http_sockets, bound_port
 
 log = logging.getLogger("bullet.launch")
 
@@ -100,9 +100,8 @@ class DrainingServer(uvicorn.Server):
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets)
         if self.started and sockets:  # uvicorn says where it listens only for an address it bound itself
-            host, port = self.config.host, sockets[0].getsockname()[1]
-            logging.getLogger("uvicorn.error").info(
-                "Uvicorn running on http://%s:%d (Press CTRL+C to quit)", f"[{host}]" if ":" in host else host, port)
+            logging.getLogger("uvicorn.error").info("Uvicorn running on http://%s (Press CTRL+C to quit)",
+                                                    address_label(self.config.host, bound_port(sockets)))
 
     def handle_exit(self, sig, frame) -> None:
         if self.runtime.status == "starting":  # stop now, not after a start-up that can take minutes

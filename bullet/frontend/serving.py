@@ -85,9 +85,9 @@ class ServingRuntime:
 
     async def start(self) -> None:
         try:
-            self._interruptible = self.interrupted is None
-            if not self._interruptible:
+            if self.interrupted is not None:  # the signal came before the start-up did
                 raise StartupInterrupted(self.interrupted)
+            self._interruptible = True
             self.launcher.start()
             self._interruptible = False
         except BaseException:

@@ -42,7 +42,7 @@ def processes_naming(text: str) -> list[int]:
 def test_a_signal_during_the_first_launchs_profile_stops_the_server_at_once(how, tmp_path):
     cache = tmp_path / "cache"  # no profile cached: this launch measures one
     cache.mkdir()
-    for kept in ("weights", "tokenizers", "dtype"):  # the converted model is the session's: no minute spent on it
+    for kept in ("weights", "tokenizers", "dtype"):  # the converted model is shared: no minute spent on it
         (cache_dir() / kept).mkdir(parents=True, exist_ok=True)
         (cache / kept).symlink_to(cache_dir() / kept)
     server = subprocess.Popen([sys.executable, "-m", "bullet.cli", "launch", "--port", str(free_port())],

@@ -14,6 +14,11 @@ class ListenError(ValueError):
     """The address cannot be served; the message says why and what to pass instead."""
 
 
+def address_label(host: str, port: int) -> str:
+    """`host:port`, an IPv6 address in brackets as URLs write it."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def _reason(exc: OSError, host: str, port: int) -> str:
     if isinstance(exc, socket.gaierror):
         return f"cannot resolve the host '{host}' ({exc.strerror}); --host takes an address or a name of this machine"
@@ -32,7 +37,7 @@ def bind_http_sockets(host: str, port: int) -> list[socket.socket]:
     IPv4 and an IPv6 one, as asyncio would serve both), all on the same port; port 0 takes a free one
     on the first and keeps it for the rest. Raises `ListenError` and leaves nothing bound on failure.
     The sockets are not inherited by child processes (Python's default), so no worker holds the port."""
-    label = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    label = address_label(host, port)
     bound: list[socket.socket] = []
     try:
         try:
