@@ -30,7 +30,7 @@ TESTS = Path(__file__).resolve().parent
 # every one of them) and one policy served end to end (below) — so it catches a broken import, a
 # broken server start and a broken policy. CI runs everything.
 SLOW_MODULES = {
-    "artifact/test_bench_cpu_gemv.py", "artifact/test_bench_engine_gpu.py", "artifact/test_fuzz_soak.py", "artifact/test_loadgen.py",
+    "artifact/test_bench_cpu_gemv.py", "artifact/test_bench_engine_gpu.py", "artifact/test_bench_engine_reference.py", "artifact/test_fuzz_soak.py", "artifact/test_loadgen.py",
     "artifact/test_router.py", "artifact/test_run_all.py", "artifact/test_work_bound.py",
     "cache/test_cached_outputs.py", "doctor/test_isolation.py",
     "engines/test_batching.py", "engines/test_engine_tensor_parallel.py", "engines/test_quantized.py", "engines/test_reference.py", "engines/test_sampling.py",

@@ -18,7 +18,7 @@ this machine, measured first:
 
 `--baseline-src DIR` runs the same fp32 measurements on another source tree (e.g. the previous
 commit's `engines/`, unpacked with `git archive HEAD engines | tar -x -C DIR`) in a subprocess, in
-the same run. `transformers` (fp32, greedy `model(token, past_key_values=...)` steps at batch 1/8/32
+the same run. `transformers` (fp32, greedy one-token steps on its KV cache at batch 1/8/32
 with 128-token prompts) is the external reference. On one thread the clock is the thread's CPU time
 (what another process's load does not inflate); on several, wall time. Rounds alternate the
 systems and medians are reported. `--where` then profiles each step of the first mode (torch
@@ -29,6 +29,7 @@ between ops. Writes artifact/results/engine.json and the tables."""
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import statistics
@@ -201,6 +202,7 @@ class Reference:
         path = default_gguf_path()
         self.model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                                           dtype=torch.float32).eval()
+        self._cache_arg = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
         self.clock = _clock()
 
     @torch.inference_mode()
@@ -210,14 +212,20 @@ class Reference:
         self.model(ids)
         return self.clock() - t
 
+    def _step(self, tokens: torch.Tensor, cache=None):
+        """One forward with the KV cache; returns (cache, next greedy tokens). transformers 5 names the
+        cache `cache` (`past_key_values` warns, and goes in 5.40); 4.x knows only `past_key_values`."""
+        kwargs = {} if cache is None else {self._cache_arg: cache}
+        out = self.model(tokens, use_cache=True, **kwargs)
+        cache = out.cache if self._cache_arg == "cache" else out.past_key_values
+        return cache, out.logits[:, -1].argmax(-1, keepdim=True)
+
     @torch.inference_mode()
     def decode(self, b: int) -> float:
-        out = self.model(torch.randint(200, 40000, (b, 128), generator=torch.Generator().manual_seed(b)), use_cache=True)
-        cache, tok = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
-        out = self.model(tok, past_key_values=cache, use_cache=True)  # warm-up step
-        cache, tok = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+        cache, tok = self._step(torch.randint(200, 40000, (b, 128), generator=torch.Generator().manual_seed(b)))
+        cache, tok = self._step(tok, cache)  # warm-up step
         t = self.clock()
-        self.model(tok, past_key_values=cache, use_cache=True)
+        self._step(tok, cache)
         return self.clock() - t
 
 
