@@ -95,6 +95,8 @@ def start_server(system: str, args, profile: str, slo, out: Path) -> BulletServe
 def run_once(system: str, server: BulletServer, rate: float, rep: int, args, tokenizer_dir: str, dataset: Path,
              slo) -> tuple[dict, list]:
     """One bench_serving run; other prompts at every rate and repeat, the same for every system."""
+    print(f"[compare] {system:>13} @ {rate:>4} req/s: run {rep + 1} of {args.repeats}, {args.num_prompts} requests "
+          f"(~{args.num_prompts / rate:.0f} s of arrivals)", flush=True)
     return run_bench_serving(server.url, tokenizer_dir, dataset, rate, args.num_prompts,
                              Path(args.out) / f"bench-{system_slug(system)}-{rate}-{rep}.jsonl",
                              args.context_len, args.output_len,
@@ -131,6 +133,7 @@ def run_sequential(args, tokenizer_dir: str, dataset: Path, profile: str, slo, o
     results = {}
     for system in args.systems:
         before = cpu_speed_probe()
+        print(f"[compare] starting {system}", flush=True)
         with start_server(system, args, profile, slo, out) as server:
             per_rate = {rate: run_rate(system, server, rate, args, tokenizer_dir, dataset, slo) for rate in args.rates}
         results[system] = finish(per_rate, out, system, {"before": before, "after": cpu_speed_probe()})
@@ -151,6 +154,7 @@ def run_interleaved(args, tokenizer_dir: str, dataset: Path, profile: str, slo, 
     speed probe runs before the servers start and after they stop."""
     before = cpu_speed_probe()
     per_rate: dict[str, dict] = {s: {} for s in args.systems}
+    print(f"[compare] starting {len(args.systems)} servers: {', '.join(args.systems)}", flush=True)
     with all_started({s: start_server(s, args, profile, slo, out) for s in args.systems}) as servers:
         for i, rate in enumerate(args.rates):
             runs: dict[str, list] = {s: [] for s in args.systems}

@@ -22,8 +22,18 @@ def attainment_cell(s: dict) -> str:
 
 
 def goodput_cell(res: dict) -> str:
+    """The goodput with its interval, said as a bound where the rates run do not bracket it: "< 5" when
+    no rate reached the target (not a goodput of 0), "≥ 6" when the highest rate run still did."""
     ci = res.get("goodput_ci")
-    return Interval.from_dict(ci).plain() if ci else f"{res['goodput']:g}"
+    cell = Interval.from_dict(ci).plain() if ci else f"{res['goodput']:g}"
+    rates = [float(r) for r in res.get("per_rate", {})]
+    if not rates:
+        return cell
+    if not res["goodput"]:
+        return f"< {min(rates):g}"
+    if res["goodput"] >= max(rates):
+        return f"≥ {cell}"
+    return cell
 
 
 def versus(res: dict, rate: float | None, reference: str) -> str:
@@ -50,8 +60,14 @@ def ms_cell(seconds: float | None) -> str:
     return "-" if seconds is None or seconds != seconds else f"{seconds * 1e3:.0f}"
 
 
-def _ratio(ref: float | None, g: float) -> str:
-    return f"{ref / g:.2f}x" if ref and g else "-"
+def _ratio(ref: float | None, res: dict) -> str:
+    """The reference's goodput over the system's; a bound where the system reached no rate run."""
+    g, rates = res["goodput"], [float(r) for r in res.get("per_rate", {})]
+    if ref and g:
+        return f"{ref / g:.2f}x"
+    if ref and rates:
+        return f"> {ref / min(rates):.2f}x"
+    return "-"
 
 
 def print_comparison(results: dict, rates: list[float], reference: str = "bullet") -> None:
@@ -67,7 +83,7 @@ def print_comparison(results: dict, rates: list[float], reference: str = "bullet
                        "TTFT p90 s", "TPOT mean ms", "TPOT p90 ms", "P99 TBT ms", "tok/s"], title="per rate")
     ref = results.get(reference, {}).get("goodput")
     summary = [{"system": system, "goodput req/s [95% CI]": goodput_cell(res),
-                f"{reference} / system": _ratio(ref, res["goodput"]), f"vs {reference}": versus(res, None, reference),
+                f"{reference} / system": _ratio(ref, res), f"vs {reference}": versus(res, None, reference),
                 "scheduler overhead": _overhead(res, detail=False)} for system, res in results.items()]
     print_table(summary, ["system", "goodput req/s [95% CI]", f"{reference} / system", f"vs {reference}",
                           "scheduler overhead"], title="goodput (highest rate with >= 90% SLO attainment)")
@@ -77,12 +93,13 @@ def comparison_markdown(results: dict, rates: list[float], slo_rule: str, refere
     """The same tables as `print_comparison`, as Markdown for results.md."""
     lines = ["# Served comparison on this machine", "", f"SLO rule: {slo_rule}", "",
              "Attainment and goodput with 95 % bootstrap intervals (over requests, and over runs when "
-             f"repeated); \"tie\": the intervals of the system and {reference} overlap.", "",
+             f"repeated); \"tie\": the intervals of the system and {reference} overlap. Goodput \"< r\": no rate "
+             "run reached the target, the lowest being r; \"≥ r\": the highest rate run still did.", "",
              f"| system | goodput req/s [95% CI] | {reference} / system | vs {reference} | "
              "scheduler overhead (share of step time) |", "|---|---|---|---|---|"]
     ref = results.get(reference, {}).get("goodput")
     for system, res in results.items():
-        lines.append(f"| {system} | {goodput_cell(res)} | {_ratio(ref, res['goodput'])} | "
+        lines.append(f"| {system} | {goodput_cell(res)} | {_ratio(ref, res)} | "
                      f"{versus(res, None, reference)} | {_overhead(res, detail=True)} |")
     lines += ["", f"| system | rate | attain [95% CI] | vs {reference} | TTFT ok | TPOT ok | TTFT mean s | "
               "TTFT p90 s | TPOT mean ms | TPOT p90 ms | P99 TBT ms | tok/s |",

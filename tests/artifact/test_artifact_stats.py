@@ -129,3 +129,31 @@ def test_interleaved_systems_take_turns_in_a_rotating_order():
     assert all(sorted(o) == sorted(systems) for o in orders)  # everyone runs at every point
     # none always goes first: on a machine that slows down over the run, first is an advantage
     assert [o[0] for o in orders] == systems * 2
+
+
+def test_a_goodput_outside_the_rates_run_is_reported_as_a_bound():
+    from artifact.report import goodput_cell
+
+    ci = {"value": 6.0, "low": 5.0, "high": 6.0}
+    bracketed = {"goodput": 5.0, "goodput_ci": {"value": 5.0, "low": 4.0, "high": 6.0},
+                 "per_rate": {"4.0": {}, "5.0": {}, "6.0": {}}}
+    assert goodput_cell(bracketed) == "5 [4, 6]"
+    # no rate reached 90 %: the goodput lies below the lowest rate run, it is not 0
+    assert goodput_cell({"goodput": 0.0, "goodput_ci": {"value": 0.0, "low": 0.0, "high": 0.0},
+                         "per_rate": {"5.0": {}, "6.0": {}}}) == "< 5"
+    # the highest rate run still reached it: the goodput is at least that
+    assert goodput_cell({"goodput": 6.0, "goodput_ci": ci, "per_rate": {"4.0": {}, "6.0": {}}}) == "≥ 6 [5, 6]"
+
+
+def test_bullets_goodput_over_a_system_that_reached_no_rate_is_a_lower_bound():
+    from artifact.report import comparison_markdown
+
+    def system(goodput, attained):
+        per_rate = {str(rate): {"attainment": a, "ttft_attained": a, "tpot_attained": 1.0, "mean_ttft_s": 0.5,
+                                "p90_ttft_s": 1.0, "mean_tpot_s": 0.1, "p90_tpot_s": 0.2, "output_tok_per_s": 200.0}
+                    for rate, a in attained.items()}
+        return {"goodput": goodput, "per_rate": per_rate}
+
+    table = comparison_markdown({"bullet": system(6.0, {5.0: 0.95, 6.0: 0.92, 7.0: 0.87}),
+                                 "chunked:1024": system(0.0, {5.0: 0.79, 6.0: 0.55, 7.0: 0.50})}, [5.0, 6.0, 7.0], "rule")
+    assert "| chunked:1024 | < 5 | > 1.20x |" in table
