@@ -2,7 +2,7 @@
 # The artifact evaluation: every benchmark, comparison and figure of docs/results.md, as resumable
 # steps, and one report with every table and figure and the command that produced it.
 #
-#   bash artifact/run_all.sh            # full reference configuration (about 1.5 hours on 2 cores)
+#   bash artifact/run_all.sh            # full reference configuration (about 1.75 hours on 2 cores)
 #   bash artifact/run_all.sh --quick    # every step on a reduced workload (<= 20 minutes on 2 cores)
 #   bash artifact/run_all.sh --smoke    # seconds: the fast steps on a minimal workload, the rest skipped
 #   options: --force (re-run finished steps)  --run NAME  --only STEP ...  --list
