@@ -27,6 +27,10 @@ from pathlib import Path
 from artifact.served_runs import ServedRun, nearest_rank, read_bench_runs, read_comparison, read_serve_jsonl
 from bullet.sim import SimConfig, Simulation
 from bullet.sim.metrics import percentile
+from bullet.types.slo import parse_duration
+
+# the GPU run's load generator judges TTFT <= max(0.25 s, 3 ms x prompt tokens) and TPOT <= 50 ms
+GPU_RUN_SLO_RULE = (0.003, 0.25, 0.05)
 
 METRICS = ("ttft_p50_s", "ttft_mean_s", "ttft_p90_s", "tpot_p50_s", "tpot_mean_s", "tpot_p90_s", "out_tok_per_s")
 GOALS = {"ttft_p50_s": 0.15, "tpot_p50_s": 0.15, "ttft_p90_s": 0.30, "tpot_p90_s": 0.30}
@@ -69,6 +73,32 @@ def attainment(records, ttft_per_token: float, ttft_floor: float, tpot: float, t
     ok = [r for r in records if r.ttft <= max(ttft_floor, ttft_per_token * r.input_len)
           and (r.tpot is None or r.tpot <= tpot)]
     return len(ok) / total if total else 0.0
+
+
+def slo_rule_arg(text: str) -> tuple[float, float, float] | str:
+    """`--slo-rule`: per-token TTFT, TTFT floor, TPOT — seconds, or durations as the server takes them
+    ('21.9ms/token,0,287ms'); '' judges no attainment."""
+    if not text.strip():
+        return "none"
+    parts = [x.strip() for x in text.split(",")]
+    if len(parts) != 3:
+        raise argparse.ArgumentTypeError(f"{text!r}: give three values, per-token TTFT,TTFT floor,TPOT "
+                                         "(e.g. 3ms/token,250ms,50ms or 0.003,0.25,0.05)")
+    try:
+        per_token = parse_duration(parts[0], allow_per_token=True)[0]
+        floor = 0.0 if parts[1] in ("0", "0s", "0ms") else parse_duration(parts[1], allow_per_token=False)[0]
+        tpot = parse_duration(parts[2], allow_per_token=False)[0]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return per_token, floor, tpot
+
+
+def comparison_slo_rule(path: str) -> tuple[float, float, float] | None:
+    """The SLO a served comparison (`artifact.cpu_comparison`'s results.json) scored its requests by."""
+    slo = json.loads(Path(path).read_text()).get("slo") or {}
+    if "ttft_s_per_token" in slo and "tpot_s" in slo:
+        return slo["ttft_s_per_token"], 0.0, slo["tpot_s"]
+    return None
 
 
 def validate(runs: list[ServedRun], base: SimConfig, seeds: list[int], slo_rule: tuple | None) -> list[dict]:
@@ -255,8 +285,9 @@ def main() -> int:
                    help="with --served-steps(-by-system): fit no set-up per new attention length (a per-shape kernel "
                         "plan the served prefill paid; the fit before 2026-11-27)")
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--slo-rule", default="0.003,0.25,0.05",
-                   help="per-token TTFT, TTFT floor, TPOT of the load generator's attainment ('' for none)")
+    p.add_argument("--slo-rule", type=slo_rule_arg, default=None,
+                   help="per-token TTFT, TTFT floor, TPOT that attainment is judged by, e.g. 3ms/token,250ms,50ms "
+                        "('' for none; default: a --comparison's own SLO, else the GPU run's 3ms/token,250ms,50ms)")
     p.add_argument("--title", default="Simulator vs served runs")
     p.add_argument("--note", action="append", default=[])
     p.add_argument("--out", type=Path, required=True)
@@ -286,7 +317,11 @@ def main() -> int:
                      max_running_requests=args.max_running_requests, ttft_slo=args.ttft_slo, tpot_slo=args.tpot_slo,
                      **({"step_time_scale": steps.scale, "step_overhead_s": steps.overhead_s,
                          "attention_setup_s": steps.setup_s} if steps else {}))
-    slo_rule = tuple(float(x) for x in args.slo_rule.split(",")) if args.slo_rule else None
+    slo_rule = args.slo_rule
+    if slo_rule is None:
+        slo_rule = (args.comparison and comparison_slo_rule(args.comparison)) or GPU_RUN_SLO_RULE
+    elif slo_rule == "none":
+        slo_rule = None
     rows = validate(runs, base, list(range(args.seeds)), slo_rule)
     ranks = rankings(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -148,3 +148,23 @@ def test_requests_cut_at_the_load_generators_deadline_replay_whole_and_are_censo
     assert whole["completed"] == n
     assert censored["completed"] < n  # 120 prompts of 2000 tokens in 1.2 s: not all done 6 s after the first
     assert all(r.finish_time <= 6.0 for r in censored["records"])
+
+
+def test_the_slo_rule_reads_durations_and_a_comparison_is_judged_by_its_own_slo(tmp_path):
+    import argparse
+
+    from artifact.sim_validation import comparison_slo_rule, slo_rule_arg
+
+    assert slo_rule_arg("0.003,0.25,0.05") == (0.003, 0.25, 0.05)
+    assert slo_rule_arg("3ms/token, 250ms, 50ms") == pytest.approx((0.003, 0.25, 0.05))
+    assert slo_rule_arg("21.9ms/token,0,287ms") == pytest.approx((0.0219, 0.0, 0.287))
+    assert slo_rule_arg("") == "none"
+    for bad in ("21.9ms/token", "3ms/token,250ms,50ms/token", "fast,0,1"):
+        with pytest.raises(argparse.ArgumentTypeError):  # argparse's one-line error, not a traceback
+            slo_rule_arg(bad)
+    # a CPU comparison scores by its own rule (TTFT 21.9 ms/token there), not the GPU run's 3 ms/token
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"slo": {"ttft_s_per_token": 0.0219, "tpot_s": 0.287}, "systems": {}}))
+    assert comparison_slo_rule(str(results)) == (0.0219, 0.0, 0.287)
+    results.write_text(json.dumps({"systems": {}}))
+    assert comparison_slo_rule(str(results)) is None
