@@ -17,6 +17,7 @@ import hashlib
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -188,6 +189,14 @@ _CHILD = ("import runpy, signal; signal.signal(signal.SIGINT, signal.SIG_IGN); "
           "runpy.run_module('estimator.profiler', run_name='__main__', alter_sys=True)")
 
 
+def _ignore_sigint() -> None:
+    """Run in the child between fork and exec: an ignored SIGINT stays ignored across exec, and Python keeps
+    it so, so the child ignores Ctrl-C from its first instruction — the line in `_CHILD` comes only after
+    the interpreter has started, and a Ctrl-C in that window printed "Fatal Python error" beside the
+    server's one line (a fresh-clone CI run caught it)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _measure_in_child(model_path, load_format: str, dtype: str, core_ids: list[int], quick: bool, progress: bool,
                       path: Path, quantization: str = "none") -> Path:
     args = ["--load-format", load_format, "--dtype", dtype,
@@ -202,7 +211,7 @@ def _measure_in_child(model_path, load_format: str, dtype: str, core_ids: list[i
         out = sys.stderr.fileno()
     except (AttributeError, OSError, ValueError):
         out = None  # stderr replaced by an object without a file (captured): inherit instead
-    result = subprocess.run([sys.executable, "-c", _CHILD, *args], stdout=out, stderr=out)
+    result = subprocess.run([sys.executable, "-c", _CHILD, *args], stdout=out, stderr=out, preexec_fn=_ignore_sigint)
     if result.returncode != 0 or not path.exists():
         command = " ".join([sys.executable, "-m", "estimator.profiler", *args])  # the same, as a user would run it
         raise RuntimeError(f"bullet profile failed (exit code {result.returncode}): {command}")
