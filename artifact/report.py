@@ -21,12 +21,16 @@ def attainment_cell(s: dict) -> str:
     return Interval.from_dict(ci).percent() if ci else f"{s['attainment']:.0%}"
 
 
+def _rates_run(res: dict) -> list[float]:
+    return [float(r) for r in res.get("per_rate", {})]  # JSON keys are strings
+
+
 def goodput_cell(res: dict) -> str:
     """The goodput with its interval, said as a bound where the rates run do not bracket it: "< 5" when
     no rate reached the target (not a goodput of 0), "≥ 6" when the highest rate run still did."""
     ci = res.get("goodput_ci")
     cell = Interval.from_dict(ci).plain() if ci else f"{res['goodput']:g}"
-    rates = [float(r) for r in res.get("per_rate", {})]
+    rates = _rates_run(res)
     if not rates:
         return cell
     if not res["goodput"]:
@@ -62,7 +66,7 @@ def ms_cell(seconds: float | None) -> str:
 
 def _ratio(ref: float | None, res: dict) -> str:
     """The reference's goodput over the system's; a bound where the system reached no rate run."""
-    g, rates = res["goodput"], [float(r) for r in res.get("per_rate", {})]
+    g, rates = res["goodput"], _rates_run(res)
     if ref and g:
         return f"{ref / g:.2f}x"
     if ref and rates:

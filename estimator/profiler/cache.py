@@ -181,19 +181,13 @@ def ensure_profile(model_path: str | None, load_format: str = "auto", dtype="aut
         announce)
 
 
-# `python -m estimator.profiler`, ignoring SIGINT from its first line: a Ctrl-C at a terminal reaches the whole
-# process group, and the parent is the one to answer it (a server stops its start-up, a script gets
-# KeyboardInterrupt) by killing this child, as subprocess.run does on any exception — so the child, caught
-# perhaps still importing, prints no traceback of its own.
-_CHILD = ("import runpy, signal; signal.signal(signal.SIGINT, signal.SIG_IGN); "
-          "runpy.run_module('estimator.profiler', run_name='__main__', alter_sys=True)")
-
-
 def _ignore_sigint() -> None:
-    """Run in the child between fork and exec: an ignored SIGINT stays ignored across exec, and Python keeps
-    it so, so the child ignores Ctrl-C from its first instruction — the line in `_CHILD` comes only after
-    the interpreter has started, and a Ctrl-C in that window printed "Fatal Python error" beside the
-    server's one line (a fresh-clone CI run caught it)."""
+    """Run in the profiling child between fork and exec. A Ctrl-C at a terminal reaches the whole process
+    group, and the parent is the one to answer it (a server stops its start-up, a script gets
+    KeyboardInterrupt) by killing this child, as subprocess.run does on any exception. An ignored SIGINT
+    stays ignored across exec, and Python keeps it so: the child ignores Ctrl-C from its first
+    instruction and prints nothing of its own (set from inside the child, a Ctrl-C before that line
+    printed a traceback, or "Fatal Python error", beside the server's one line)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
@@ -211,8 +205,8 @@ def _measure_in_child(model_path, load_format: str, dtype: str, core_ids: list[i
         out = sys.stderr.fileno()
     except (AttributeError, OSError, ValueError):
         out = None  # stderr replaced by an object without a file (captured): inherit instead
-    result = subprocess.run([sys.executable, "-c", _CHILD, *args], stdout=out, stderr=out, preexec_fn=_ignore_sigint)
+    command = [sys.executable, "-m", "estimator.profiler", *args]
+    result = subprocess.run(command, stdout=out, stderr=out, preexec_fn=_ignore_sigint)
     if result.returncode != 0 or not path.exists():
-        command = " ".join([sys.executable, "-m", "estimator.profiler", *args])  # the same, as a user would run it
-        raise RuntimeError(f"bullet profile failed (exit code {result.returncode}): {command}")
+        raise RuntimeError(f"bullet profile failed (exit code {result.returncode}): {' '.join(command)}")
     return path
