@@ -27,7 +27,7 @@ from artifact.report import comparison_markdown, print_comparison
 from artifact.scoring import add_intervals, goodput, outcomes, summarize
 from artifact.stats import Interval, attainment_interval, run_counts
 from artifact.server import BulletServer, all_started, system_launch, system_slug
-from artifact.slo_rule import derive_slo
+from artifact.slo_rule import derive_slo, server_slo_flags
 from bullet.loops.timeline import load_timeline
 from bullet.workloads.sharegpt import repaired_sharegpt_path
 from engines.tokenizer import gguf_tokenizer_dir
@@ -85,9 +85,10 @@ def cpu_speed_probe(rounds: int = 3) -> float:
 
 def start_server(system: str, args, profile: str, slo, out: Path) -> BulletServer:
     name = system_slug(system)
+    ttft_slo, tpot_slo = server_slo_flags(slo.ttft, slo.tpot)
     launch = [*system_launch(system), "--dtype", args.dtype, "--timeline-dir", str(out / "timeline" / name),
-              "--estimator-profile", profile, "--ttft-slo", f"{slo.ttft * 1e3:.4f}ms/token",
-              "--tpot-slo", f"{slo.tpot * 1e3:.2f}ms", "--max-total-tokens", str(args.max_total_tokens),
+              "--estimator-profile", profile, "--ttft-slo", ttft_slo,
+              "--tpot-slo", tpot_slo, "--max-total-tokens", str(args.max_total_tokens),
               "--log-level", "warning"]
     return BulletServer(*launch, log_path=str(out / f"server-{name}.log"))
 

@@ -25,6 +25,7 @@ import statistics
 from pathlib import Path
 
 from artifact.served_runs import ServedRun, nearest_rank, read_bench_runs, read_comparison, read_serve_jsonl
+from artifact.slo_rule import server_slo_flags
 from bullet.sim import SimConfig, Simulation
 from bullet.sim.metrics import percentile
 from bullet.types.slo import parse_duration
@@ -98,6 +99,15 @@ def comparison_slo_rule(path: str) -> tuple[float, float, float] | None:
     slo = json.loads(Path(path).read_text()).get("slo") or {}
     if "ttft_s_per_token" in slo and "tpot_s" in slo:
         return slo["ttft_s_per_token"], 0.0, slo["tpot_s"]
+    return None
+
+
+def comparison_policy_slo(path: str) -> tuple[str, str] | None:
+    """The `--ttft-slo` and `--tpot-slo` a served comparison gave its servers' policies (the SLO it scored
+    by): a replay that gave its simulated policies other targets would replay other decisions."""
+    slo = json.loads(Path(path).read_text()).get("slo") or {}
+    if "ttft_s_per_token" in slo and "tpot_s" in slo:
+        return server_slo_flags(slo["ttft_s_per_token"], slo["tpot_s"])
     return None
 
 
@@ -267,8 +277,10 @@ def main() -> int:
     p.add_argument("--profile", required=True, help="the serving device's estimator profile")
     p.add_argument("--max-total-tokens", type=int, required=True, help="the servers' KV pool")
     p.add_argument("--max-running-requests", type=int, required=True)
-    p.add_argument("--ttft-slo", default="3.0ms/token", help="the SLOs the servers' policies were given")
-    p.add_argument("--tpot-slo", default="150ms")
+    p.add_argument("--ttft-slo", default=None,
+                   help="the SLOs the servers' policies were given (default: a --comparison's own, which its "
+                        "servers were started with; else 3.0ms/token and 150ms)")
+    p.add_argument("--tpot-slo", default=None)
     steps_how = p.add_mutually_exclusive_group()
     steps_how.add_argument("--served-steps", nargs="+", default=None, metavar="TIMELINE_DIR",
                            help="replay on the device as the served run's own step log measured it: the profile's "
@@ -313,8 +325,11 @@ def main() -> int:
         print(f"[validate] served steps vs the profile: {steps.as_dict()}", flush=True)
     by_system = fit_by_system(runs, args.profile, args.served_steps_by_system, not args.one_fit_per_system,
                               not args.no_attention_setup) if args.served_steps_by_system else None
+    served_slo = (args.comparison and comparison_policy_slo(args.comparison)) or ("3.0ms/token", "150ms")
+    ttft_slo, tpot_slo = args.ttft_slo or served_slo[0], args.tpot_slo or served_slo[1]
+    print(f"[validate] the simulated policies are given TTFT {ttft_slo}, TPOT {tpot_slo}", flush=True)
     base = SimConfig(estimator_profile=args.profile, max_total_tokens=args.max_total_tokens,
-                     max_running_requests=args.max_running_requests, ttft_slo=args.ttft_slo, tpot_slo=args.tpot_slo,
+                     max_running_requests=args.max_running_requests, ttft_slo=ttft_slo, tpot_slo=tpot_slo,
                      **({"step_time_scale": steps.scale, "step_overhead_s": steps.overhead_s,
                          "attention_setup_s": steps.setup_s} if steps else {}))
     slo_rule = args.slo_rule

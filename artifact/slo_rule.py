@@ -39,6 +39,12 @@ class DerivedSLO:
                 "tpot_scale": self.tpot_scale, "rule": self.rule}
 
 
+def server_slo_flags(ttft_s_per_token: float, tpot_s: float) -> tuple[str, str]:
+    """The `--ttft-slo` and `--tpot-slo` values a served comparison starts its servers with: a replay of
+    that comparison gives its simulated policies the same two strings, so both decide on the same targets."""
+    return f"{ttft_s_per_token * 1e3:.4f}ms/token", f"{tpot_s * 1e3:.2f}ms"
+
+
 def derive_slo(estimator, typical_prompt: int, workload: str = "sharegpt", typical_context: int = 1024) -> DerivedSLO:
     units = estimator.hardware.units
     prefill = estimator.prefill_time([typical_prompt], units) / typical_prompt

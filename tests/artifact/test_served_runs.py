@@ -168,3 +168,43 @@ def test_the_slo_rule_reads_durations_and_a_comparison_is_judged_by_its_own_slo(
     assert comparison_slo_rule(str(results)) == (0.0219, 0.0, 0.287)
     results.write_text(json.dumps({"systems": {}}))
     assert comparison_slo_rule(str(results)) is None
+
+
+def test_a_comparison_replays_with_the_slo_its_servers_were_started_with(tmp_path, monkeypatch):
+    """`--comparison` gives the simulated policies the SLO the comparison started its servers with
+    (`server_slo_flags`): replayed with the old 3 ms/token and 150 ms, Bullet's policy on the CPU run of
+    2026-12-01 chose other prefills and the replay ranked it last where the served run ranked it first."""
+    from artifact import sim_validation
+    from artifact.slo_rule import server_slo_flags
+    from estimator.reference.profiles import SHIPPED_PROFILE
+
+    sharegpt = pytest.importorskip("bullet.workloads.sharegpt")
+    try:
+        sharegpt.repaired_sharegpt_path()
+    except sharegpt.DatasetMissing as exc:
+        pytest.skip(str(exc))
+    pytest.importorskip("sglang")
+    results = tmp_path / "results.json"
+    summary = {"mean_ttft_s": 0.2, "p90_ttft_s": 0.4, "mean_tpot_s": 0.05, "p90_tpot_s": 0.06,
+               "output_tok_per_s": 20.0, "completed": 4, "attainment": 1.0}
+    results.write_text(json.dumps({
+        "slo": {"ttft_s_per_token": 0.0219055, "tpot_s": 0.2870545},
+        "args": {"rates": [2.0], "seed": 1, "repeats": 1, "num_prompts": 4, "context_len": 256, "output_len": 4},
+        "systems": {"static": {"per_rate": {"2.0": summary}}}}))
+    assert server_slo_flags(0.0219055, 0.2870545) == ("21.9055ms/token", "287.05ms")
+    assert SLO.parse(*server_slo_flags(0.0219055, 0.2870545)).ttft == pytest.approx(0.0219055)
+
+    def replay(*extra: str) -> dict:
+        out = tmp_path / "validation"
+        monkeypatch.setattr("sys.argv", ["sim_validation", "--comparison", str(results), "--profile",
+                                         str(SHIPPED_PROFILE), "--max-total-tokens", "65536",
+                                         "--max-running-requests", "64", "--seeds", "1", *extra, "--out", str(out)])
+        assert sim_validation.main() == 0
+        return json.loads(out.with_suffix(".json").read_text())
+
+    data = replay()
+    assert (data["config"]["ttft_slo"], data["config"]["tpot_slo"]) == ("21.9055ms/token", "287.05ms")
+    assert data["slo_rule"] == pytest.approx([0.0219055, 0.0, 0.2870545])
+    assert data["runs"][0]["predicted"]["ttft_p50_s"] > 0
+    data = replay("--ttft-slo", "5ms/token")  # a flag given wins; the other target stays the comparison's
+    assert (data["config"]["ttft_slo"], data["config"]["tpot_slo"]) == ("5ms/token", "287.05ms")
