@@ -16,7 +16,16 @@ their worker had not run (a per-shape set-up, not co-running), and roles with fe
 steps on either side of a share. Medians over steps of different sizes: a share whose co-running steps
 are mostly larger or smaller than its lone ones carries the profile's size-dependent error into S too.
 
-    python -m artifact.served_corun --profile P.json DIR/timeline/bullet [DIR/timeline/static ...]"""
+    python -m artifact.served_corun --profile P.json DIR/timeline/bullet [DIR/timeline/static ...]
+
+`--oversubscribed` measures instead what a CPU step costs on cores that the other worker's threads also
+held (`bullet simulate --oversubscribed-slowdown`, the time-sliced device of `bullet.sim.device`): per role
+and share of two or more cores, the median observed / priced-alone of the steps that spent at least
+`OVERSUBSCRIBED` of their span beside a step of the other worker whose share overlapped theirs (found by
+the rows' start times and observed spans, one host clock), over the same median of the steps of that role
+and share that ran with no other step beside them at all (timelines such as `naive`'s record no `beside`).
+
+    python -m artifact.served_corun --oversubscribed --profile P.json DIR/timeline/naive DIR/timeline/scheduler-only"""
 
 from __future__ import annotations
 
@@ -27,7 +36,15 @@ import statistics
 from pathlib import Path
 from typing import Iterable
 
-from artifact.served_steps import NewLengths, PrefillSpans, price_row, read_timelines
+from artifact.served_steps import (
+    ALONE,
+    OVERSUBSCRIBED,
+    NewLengths,
+    PrefillSpans,
+    beside_spans,
+    price_row,
+    read_timelines,
+)
 from bullet.loops.timeline import recorded_beside
 from estimator.estimator import Estimator
 from estimator.profile import load_estimator
@@ -75,6 +92,58 @@ def corun_scale(est: Estimator, timeline_dirs: Iterable[str | Path]) -> dict:
     return {"scale": _mean_scale(shares), "roles": roles, "shares": shares, "min_steps": MIN_STEPS}
 
 
+def oversubscribed_ratios(rows: Iterable[dict], est: Estimator) -> dict[tuple[str, int], dict[str, list[float]]]:
+    """(role, units) -> {"alone": [...], "beside": [...]} observed / priced alone on its share, of one
+    server's prefill and decode steps of two or more cores; "beside": the steps oversubscribed (module
+    docstring), "alone": those with no step of the other worker beside them."""
+    rows = list(rows)
+    out: dict[tuple[str, int], dict[str, list[float]]] = {}
+    spans = beside_spans(rows, est.hardware.units)
+    for row in rows:
+        units = int(row.get("units") or 0)
+        if id(row) not in spans or not 1 < units <= est.hardware.units:
+            continue  # one thread has no barrier to wait at (module docstring)
+        shared, beside = spans[id(row)]
+        side = "beside" if shared >= OVERSUBSCRIBED else "alone" if beside < ALONE else None
+        if side is None:
+            continue
+        try:
+            priced = _priced_alone(row, units, est)
+        except (TypeError, ValueError, KeyError):  # a row of another shape
+            continue
+        out.setdefault((row["role"], units), {"alone": [], "beside": []})[side].append(row["obs_ms"] / 1e3 / priced)
+    return out
+
+
+def _priced_alone(row: dict, units: int, est: Estimator) -> float:
+    if row["role"] == "prefill":
+        batch, tokens = max(1, int(row.get("batch") or 1)), int(row["tokens"])
+        lens = [tokens // batch + (1 if i < tokens % batch else 0) for i in range(batch)]
+        return est.prefill_time(lens, units, num_layers=int(row["layers"]), include_head=False)
+    return est.decode_time(int(row["batch"]), int(row["context"]), units)
+
+
+def oversubscribed_slowdown(est: Estimator, timeline_dirs: Iterable[str | Path]) -> dict:
+    """`corun_scale`'s result for oversubscribed steps: per role and share the slowdown S where both sides
+    have `MIN_STEPS`, and the median over every judged step of its ratio over its share's alone median."""
+    pooled: dict[tuple[str, int], dict[str, list[float]]] = {}
+    for d in timeline_dirs:
+        for key, sides in oversubscribed_ratios(read_timelines([d]), est).items():
+            for side, values in sides.items():
+                pooled.setdefault(key, {"alone": [], "beside": []})[side].extend(values)
+    shares, normalised = [], []
+    for (role, units), sides in sorted(pooled.items()):
+        entry = {"role": role, "units": units, "alone_steps": len(sides["alone"]), "beside_steps": len(sides["beside"])}
+        if min(entry["alone_steps"], entry["beside_steps"]) >= MIN_STEPS:
+            alone = statistics.median(sides["alone"])
+            entry.update(alone_ratio=alone, beside_ratio=statistics.median(sides["beside"]),
+                         scale=statistics.median(sides["beside"]) / alone)
+            normalised += [r / alone for r in sides["beside"]]
+        shares.append(entry)
+    return {"scale": statistics.median(normalised) if normalised else None, "steps": len(normalised),
+            "shares": shares, "min_steps": MIN_STEPS, "oversubscribed": OVERSUBSCRIBED}
+
+
 def _mean_scale(shares: list[dict]) -> float | None:
     judged = [s for s in shares if "scale" in s]
     weight = sum(s["beside_steps"] for s in judged)
@@ -85,7 +154,19 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--profile", required=True, help="the estimator profile the simulator replays the run with")
     p.add_argument("timelines", nargs="+", help="a served run's timeline directories of two-worker systems")
+    p.add_argument("--oversubscribed", action="store_true",
+                   help="measure the slowdown of steps on cores both workers held (a CPU's time-sliced cores)")
     args = p.parse_args(argv)
+    if args.oversubscribed:
+        result = oversubscribed_slowdown(load_estimator(args.profile), args.timelines)
+        print(json.dumps(result, indent=1))
+        if result["scale"] is None:
+            print(f"no share of two or more cores ran >= {MIN_STEPS} priced steps both alone and on cores the other "
+                  "worker held: nothing measured")
+            return 1
+        print(f"a step on cores the other worker's threads held took {result['scale']:.3g}x its time alone "
+              f"({result['steps']} steps): bullet simulate --oversubscribed-slowdown {result['scale']:.3g} replays it")
+        return 0
     result = corun_scale(load_estimator(args.profile), args.timelines)
     print(json.dumps(result, indent=1))
     if result["scale"] is None:

@@ -103,12 +103,18 @@ def priced_steps(rows: Iterable[dict], est: Estimator) -> list[Priced]:
 
 
 def priced_by_role(rows: Iterable[dict], est: Estimator) -> dict[str, list[Priced]]:
-    """`priced_steps`, per worker role (each role's rows in the order its worker logged them)."""
+    """`priced_steps`, per worker role (each role's rows in the order its worker logged them). On a CPU,
+    steps of two or more threads that ran partly on cores the other worker's threads held are left out:
+    the device model prices those cores itself (`bullet.sim.device`, time-sliced), and in the fit their
+    5-10x would read as a slower machine."""
     rows = list(rows)
     prefills = PrefillSpans(rows)
     new = NewLengths(est.model.num_hidden_layers)
+    shared = beside_spans(rows, est.hardware.units) if est.hardware.kind == "cpu" else {}
     out: dict[str, list[Priced]] = {}
     for row in rows:
+        if shared.get(id(row), (0.0, 0.0))[0] >= ALONE and int(row.get("units") or 0) > 1:
+            continue
         try:
             began = new.began(row)
             priced = price_row(row, est, prefills)
@@ -117,6 +123,40 @@ def priced_by_role(rows: Iterable[dict], est: Estimator) -> dict[str, list[Price
             continue
         if priced is not None:
             out.setdefault(row["role"], []).append((*priced, began))
+    return out
+
+
+OVERSUBSCRIBED = 0.9  # a step counts as oversubscribed when cores both held covered this share of its span
+ALONE = 0.05  # ... and as clear of the other worker's cores when they covered less than this share
+
+
+def beside_spans(rows: list[dict], total_units: int) -> dict[int, tuple[float, float]]:
+    """id(row) -> (the share of its span that each prefill or decode step spent beside a step of the other
+    worker whose share overlapped its own (units summing above `total_units`), the share beside one at
+    all), from the rows' start times and observed spans (one host clock; timelines such as `naive`'s
+    record no `beside`)."""
+    steps: dict[str, list[tuple[float, float, int, dict]]] = {"prefill": [], "decode": []}
+    for row in rows:
+        if (row.get("role") in steps and row.get("run") and row.get("obs_ms") and row.get("units")
+                and isinstance(row.get("t"), (int, float))):
+            start = float(row["t"])
+            steps[row["role"]].append((start, start + float(row["obs_ms"]) / 1e3, int(row["units"]), row))
+    for spans in steps.values():
+        spans.sort(key=lambda s: s[0])
+    out: dict[int, tuple[float, float]] = {}
+    for role, spans in steps.items():
+        others = steps["decode" if role == "prefill" else "prefill"]
+        starts = [s for s, _, _, _ in others]
+        for start, end, units, row in spans:
+            beside = shared = 0.0
+            for o_start, o_end, o_units, _ in others[max(0, bisect.bisect_left(starts, start) - 1):]:
+                if o_start >= end:
+                    break
+                span = max(0.0, min(o_end, end) - max(o_start, start))
+                beside += span
+                if o_units + units > total_units:
+                    shared += span
+            out[id(row)] = (shared / (end - start), beside / (end - start))
     return out
 
 

@@ -81,8 +81,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="assumed prefill slowdown beside decode")
     p.add_argument("--blind-policy", action="store_true",
                    help="the policies' estimators get no contention table (as with an unprofiled device)")
-    p.add_argument("--overlap-share", default=d.overlap_share, choices=["demand", "even"],
-                   help="how units both workers hold are divided between them")
+    p.add_argument("--overlap-share", default=d.overlap_share, choices=["auto", "demand", "even", "time-sliced"],
+                   help="how units both workers hold are divided between them: demand (a GPU's block scheduler, "
+                        "by the thread blocks each keeps in flight), even, time-sliced (a CPU's OS scheduler: a "
+                        "step of several threads on cores the other's threads hold runs --oversubscribed-slowdown "
+                        "times slower); auto (default): time-sliced on a CPU profile, demand on a GPU")
+    p.add_argument("--oversubscribed-slowdown", type=float, default=None,
+                   help="time-sliced: how many times its time alone a step of several threads takes on cores the "
+                        "other worker's threads hold (default 7.4, measured served on a 2-core AMD EPYC; "
+                        "`python -m artifact.served_corun --oversubscribed` measures a served run's)")
     p.add_argument("--slo-percentile", type=float, default=d.slo_percentile,
                    help="bullet: the percentile of its requests' predicted TTFT (against target) and TPOT each "
                         "scheduler keeps within its SLO (default 0.9, the paper's P90; as `bullet launch`)")
@@ -175,7 +182,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         max_total_tokens=args.max_total_tokens,
         step_overhead_s=None if args.step_overhead_ms is None else args.step_overhead_ms / 1e3,
         step_time_scale=args.step_time_scale, role_step_times=dict(args.role_step_time),
-        corun_scale=args.corun_scale,
+        corun_scale=args.corun_scale, oversubscribed_slowdown=args.oversubscribed_slowdown,
         attention_setup_s=args.attention_setup_ms / 1e3,
         noise=args.noise, contention_model=not args.no_contention, contention_floor=args.contention_floor,
         prefill_slowdown=args.prefill_slowdown, policy_contention=not args.blind_policy,

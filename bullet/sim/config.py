@@ -57,7 +57,13 @@ class SimConfig:
     contention_model: bool = True  # charge memory contention between the workers (estimator.analytic_contention)
     contention_floor: float = DEFAULT_FLOOR
     prefill_slowdown: float = DEFAULT_PREFILL_SLOWDOWN
-    overlap_share: str = "demand"  # how units both workers hold are divided: demand | even
+    # how units both workers hold are divided (bullet.sim.device): demand | even | time-sliced; auto:
+    # time-sliced on a device whose units are cores, demand on a GPU
+    overlap_share: str = "auto"
+    # time-sliced: a step of several threads on cores the other worker's threads hold takes this many
+    # times its time alone (measured from a served run's timelines, `artifact.served_corun --oversubscribed`);
+    # None: the value measured served on a 2-core AMD EPYC (bullet.sim.device.CPU_OVERSUBSCRIBED_SLOWDOWN)
+    oversubscribed_slowdown: float | None = None
     policy_contention: bool = True  # policies' estimators hold the contention table, as a profiled device's would
     policy_error: float = 0.10  # each policy predicts with a copy wrong by this much on average (bullet.sim.perturbed)
     policy_error_learnable: bool = True  # online refinement sees that error (as a real worker's would); False: it cannot
@@ -202,6 +208,15 @@ def step_overhead(config: SimConfig, estimator: Estimator) -> float:
     if config.step_overhead_s is not None:
         return config.step_overhead_s
     return 0.0 if measures_steps(estimator) else SPEC_STEP_OVERHEAD_S
+
+
+def overlap_share(config: SimConfig, hardware) -> str:
+    """How the device divides units both workers hold (`SimConfig.overlap_share`): `auto` is
+    time-sliced where the units are cores (the OS schedules threads; no block scheduler divides a core),
+    demand-shared on a GPU."""
+    if config.overlap_share != "auto":
+        return config.overlap_share
+    return "time-sliced" if hardware.kind == "cpu" else "demand"
 
 
 def measured_contention(estimator: Estimator) -> bool:

@@ -12,7 +12,13 @@ charged partly at each speed. Within one configuration:
   everything) the overlapping units are *shared*: they go to the two workers in proportion to the
   thread blocks each keeps in flight, approximated by GEMM tile rows (ceil(rows / 128)) — a large
   prefill crowds a small decode batch off the shared units, as a first-come block scheduler would
-  (`overlap_share="even"` splits them half and half instead).
+  (`overlap_share="even"` splits them half and half instead). On a CPU (`overlap_share=
+  "time-sliced"`, the simulator's choice for a device whose units are cores) no block scheduler
+  divides a core: the OS time-slices the threads that hold it, and a step of several OpenMP threads
+  waits at every barrier for the one that was descheduled. Such a step, on two or more cores of
+  which the other worker's threads hold any, takes `oversubscribed_slowdown` times its time alone on
+  its cores (measured served, `CPU_OVERSUBSCRIBED_SLOWDOWN`); a one-thread step has no barrier to
+  wait at and is priced as a co-run on its own core.
 * memory contention (units isolated, memory system shared): one HBM divided between the two
   steps' demands, and interference beyond bandwidth, from `estimator.analytic_contention` (an
   assumed model; off with `contention=None`) — or, for a device whose profile timed each phase
@@ -47,7 +53,15 @@ from estimator.estimator import Estimator
 from estimator.tiling import TABLE2_GEMM_TILE
 
 TILE_ROWS = TABLE2_GEMM_TILE[0]
-OVERLAP_SHARES = ("demand", "even")  # how overlapping units are divided (module docstring)
+OVERLAP_SHARES = ("demand", "even", "time-sliced")  # how overlapping units are divided (module docstring)
+# A step of two or more threads on cores that the other worker's threads also held, against the same step
+# alone on its cores: measured served on 2 cores of an AMD EPYC (avx512_bf16, no AMX), 2026-12-01, from the
+# `naive` and `scheduler-only` servers' step timelines (`python -m artifact.served_corun --oversubscribed`;
+# docs/served/amd-2026-12-01-ablation): the median over the 2,505 steps that spent >= 90 % of their span so,
+# each over its role's and share's median alone (prefill 5.7x, decode 8.8x). Fair time slicing alone would
+# give 2x; the rest is OpenMP barriers waiting for a descheduled thread. The value for a CPU whose own
+# served run measured none; `SimConfig.oversubscribed_slowdown` replaces it.
+CPU_OVERSUBSCRIBED_SLOWDOWN = 7.4
 
 
 @dataclass(frozen=True)
@@ -108,6 +122,10 @@ class Step:
     weight: int = 0
     traffic: float = -1.0
     latency: dict = field(default_factory=dict)
+    # a step that runs layer by layer (a decode step on a CPU): its layers, and what it does at a layer
+    # boundary once the other worker's step has started on units it holds (`SimulatedDevice.start`)
+    layers: int = 0
+    at_layer: Callable[[int], None] | None = None
 
     def __post_init__(self):
         self.rows = self.work.rows
@@ -127,7 +145,7 @@ class SimulatedDevice:
                  noise: float = 0.0, seed: int = 0, overlap_share: str = "demand", step_overhead_s: float = 0.0,
                  measured_corun: bool = False, time_scale: float = 1.0,
                  role_step_times: dict[str, tuple[float, float]] | None = None, ledger: bool = False,
-                 corun_scale: float = 1.0):
+                 corun_scale: float = 1.0, oversubscribed_slowdown: float = CPU_OVERSUBSCRIBED_SLOWDOWN):
         if not 0.0 <= noise < 1.0:
             raise ValueError(f"noise must lie in [0, 1), got {noise}")
         if not time_scale > 0:
@@ -141,6 +159,10 @@ class SimulatedDevice:
                                  f"got {scale}, {overhead}")
         if overlap_share not in OVERLAP_SHARES:
             raise ValueError(f"overlap_share must be one of {OVERLAP_SHARES}, got {overlap_share!r}")
+        if not oversubscribed_slowdown >= 1.0:
+            raise ValueError(f"oversubscribed_slowdown (--oversubscribed-slowdown) must be at least 1, "
+                             f"got {oversubscribed_slowdown}")
+        self.oversubscribed_slowdown = oversubscribed_slowdown
         self.est, self.loop, self.contention, self.noise = estimator, loop, contention, noise
         self.overlap_share, self.step_overhead_s = overlap_share, step_overhead_s
         self.measured_corun, self.time_scale, self.corun_scale = measured_corun, time_scale, corun_scale
@@ -154,8 +176,12 @@ class SimulatedDevice:
         # running step on every unit too)
         self.ledger = Ledger(self.total) if ledger else None
 
-    def start(self, role: str, work, units: int, on_done: Callable[[float], None]) -> None:
-        """Run `work` for `role` on `units` units; `on_done(elapsed)` at its end."""
+    def start(self, role: str, work, units: int, on_done: Callable[[float], None], layers: int = 0,
+              at_layer: Callable[[int], None] | None = None) -> None:
+        """Run `work` for `role` on `units` units; `on_done(elapsed)` at its end. A step of `layers`
+        layers with `at_layer` runs layer by layer: when the other worker's step starts on units it
+        holds, `at_layer(layers done)` runs at its next layer boundary (it may `resize` the step), as
+        the real decode worker's step checks its share between layers."""
         if role in self.running:
             raise RuntimeError(f"{role} already has a step running")
         if not 0 < units <= self.total:
@@ -165,8 +191,32 @@ class SimulatedDevice:
         # x 1.0 is x, to the bit: an unscaled device charges what it did
         factor *= self.role_step_times[role][0] if role in self.role_step_times else self.time_scale
         self._account(now)
-        self.running[role] = Step(role, work, units, factor, on_done, started=now, last=now)
+        self.running[role] = Step(role, work, units, factor, on_done, started=now, last=now, layers=layers,
+                                  at_layer=at_layer)
         self._rebalance(now)
+        other = self.running.get("decode" if role == "prefill" else "prefill")
+        if other is not None and other.at_layer is not None and overlap(
+                *((units, other.units) if role == "prefill" else (other.units, units)), self.total):
+            done = int(other.progress * other.layers + 1e-9)  # whole layers behind it
+            if done + 1 < other.layers:  # a boundary is left before its last layer ends
+                self.loop.at(now + ((done + 1) / other.layers - other.progress) * other.seconds,
+                             self._layer_boundary, other, done + 1)
+
+    def resize(self, role: str, units: int) -> None:
+        """The running step of `role` goes on with `units` units from now (a share given up between layers)."""
+        step = self.running.get(role)
+        if step is None or units == step.units:
+            return
+        if not 0 < units <= self.total:
+            raise ValueError(f"units must lie in 1..{self.total}, got {units}")
+        now = self.loop.clock.now()
+        self._account(now)
+        step.units = units
+        self._rebalance(now)
+
+    def _layer_boundary(self, step: Step, layers_done: int) -> None:
+        if self.running.get(step.role) is step:  # not ended since
+            step.at_layer(layers_done)
 
     # -- the configuration changed: bring progress up to date, re-rate, re-schedule ends ---------------
     def _rebalance(self, now: float) -> None:
@@ -243,6 +293,8 @@ class SimulatedDevice:
         total = self.total
         units_p, units_d = float(prefill.units), float(decode.units)
         shared = overlap(prefill.units, decode.units, total)
+        if shared and self.overlap_share == "time-sliced":
+            return self._time_sliced(prefill, decode)
         if shared:
             wp, wd = (prefill.weight, decode.weight) if self.overlap_share == "demand" else (1, 1)
             units_p -= shared * wd / (wp + wd)
@@ -257,6 +309,26 @@ class SimulatedDevice:
         d = decode.work
         return c.corun(alone_p, self._traffic(prefill), prefill.rows, units_p,
                        alone_d, self._traffic(decode), (d.batch, d.context), ud)
+
+    def _time_sliced(self, prefill: Step, decode: Step) -> tuple[float, float]:
+        """(prefill, decode) latencies on cores both hold (module docstring): a step of several threads
+        `oversubscribed_slowdown` x its time alone on its cores; a one-thread step as a co-run on its
+        core beside the other on the rest."""
+        slow, total = self.oversubscribed_slowdown, self.total
+        p = (self._step_alone(prefill, prefill.units) * slow if prefill.units > 1 else
+             self._corun_one_core(prefill, decode, total))
+        d = (self._step_alone(decode, decode.units) * slow if decode.units > 1 else
+             self._corun_one_core(decode, prefill, total))
+        return p, d
+
+    def _corun_one_core(self, step: Step, other: Step, total: int) -> float:
+        """A one-core step beside the other worker's on the remaining cores (its co-run price)."""
+        if total < 2:  # one core, one thread each: the OS's fair time slices, no barrier
+            return self._step_alone(step, 1) * 2.0
+        if self.measured_corun:
+            return (self._corun_prefill(step, 1, other.work.batch) if step.role == "prefill"
+                    else self._corun_decode(step, 1, other.rows))
+        return self._step_alone(step, 1)
 
     def _step_alone(self, step: Step, units: int) -> float:
         seconds = step.latency.get(units)

@@ -29,13 +29,16 @@ class SimExecutor:
     def __init__(self, role: Role, device: SimulatedDevice, partition: SimulatedPartition, clock: Clock,
                  finish: FinishChecker, on_step_end: Callable[[], None] = lambda: None,
                  token_times: dict[int, list[float]] | None = None, loop: EventLoop | None = None,
-                 attention_setup_s: float = 0.0):
+                 attention_setup_s: float = 0.0, layerwise_decode: bool = False, num_layers: int = 0):
         if not attention_setup_s >= 0:  # nan too
             raise ValueError(f"attention_setup_s must be >= 0, got {attention_setup_s}")
         if attention_setup_s and loop is None:
             raise ValueError("a set-up per new attention length needs the event loop to wait on")
         self.role, self.device, self.partition, self.clock, self.finish = role, device, partition, clock, finish
         self.loop, self.attention_setup_s = loop, attention_setup_s
+        # decode steps run layer by layer, so a step can give units up between layers (the real worker's
+        # executor on a CPU; a GPU's decode is one CUDA-graph replay with no boundary to yield at)
+        self.layerwise_decode, self.num_layers = layerwise_decode and num_layers > 1, num_layers
         self._seen_lengths: set[int] = set()  # fresh sequence lengths whose attention plan this worker built
         self.setups = 0  # how many it built
         self.on_step_end = on_step_end  # the driver goes round again once the core has taken the step's end
@@ -44,14 +47,15 @@ class SimExecutor:
         # `FinishChecker.quiet_until` of each request it emitted for (forgotten when it ends one)
         self._quiet: dict[int, int] = {}
 
-    def _run(self, work, sampled: Sequence[Request], on_done: Callable[[float], None]) -> None:
+    def _run(self, work, sampled: Sequence[Request], on_done: Callable[[float], None], layers: int = 0,
+             at_layer: Callable[[int], None] | None = None) -> None:
         def ended(seconds: float) -> None:
             if sampled:
                 self.emit_tokens(sampled)
             on_done(seconds)
             self.on_step_end()
 
-        self.device.start(self.role.value, work, self.partition.current_units, ended)
+        self.device.start(self.role.value, work, self.partition.current_units, ended, layers, at_layer)
 
     def _run_after(self, setup_s: float, work, sampled: Sequence[Request], on_done: Callable[[float], None]) -> None:
         """`_run`, after `setup_s` of set-up: the host builds the plans first, the kernels start after
@@ -112,8 +116,16 @@ class SimExecutor:
 
     def run_decode(self, batch: Sequence[Request], on_done: Callable[[float], None],
                    between_layers: Callable[[int], None] | None = None) -> None:
-        # the simulated device charges a decode step as one piece: no layer boundary to yield at
-        self._run(DecodeWork(len(batch), total_seq_len(batch)), batch, on_done)
+        work = DecodeWork(len(batch), total_seq_len(batch))
+        if between_layers is None or not self.layerwise_decode:  # one piece, as a CUDA-graph replay runs
+            self._run(work, batch, on_done)
+            return
+
+        def at_layer(layers_done: int) -> None:  # the core may give units up; the step goes on with what it holds
+            between_layers(layers_done)
+            self.device.resize(self.role.value, self.partition.current_units)
+
+        self._run(work, batch, on_done, layers=self.num_layers, at_layer=at_layer)
 
     def run_hybrid(self, items: Sequence[HybridItem], on_done: Callable[[float], None]) -> None:
         work = hybrid_work(items)

@@ -30,11 +30,12 @@ from bullet.sim.config import (
     device_estimator,
     kv_pool_pages,
     measured_contention,
+    overlap_share,
     policy_estimator,
     server_args,
     step_overhead,
 )
-from bullet.sim.device import DeviceStats, SimulatedDevice
+from bullet.sim.device import CPU_OVERSUBSCRIBED_SLOWDOWN, DeviceStats, SimulatedDevice
 from bullet.sim.driver import SimDriver, SimOutbox
 from bullet.sim.events import EventLoop, VirtualClock
 from bullet.sim.executor import SimExecutor
@@ -73,11 +74,13 @@ class Simulation:
         self.clock = VirtualClock()
         self.loop = EventLoop(self.clock)
         self.device = SimulatedDevice(self.device_estimator, self.loop, config.contention(self.device_estimator),
-                                      config.noise, config.seed, config.overlap_share,
+                                      config.noise, config.seed, overlap_share(config, hardware),
                                       step_overhead(config, self.device_estimator),
                                       measured_corun=config.contention_model and measured_contention(self.device_estimator),
                                       time_scale=config.step_time_scale, role_step_times=config.role_step_times,
-                                      ledger=config.ledger, corun_scale=config.corun_scale)
+                                      ledger=config.ledger, corun_scale=config.corun_scale,
+                                      oversubscribed_slowdown=(CPU_OVERSUBSCRIBED_SLOWDOWN if config.oversubscribed_slowdown
+                                                               is None else config.oversubscribed_slowdown))
         self.log = RequestLog()
         self.board = StateBoard(self.clock)
         self.allocator = LocalPageAllocator(pages, config.page_size)
@@ -100,7 +103,9 @@ class Simulation:
             # the driver (built below, around the core) goes round again once the core has taken a step's end
             executor = SimExecutor(role, self.device, partition, self.clock, self.finish,
                                    on_step_end=drivers_step_ended(drivers, role), token_times=self.log.token_times,
-                                   loop=self.loop, attention_setup_s=self.config.attention_setup_s)
+                                   loop=self.loop, attention_setup_s=self.config.attention_setup_s,
+                                   layerwise_decode=hardware.kind == "cpu",
+                                   num_layers=self.device_estimator.model.num_hidden_layers)
             outbox = SimOutbox(self.log, self.loop, drivers, self.config.handoff_delay_s)
             env = LoopEnv(role=role, clock=self.clock, state=self.board, allocator=self.allocator, partition=partition,
                           timeline=Timeline(self.config.timeline_dir, role.value), executor=executor, outbox=outbox)

@@ -113,3 +113,32 @@ def test_the_committed_h200_runs_static_split_co_ran_as_profiled(tmp_path):
     assert corun_scale(est, [logs / "timeline" / "bullet"])["roles"]["decode"] is None
     lines = report._corun_lines({"static": static})
     assert lines[2].startswith("- static: S = 0.99") and "decode on 88 units 0.97" in lines[2]
+
+
+CPU_PROFILE = ROOT / "docs" / "served" / "amd-2026-12-01-a" / "profile.json"
+
+
+def test_the_oversubscribed_slowdown_is_recovered_from_a_naive_servers_timelines(tmp_path):
+    """A CPU naive server (both workers on both cores) simulated with a known slowdown on shared cores and
+    1.3x host speed: `--oversubscribed` reads the slowdown back from the rows' spans alone (they record no
+    `beside`), and the served-steps fit, which leaves those steps out, reads back the host speed."""
+    import random
+
+    from artifact.served_corun import main, oversubscribed_slowdown
+    from artifact.served_steps import fit, priced_steps, read_timelines
+    from bullet.sim import SimConfig, Simulation
+
+    rng = random.Random(5)
+    t, load = 0.0, []
+    for _ in range(60):
+        t += rng.expovariate(2.0)
+        load.append((t, rng.choice([20, 80, 200]), 24))
+    Simulation(SimConfig(policy="naive", estimator_profile=str(CPU_PROFILE), max_total_tokens=32768, noise=0.0,
+                         step_time_scale=1.3, oversubscribed_slowdown=4.0, timeline_dir=str(tmp_path)), load).run()
+    cpu = load_estimator(str(CPU_PROFILE))
+    result = oversubscribed_slowdown(cpu, [tmp_path])
+    assert result["steps"] >= 2 * MIN_STEPS
+    assert result["scale"] == pytest.approx(4.0, rel=0.02)
+    assert {(s["role"], s["units"]) for s in result["shares"] if "scale" in s} == {("prefill", 2), ("decode", 2)}
+    assert fit(priced_steps(read_timelines([tmp_path]), cpu)).scale == pytest.approx(1.3, rel=0.02)
+    assert main(["--oversubscribed", "--profile", str(CPU_PROFILE), str(tmp_path)]) == 0
