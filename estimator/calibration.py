@@ -61,6 +61,10 @@ class Sample(BaseModel):
     num_layers: int | None = None  # phase samples: layers run (None = all)
     include_head: bool = True  # phase samples: embedding + LM head included
     co_running: int = 0  # phase samples: decode batch / prefill tokens running on the other units
+    # phase samples beside the other phase: the units it ran on (0: not recorded, the complementary share).
+    # Beside a co-runner holding some of the same units (`shares_units`), the sample measures what sharing
+    # them costs (a CPU's cores time-sliced between two processes), not memory contention
+    co_units: int = 0
 
     def model_post_init(self, _context) -> None:
         if self.kind not in ALL_CLASSES and self.kind not in PHASES:
@@ -71,6 +75,11 @@ class Sample(BaseModel):
     @property
     def tokens(self) -> int:
         return sum(self.prefill_lens) + self.decode_batch
+
+
+def shares_units(sample: Sample, total_units: int) -> bool:
+    """Whether `sample` ran on units that its co-runner also held (shares summing above the device)."""
+    return sample.co_units > 0 and sample.units + sample.co_units > total_units
 
 
 class AlphaCurve:

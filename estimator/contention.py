@@ -7,12 +7,17 @@ large GEMM on the others) and interpolated in log(sl). Prefill, compute-bound, b
 (paper: < 8 % above 60 % of the SMs); an optional slowdown table over the decode batch covers it.
 
 No table means no contention: that is the state of the built-in GPU descriptions until the profiler
-has measured them on a device."""
+has measured them on a device.
+
+Where the two share units instead (a CPU profile times each phase on every core beside the other on
+every core too), `shared_units` keeps what that costs each phase: the simulator's time-sliced CPU
+device charges it (`bullet.sim.device`)."""
 
 from __future__ import annotations
 
 import bisect
 import math
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -99,9 +104,19 @@ class ContentionLookup:
         return factor
 
 
+class SharedUnitsPoint(BaseModel):
+    """A step of `kind` on every unit while the other phase looped on every unit too (a CPU's cores,
+    which the OS time-slices between the two processes) / the same step alone."""
+
+    model_config = ConfigDict(frozen=True)
+    kind: Literal["prefill", "decode"]
+    factor: float = Field(gt=0)
+
+
 class ContentionModel(BaseModel):
     decode_bandwidth: list[BandwidthPoint] = Field(default_factory=list)
     prefill_slowdown: list[SlowdownPoint] = Field(default_factory=list)
+    shared_units: list[SharedUnitsPoint] = Field(default_factory=list)
     # The co-running steps the tables were fitted to (`bullet profile`), kept so that a profile
     # can be refitted without measuring again. The predictor reads only the tables.
     samples: list[Sample] = Field(default_factory=list)
@@ -120,6 +135,13 @@ class ContentionModel(BaseModel):
 
     def add_bandwidth(self, units: int, prefill_tokens: int, fraction: float) -> None:
         self.decode_bandwidth.append(BandwidthPoint(units=units, prefill_tokens=prefill_tokens, fraction=fraction))
+
+    def shared_units_slowdown(self) -> float | None:
+        """How many times its time alone a step takes on units the other phase also holds: the geometric
+        mean over the measured phases (None: not measured)."""
+        if not self.shared_units:
+            return None
+        return math.exp(sum(math.log(p.factor) for p in self.shared_units) / len(self.shared_units))
 
     def add_slowdown(self, decode_batch: int, factor: float) -> None:
         self.prefill_slowdown.append(SlowdownPoint(decode_batch=decode_batch, factor=factor))

@@ -88,7 +88,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "times slower); auto (default): time-sliced on a CPU profile, demand on a GPU")
     p.add_argument("--oversubscribed-slowdown", type=float, default=None,
                    help="time-sliced: how many times its time alone a step of several threads takes on cores the "
-                        "other worker's threads hold (default 7.4, measured served on a 2-core AMD EPYC; "
+                        "other worker's threads hold (default: the profile's own measurement, else 7.4, measured served on a 2-core AMD EPYC; "
                         "`python -m artifact.served_corun --oversubscribed` measures a served run's)")
     p.add_argument("--slo-percentile", type=float, default=d.slo_percentile,
                    help="bullet: the percentile of its requests' predicted TTFT (against target) and TPOT each "

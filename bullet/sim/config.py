@@ -9,6 +9,7 @@ from pathlib import Path
 
 from bullet.config import ServerArgs
 from bullet.policies.intensity import ridge_token_limit
+from bullet.sim.device import CPU_OVERSUBSCRIBED_SLOWDOWN
 from bullet.sim.perturbed import PerturbedPredictor
 from engines.model_config import ModelConfig
 from estimator import Estimator
@@ -62,7 +63,8 @@ class SimConfig:
     overlap_share: str = "auto"
     # time-sliced: a step of several threads on cores the other worker's threads hold takes this many
     # times its time alone (measured from a served run's timelines, `artifact.served_corun --oversubscribed`);
-    # None: the value measured served on a 2-core AMD EPYC (bullet.sim.device.CPU_OVERSUBSCRIBED_SLOWDOWN)
+    # None: the profile's own measurement (`shared_units`), else the value measured served on a 2-core AMD
+    # EPYC (bullet.sim.device.CPU_OVERSUBSCRIBED_SLOWDOWN)
     oversubscribed_slowdown: float | None = None
     policy_contention: bool = True  # policies' estimators hold the contention table, as a profiled device's would
     policy_error: float = 0.10  # each policy predicts with a copy wrong by this much on average (bullet.sim.perturbed)
@@ -217,6 +219,15 @@ def overlap_share(config: SimConfig, hardware) -> str:
     if config.overlap_share != "auto":
         return config.overlap_share
     return "time-sliced" if hardware.kind == "cpu" else "demand"
+
+
+def oversubscribed_slowdown(config: SimConfig, estimator: Estimator) -> float:
+    """What a step of several threads pays on cores both workers hold (`SimConfig.oversubscribed_slowdown`):
+    the config's, else the profile's own measurement (`bullet profile` times each phase on every core
+    beside the other on every core, since 2026-12-01), else the one measured served on a 2-core AMD EPYC."""
+    if config.oversubscribed_slowdown is not None:
+        return config.oversubscribed_slowdown
+    return estimator.contention.shared_units_slowdown() or CPU_OVERSUBSCRIBED_SLOWDOWN
 
 
 def measured_contention(estimator: Estimator) -> bool:

@@ -31,11 +31,12 @@ from bullet.sim.config import (
     kv_pool_pages,
     measured_contention,
     overlap_share,
+    oversubscribed_slowdown,
     policy_estimator,
     server_args,
     step_overhead,
 )
-from bullet.sim.device import CPU_OVERSUBSCRIBED_SLOWDOWN, DeviceStats, SimulatedDevice
+from bullet.sim.device import DeviceStats, SimulatedDevice
 from bullet.sim.driver import SimDriver, SimOutbox
 from bullet.sim.events import EventLoop, VirtualClock
 from bullet.sim.executor import SimExecutor
@@ -79,8 +80,7 @@ class Simulation:
                                       measured_corun=config.contention_model and measured_contention(self.device_estimator),
                                       time_scale=config.step_time_scale, role_step_times=config.role_step_times,
                                       ledger=config.ledger, corun_scale=config.corun_scale,
-                                      oversubscribed_slowdown=(CPU_OVERSUBSCRIBED_SLOWDOWN if config.oversubscribed_slowdown
-                                                               is None else config.oversubscribed_slowdown))
+                                      oversubscribed_slowdown=oversubscribed_slowdown(config, self.device_estimator))
         self.log = RequestLog()
         self.board = StateBoard(self.clock)
         self.allocator = LocalPageAllocator(pages, config.page_size)

@@ -16,7 +16,8 @@ from estimator.profiler.prediction_errors import calibration_fit_rows
 NAME = "profile"
 HELP = "measure this CPU and the model so the estimator predicts real prefill/decode latencies here"
 DESCRIPTION = ("Probes compute and bandwidth per core count, times the model's kernels and end-to-end prefill and "
-               "decode steps at every core count, and each phase beside the other on the complementary cores; "
+               "decode steps at every core count, each phase beside the other on the complementary cores, and each "
+               "beside the other on the same cores (what a core both workers hold costs); "
                "calibrates the estimator (Bullet Eq. 2, contention D_{p,sl}) and writes the profile that "
                "`bullet launch --policy bullet` loads. --quick takes about a minute, the full plan a few minutes.")
 

@@ -9,6 +9,8 @@
    beside a prefill; solving through the model measures it as the decode step itself sees it.
 3. Co-running prefill samples give the prefill slowdown beside a decode batch: measured time over
    the calibrated solo prediction, per batch.
+4. Samples of a phase on every core while the other phase looped on every core too give what a shared
+   core costs that phase (`ContentionModel.shared_units`): measured time over the solo prediction.
 Contention never speeds a step up: fractions are capped at 1 and slowdowns floored at 1, so a noisy
 co-running sample cannot make the estimator promise a faster step beside the other phase."""
 
@@ -18,8 +20,8 @@ import math
 from typing import Callable, Sequence
 
 from engines.model_config import ModelConfig
-from estimator.calibration import PHASES, Calibration, Sample
-from estimator.contention import ContentionModel
+from estimator.calibration import PHASES, Calibration, Sample, shares_units
+from estimator.contention import ContentionModel, SharedUnitsPoint
 from estimator.estimator import Estimator
 from estimator.hardware import HardwareSpec
 from estimator.ops import ALL_CLASSES, ATTENTION_CLASSES, LAYER_TOKEN_CLASSES
@@ -71,13 +73,25 @@ def prefill_slowdown(estimator: Estimator, samples: Sequence[Sample]) -> float:
     return max(1.0, math.exp(sum(logs) / len(logs)))
 
 
+def shared_units_slowdown(estimator: Estimator, samples: Sequence[Sample]) -> float:
+    """Geometric mean of measured / solo prediction over `samples` of one phase that ran on units the
+    co-runner also held (floored at 1, as the other tables)."""
+    logs = [math.log(s.seconds / predict(estimator, s.model_copy(update={"co_running": 0, "co_units": 0})))
+            for s in samples]
+    return max(1.0, math.exp(sum(logs) / len(logs)))
+
+
 def fit_contention(estimator: Estimator, corun: Sequence[Sample]) -> ContentionModel:
-    """Contention tables from co-running phase samples, against `estimator`'s solo calibration."""
+    """Contention tables from co-running phase samples, against `estimator`'s solo calibration; the
+    samples that shared units with their co-runner give `shared_units` instead."""
     model = ContentionModel(samples=list(corun))
     decode: dict[tuple[int, int], list[Sample]] = {}
     prefill: dict[int, list[Sample]] = {}
+    shared: dict[str, list[Sample]] = {}
     for s in corun:
-        if s.kind == "decode":
+        if shares_units(s, estimator.hardware.units):
+            shared.setdefault(s.kind, []).append(s)
+        elif s.kind == "decode":
             decode.setdefault((s.units, s.co_running), []).append(s)
         else:
             prefill.setdefault(s.co_running, []).append(s)
@@ -85,6 +99,8 @@ def fit_contention(estimator: Estimator, corun: Sequence[Sample]) -> ContentionM
         model.add_bandwidth(units, tokens, decode_bandwidth_fraction(estimator, group))
     for batch, group in sorted(prefill.items()):
         model.add_slowdown(batch, prefill_slowdown(estimator, group))
+    model.shared_units = [SharedUnitsPoint(kind=kind, factor=shared_units_slowdown(estimator, group))
+                          for kind, group in sorted(shared.items()) if kind in ("prefill", "decode")]
     return model
 
 

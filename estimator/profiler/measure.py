@@ -11,6 +11,7 @@ from typing import Callable, Sequence
 import torch
 
 from engines.weights import load_weights
+from estimator.calibration import shares_units
 from estimator.profile import EstimatorProfile, Provenance
 from estimator.profiler.cache import TORCH_DTYPES, cpu_model_name, estimator_dtype, model_cache_name, resolve_cores
 from estimator.profiler.fit import build_estimator
@@ -48,7 +49,12 @@ def measure_profile(model_path: str | None, load_format: str, dtype, cores: Sequ
              f"of {cpu_model_name()}: kernel sweeps and end-to-end steps at every core count, "
              "each phase beside the other on the complementary cores",
              "co-running on 2 cores can only be 1 + 1 cores: contention is measured at that split"
-             if len(core_ids) == 2 else f"co-running measured with decode on {sorted({s.units for s in estimator.contention.samples if s.kind == 'decode'})} cores"]
+             if len(core_ids) == 2 else f"co-running measured with decode on {sorted({s.units for s in estimator.contention.samples if s.kind == 'decode' and not shares_units(s, len(core_ids))})} cores"]
+    shared = estimator.contention.shared_units_slowdown()
+    if shared is not None:
+        notes.append(f"each phase on every core beside the other on every core too took {shared:.2f}x its time alone "
+                     "(geometric mean of " + ", ".join(f"{p.kind} {p.factor:.2f}x" for p in estimator.contention.shared_units)
+                     + "): what the simulator charges a step on cores both workers hold")
     profile = EstimatorProfile.from_estimator(estimator, notes + warnings, provenance)
     profile.write(output)
     return profile

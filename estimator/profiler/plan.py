@@ -9,7 +9,9 @@ On every profiled share (every core count of a small CPU, a few SM shares of a G
   decode rows, as the chunked-prefill baselines run; on the largest share only, the one those
   baselines run on) — the phase samples of Eq. 2.
 With the other phase running on the complementary share (`corun_*`): decode steps beside prefills
-of a few lengths sl (-> D_{p,sl}), and prefill steps beside decode batches (-> prefill slowdown).
+of a few lengths sl (-> D_{p,sl}), and prefill steps beside decode batches (-> prefill slowdown). On a
+CPU of two or more cores, also the largest of those cases with both phases on every core (-> what a
+core both workers' threads hold costs, `contention.shared_units`).
 On one share (one core of a CPU, decode's largest share of a GPU), three decode steps tell whether decode
 attention reads each request's own context or pads to the longest (`padding`: `padding_batch` requests up
 to `padding_context` tokens).

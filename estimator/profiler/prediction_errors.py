@@ -6,13 +6,17 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from estimator.calibration import PHASES, Sample
+from estimator.calibration import PHASES, Sample, shares_units
 from estimator.estimator import Estimator
 
 
 def predict(estimator: Estimator, sample: Sample, context_lens: list[int] | None = None) -> float:
     """What `estimator` predicts for the state `sample` measured (decode: per-request contexts if
-    given, else the sample's (batch, total context) summary)."""
+    given, else the sample's (batch, total context) summary; on units its co-runner also held, the solo
+    prediction times the measured slowdown of shared units)."""
+    if shares_units(sample, estimator.hardware.units):
+        solo = predict(estimator, sample.model_copy(update={"co_running": 0, "co_units": 0}), context_lens)
+        return solo * (estimator.contention.shared_units_slowdown() or 1.0)
     if sample.kind == "prefill":
         return estimator.prefill_time(list(sample.prefill_lens), sample.units, sample.num_layers, sample.include_head,
                                       co_decode_batch=sample.co_running)
@@ -27,8 +31,10 @@ def predict(estimator: Estimator, sample: Sample, context_lens: list[int] | None
     raise ValueError(f"not a phase sample: {sample.kind}")
 
 
-def group_of(sample: Sample) -> str:
-    return f"{sample.kind} {sample.units}c {'co-run' if sample.co_running else 'solo'}"
+def group_of(sample: Sample, total_units: int | None = None) -> str:
+    side = "solo" if not sample.co_running else "shared cores" if total_units and shares_units(sample, total_units) \
+        else "co-run"
+    return f"{sample.kind} {sample.units}c {side}"
 
 
 def percent_error(predicted: float, measured: float) -> float:
@@ -50,4 +56,5 @@ def calibration_fit_rows(profile) -> list[tuple[str, float, float, int]]:
     sanity check of the fit, not its accuracy: that is what held-out states measure)."""
     estimator = profile.estimator()
     samples = [s for s in profile.calibration.samples if s.kind in PHASES] + list(profile.contention.samples)
-    return summarize_errors((group_of(s), percent_error(predict(estimator, s), s.seconds)) for s in samples)
+    return summarize_errors((group_of(s, estimator.hardware.units), percent_error(predict(estimator, s), s.seconds))
+                            for s in samples)

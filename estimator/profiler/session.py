@@ -43,15 +43,16 @@ TOKEN_CLASSES = ("input_norm", "qkv_proj", "rope", "o_proj", "post_attn_norm", "
 Case = PrefillCase | DecodeCase | HybridCase
 
 
-def phase_sample(case: Case, units: int, seconds: float, co_running: int = 0) -> Sample:
+def phase_sample(case: Case, units: int, seconds: float, co_running: int = 0, co_units: int = 0) -> Sample:
     if isinstance(case, HybridCase):
         return Sample(kind="hybrid", units=units, seconds=seconds, prefill_lens=case.chunk_lens,
                       decode_batch=case.decode.batch, decode_context=case.decode.total_context)
     if isinstance(case, PrefillCase):
         return Sample(kind="prefill", units=units, seconds=seconds, prefill_lens=case.seq_lens,
-                      num_layers=case.num_layers, include_head=case.num_layers is None, co_running=co_running)
+                      num_layers=case.num_layers, include_head=case.num_layers is None, co_running=co_running,
+                      co_units=co_units)
     return Sample(kind="decode", units=units, seconds=seconds, decode_batch=case.batch,
-                  decode_context=case.total_context, co_running=co_running)
+                  decode_context=case.total_context, co_running=co_running, co_units=co_units)
 
 
 def op_samples(case: Case, units: int, times: dict[str, float]) -> list[Sample]:
@@ -154,7 +155,8 @@ class MeasuringSession:
         inside = runner.iterations_within(start, end) if runner is not None else []
         extra = f" ({beside.case.label()} steps: {statistics.median(inside) * 1e3:.0f} ms)" if inside else ""
         return self._done(f"{label} beside {beside.case.label()}", timing,
-                          [phase_sample(case, units, timing.seconds, co_running=beside.co_running)], extra)
+                          [phase_sample(case, units, timing.seconds, co_running=beside.co_running,
+                                        co_units=beside.units)], extra)
 
     def sweep(self, case: Case, units: int, repeats: int) -> Measurement:
         """Per-kernel times of `case` on `units` of its role's share."""
@@ -192,6 +194,7 @@ class CpuTimer:
     def __init__(self, budget_s: float, quiet_wait_s: float):
         self.budget_s, self.quiet_wait_s = budget_s, quiet_wait_s
         self.last_undisturbed = False  # whether every run of the last measurement was undisturbed
+        self.shared_cores = False  # the step runs on cores the co-runner holds too: waiting for them is measured
         self.disturbed_in_a_row = 0  # measurements just before this one with no undisturbed run
         self.busy_measurements = 0  # measurements taken while the machine was busy
 
@@ -219,7 +222,8 @@ class CpuTimer:
         return timing
 
     def step(self, run: Callable[[], object], repeats: int, own_pids: tuple[int, ...]) -> Timing:
-        return self._seen(time_calls(run, repeats=repeats, own_pids=own_pids, **self._limits()))
+        return self._seen(time_calls(run, repeats=repeats, own_pids=own_pids, waits_expected=self.shared_cores,
+                                     **self._limits()))
 
     def kernels(self, bench: ModelBench, case: Case, units: int, repeats: int) -> tuple[dict[str, float], Timing]:
         """Per-kernel medians over the usable sweeps (a sweep = one forward, timed kernel by kernel)."""
@@ -264,6 +268,16 @@ class ProfileSession(MeasuringSession):
     def beside_decode(self, case: PrefillCase, units: int, decode: DecodeCase, repeats: int) -> Measurement:
         """A prefill step on `units` cores while `decode` steps loop on the rest."""
         return self.step(case, units, repeats, Beside(decode, len(self.cores) - units, self.corunner()))
+
+    def on_shared_cores(self, case: Case, other: Case, repeats: int) -> Measurement:
+        """`case` on every core while `other` loops on every core too: what a core that both workers'
+        threads hold costs (the OS time-slices them; a step of several threads waits at each barrier for
+        the one descheduled), as `naive` serves, or Bullet's hand-over for a moment."""
+        self.timer.shared_cores = True  # its threads wait for the co-runner's: that is the measurement
+        try:
+            return self.step(case, len(self.cores), repeats, Beside(other, len(self.cores), self.corunner()))
+        finally:
+            self.timer.shared_cores = False
 
     def close(self) -> None:
         if self._corunner is not None:

@@ -69,9 +69,16 @@ def _progress_bar(enabled: bool, total: int):
         yield (lambda desc: bar.update(task, advance=1, description=desc, refresh=True)), bar.console.print
 
 
+# Runs of a step on cores the co-runner also holds, over the plan's own: how long a step waits for a
+# descheduled thread depends on where the OS's time slices fall, so single runs spread 2-3x (two quick
+# profiles minutes apart with the plan's 3 runs: a 256-token prefill 2.1x and 5.6x its time alone)
+SHARED_REPEATS = 4
+
+
 def _jobs(session: ProfileSession, plan: ProfilePlan, cores: list[int]):
     """(group, case, units the case runs on, description, measure) of every measurement, in order:
-    solo at every profiled core count, then co-running at every split."""
+    solo at every profiled core count, then co-running at every split, then each phase on every core
+    beside the other on every core too."""
     jobs = []
     for units in profiled_unit_counts(len(cores)):
         # a state's kernel sweep right before its end-to-end step: both then see the machine in the
@@ -100,6 +107,15 @@ def _jobs(session: ProfileSession, plan: ProfilePlan, cores: list[int]):
             for case in plan.corun_prefill_cases:
                 jobs.append(("prefill beside decode", case, prefill_units, f"{case.label()} beside {decode.label()}",
                              lambda c=case, d=decode, u=prefill_units: session.beside_decode(c, u, d, plan.repeats)))
+    if len(cores) > 1 and plan.corun_prefill_cases and plan.corun_decode_cases:
+        # each phase on every core while the other loops on every core too (contention.shared_units)
+        n, prefill = len(cores), plan.corun_prefill_cases[0]
+        decode = uniform_decode(plan.corun_decode_batches[0], plan.corun_decode_context)
+        jobs.append(("shared prefill", prefill, n, f"{prefill.label()} beside {decode.label()}, both on every core",
+                     lambda: session.on_shared_cores(prefill, decode, SHARED_REPEATS * plan.repeats)))
+        decode, other = plan.corun_decode_cases[0], PrefillCase((plan.corun_prefill_lengths[0],))
+        jobs.append(("shared decode", decode, n, f"{decode.label()} beside {other.label()}, both on every core",
+                     lambda: session.on_shared_cores(decode, other, SHARED_REPEATS * plan.repeats)))
     return jobs
 
 

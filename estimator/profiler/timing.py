@@ -66,11 +66,16 @@ class Run:
     wall: float
     delay: float  # seconds our threads waited for a core
     foreign: float  # cores' worth of CPU other processes used meanwhile
+    # our threads waiting for a core is what the run measures (a step on cores our co-runner also
+    # holds): only other processes' CPU disturbs it
+    waits_expected: bool = False
 
     def undisturbed(self, single_core: bool) -> float | None:
         """The run's duration without disturbance, or None if it cannot be trusted."""
         if self.foreign > FOREIGN_LIMIT:
             return None
+        if self.waits_expected:
+            return self.wall
         fraction = self.delay / self.wall if self.wall > 0 else 0.0
         if single_core:
             return self.wall - self.delay if fraction <= SINGLE_CORE_DELAY_LIMIT else None
@@ -92,13 +97,15 @@ class Timing:
 
 
 def time_calls(fn: Callable[[], object], repeats: int = 5, warmup: int = 1, budget_s: float | None = None,
-               max_runs: int | None = None, own_pids: tuple[int, ...] = (), quiet_wait_s: float = 0.0) -> Timing:
+               max_runs: int | None = None, own_pids: tuple[int, ...] = (), quiet_wait_s: float = 0.0,
+               waits_expected: bool = False) -> Timing:
     """Run `fn` `warmup` times untimed, then until `repeats` usable runs are in, `max_runs` runs
     were made (default 4 x repeats) or `budget_s` seconds went by (default: no limit but
     `max_runs`); at least two runs whatever the budget. After a disturbed run, wait up to
     `quiet_wait_s` (within the budget) for other jobs to pause: on a machine busy in bursts, the
     runs then land in the quiet moments. `own_pids`: our other processes (a co-runner), whose CPU
-    use is not a disturbance. Call it pinned: whether the correction of a single-core run applies
+    use is not a disturbance. `waits_expected`: our threads wait for cores the co-runner holds by
+    design (`Run.waits_expected`). Call it pinned: whether the correction of a single-core run applies
     is read from the calling thread's affinity."""
     single_core = len(os.sched_getaffinity(0)) == 1
     ticks = os.sysconf("SC_CLK_TCK")
@@ -123,7 +130,8 @@ def time_calls(fn: Callable[[], object], repeats: int = 5, warmup: int = 1, budg
         value = fn()
         wall = time.perf_counter() - start
         foreign = _machine_busy_jiffies() - sum(_process_jiffies(p) for p in pids) - foreign0
-        run = Run(wall, (_thread_delays_ns() - delay0) * 1e-9, max(0.0, foreign / ticks / wall) if wall > 0 else 0.0)
+        run = Run(wall, (_thread_delays_ns() - delay0) * 1e-9, max(0.0, foreign / ticks / wall) if wall > 0 else 0.0,
+                  waits_expected)
         runs.append(run)
         values.append(value)
         good = run.undisturbed(single_core) is not None

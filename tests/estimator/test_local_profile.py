@@ -142,6 +142,31 @@ def test_contention_fit_recovers_the_bandwidth_fraction_and_slowdown(tiny):
     assert len(fitted.samples) == 5
 
 
+def test_steps_on_cores_the_co_runner_also_held_give_the_shared_units_slowdown(tiny):
+    """Samples of each phase on both cores beside the other on both cores too, 5x and 7x their solo
+    price: the fit keeps their geometric mean as what a shared core costs, and leaves the co-run tables
+    (disjoint cores) to the samples that had their cores to themselves."""
+    hw = two_core_cpu()
+    solo = Estimator(tiny, hw)
+    shared = [Sample(kind="prefill", units=2, seconds=5.0 * solo.prefill_time([256], 2), prefill_lens=(256,),
+                     co_running=8, co_units=2),
+              Sample(kind="decode", units=2, seconds=7.0 * solo.decode_time(8, 8 * 128, 2), decode_batch=8,
+                     decode_context=8 * 128, co_running=256, co_units=2)]
+    disjoint = [Sample(kind="prefill", units=1, seconds=1.2 * solo.prefill_time([256], 1), prefill_lens=(256,),
+                       co_running=8, co_units=1)]
+    fitted = fit_contention(solo, shared + disjoint)
+    assert {p.kind: p.factor for p in fitted.shared_units} == {"prefill": pytest.approx(5.0), "decode": pytest.approx(7.0)}
+    assert fitted.shared_units_slowdown() == pytest.approx(35 ** 0.5)
+    assert fitted.prefill_slowdown[0].factor == pytest.approx(1.2) and not fitted.decode_bandwidth
+    assert ContentionModel().shared_units_slowdown() is None  # a profile measured before 2026-12-01
+    # the in-sample check prices them with the slowdown they measured, in a group of their own
+    from estimator.profiler.prediction_errors import group_of, predict
+
+    est = build_estimator(tiny, hw, "bf16", shared)
+    assert group_of(shared[1], hw.units) == "decode 2c shared cores" and group_of(disjoint[0], hw.units) == "prefill 1c co-run"
+    assert predict(est, shared[0]) == pytest.approx(est.prefill_time([256], 2) * 35 ** 0.5)
+
+
 def test_contention_never_makes_a_step_faster(tiny):
     hw = two_core_cpu()
     solo = Estimator(tiny, hw)
@@ -229,6 +254,10 @@ def test_quick_profile_round_trips_and_predicts_sensibly(tiny_profile):
         assert est.prefill_time([128], units, num_layers=1, include_head=False) < est.prefill_time([128], units)
     if len(cores) >= 2:
         assert est.contention.samples, "co-running was measured"
+        # and each phase on every core beside the other on every core (what the simulator's time-sliced
+        # CPU charges for cores both workers hold): slower than alone, by the fit's floor at least
+        assert {p.kind for p in est.contention.shared_units} == {"prefill", "decode"}, est.contention.shared_units
+        assert est.contention.shared_units_slowdown() >= 1.0
         for tokens in (64, 256, 1024):
             assert est.decode_time(8, 8 * 128, 1, co_prefill_tokens=tokens) >= est.decode_time(8, 8 * 128, 1)
 

@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 
 from bullet.sim import Simulation
-from bullet.sim.config import SimConfig, device_estimator, overlap_share
+from bullet.sim.config import SimConfig, device_estimator, overlap_share, oversubscribed_slowdown
 from bullet.sim.device import CPU_OVERSUBSCRIBED_SLOWDOWN, DecodeWork, PrefillWork, SimulatedDevice
 from bullet.sim.events import EventLoop, VirtualClock
 from bullet.sim.partition import SimulatedPartition, overlap
 from estimator.analytic_contention import AnalyticContention
+from estimator.contention import SharedUnitsPoint
 
 
 @pytest.fixture(scope="module")
@@ -152,6 +153,15 @@ def test_a_cpu_is_time_sliced_and_a_gpu_demand_shared_unless_told(est, cpu_est):
     assert overlap_share(SimConfig(), cpu_est.hardware) == "time-sliced"
     assert overlap_share(SimConfig(), est.hardware) == "demand"
     assert overlap_share(SimConfig(overlap_share="even"), cpu_est.hardware) == "even"
+    # what a shared core costs: the config's, else the profile's own measurement, else the served one
+    assert cpu_est.contention.shared_units_slowdown() is None  # profiled before the profiler measured it
+    assert oversubscribed_slowdown(SimConfig(), cpu_est) == CPU_OVERSUBSCRIBED_SLOWDOWN
+    assert oversubscribed_slowdown(SimConfig(oversubscribed_slowdown=3.0), cpu_est) == 3.0
+    measured = cpu_est.contention.model_copy(update={"shared_units": [SharedUnitsPoint(kind="prefill", factor=4.0),
+                                                                      SharedUnitsPoint(kind="decode", factor=9.0)]})
+    with_own = device_estimator(SimConfig(estimator_profile=str(CPU_PROFILE)))
+    with_own.contention = measured
+    assert oversubscribed_slowdown(SimConfig(), with_own) == pytest.approx(6.0)
 
 
 def test_cores_both_workers_hold_cost_a_many_threaded_step_the_oversubscribed_slowdown(cpu_est):
