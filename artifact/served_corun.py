@@ -157,26 +157,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--oversubscribed", action="store_true",
                    help="measure the slowdown of steps on cores both workers held (a CPU's time-sliced cores)")
     args = p.parse_args(argv)
+    est = load_estimator(args.profile)
     if args.oversubscribed:
-        result = oversubscribed_slowdown(load_estimator(args.profile), args.timelines)
-        print(json.dumps(result, indent=1))
-        if result["scale"] is None:
-            print(f"no share of two or more cores ran >= {MIN_STEPS} priced steps both alone and on cores the other "
-                  "worker held: nothing measured")
-            return 1
-        print(f"a step on cores the other worker's threads held took {result['scale']:.3g}x its time alone "
-              f"({result['steps']} steps): bullet simulate --oversubscribed-slowdown {result['scale']:.3g} replays it")
-        return 0
-    result = corun_scale(load_estimator(args.profile), args.timelines)
+        result = oversubscribed_slowdown(est, args.timelines)
+        missing = (f"no share of two or more cores ran >= {MIN_STEPS} priced steps both alone and on cores the "
+                   "other worker held")
+        found = (f"a step on cores the other worker's threads held took {{:.3g}}x its time alone ({result['steps']} "
+                 "steps): bullet simulate --oversubscribed-slowdown {:.3g} replays it")
+    else:
+        result = corun_scale(est, args.timelines)
+        missing = f"no share of a role ran >= {MIN_STEPS} priced steps both alone and beside the other worker's"
+        found = "co-running cost {:.3g}x the profile's co-run table: bullet simulate --corun-scale {:.3g} replays it"
     print(json.dumps(result, indent=1))
     if result["scale"] is None:
-        print(f"no share of a role ran >= {MIN_STEPS} priced steps both alone and beside the other worker's: "
-              "nothing measured")
+        print(f"{missing}: nothing measured")
         return 1
-    print(f"co-running cost {result['scale']:.3g}x the profile's co-run table: bullet simulate --corun-scale "
-          f"{result['scale']:.3g} replays it")
+    print(found.format(result["scale"], result["scale"]))
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())
