@@ -74,6 +74,10 @@ def breakdown(run_dir: Path) -> dict:
         per_rate = {}
         for rate in res["per_rate"]:
             files = sorted(run_dir.glob(f"bench-{slug}-{float(rate)}-*.jsonl"))
+            if not files:  # a table of 0/0 rows would read as a run that served nothing
+                raise FileNotFoundError(f"{run_dir} has no bench-{slug}-{float(rate)}-*.jsonl for {system} at "
+                                        f"{rate} req/s: the per-request records cpu_comparison writes beside "
+                                        "results.json are needed (copy them with it)")
             per_rate[rate] = misses([r for f in files for r in read_bench_file(f)[1]], slo)
         out[system] = {"per_rate": per_rate, "timeline": timeline_shares(run_dir / "timeline" / slug)}
     return {"slo": slo.describe(), "systems": out}
@@ -116,7 +120,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if not (args.run_dir / "results.json").exists():
         ap.error(f"{args.run_dir} has no results.json: not a cpu_comparison output directory")
-    data = breakdown(args.run_dir)
+    try:
+        data = breakdown(args.run_dir)
+    except FileNotFoundError as exc:
+        ap.error(str(exc))
     text = markdown(data)
     print(text, end="")
     if args.out:

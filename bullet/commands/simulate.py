@@ -81,15 +81,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="assumed prefill slowdown beside decode")
     p.add_argument("--blind-policy", action="store_true",
                    help="the policies' estimators get no contention table (as with an unprofiled device)")
-    p.add_argument("--overlap-share", default=d.overlap_share, choices=["auto", "demand", "even", "time-sliced"],
+    p.add_argument("--overlap-share", default=d.overlap_share, choices=["auto", "demand", "even", "time-sliced", "measured"],
                    help="how units both workers hold are divided between them: demand (a GPU's block scheduler, "
-                        "by the thread blocks each keeps in flight), even, time-sliced (a CPU's OS scheduler: a "
-                        "step of several threads on cores the other's threads hold runs --oversubscribed-slowdown "
-                        "times slower); auto (default): time-sliced on a CPU profile, demand on a GPU")
+                        "by the thread blocks each keeps in flight, assumed free), even, time-sliced (a CPU's OS "
+                        "scheduler: a step of several threads on cores the other's threads hold runs "
+                        "--oversubscribed-slowdown times slower), measured (each phase slowed by the factor its "
+                        "profile measured on every unit beside the other on every unit); auto (default): "
+                        "time-sliced on a CPU profile, measured on a GPU profile that has it, else demand")
     p.add_argument("--oversubscribed-slowdown", type=float, default=None,
-                   help="time-sliced: how many times its time alone a step of several threads takes on cores the "
-                        "other worker's threads hold (default: the profile's own measurement, else 7.4, measured served on a 2-core AMD EPYC; "
-                        "`python -m artifact.served_corun --oversubscribed` measures a served run's)")
+                   help="how many times its time alone a step takes on units both workers hold. Time-sliced (a "
+                        "CPU): a step of several threads on cores the other's threads hold (default: the profile's own "
+                        "measurement, else 7.4, measured served on a 2-core AMD EPYC; `python -m artifact.served_corun "
+                        "--oversubscribed` measures a served run's). On a GPU: both phases on SMs both hold, in place "
+                        "of the profile's measured factors or the demand split (a what-if)")
     p.add_argument("--slo-percentile", type=float, default=d.slo_percentile,
                    help="bullet: the percentile of its requests' predicted TTFT (against target) and TPOT each "
                         "scheduler keeps within its SLO (default 0.9, the paper's P90; as `bullet launch`)")

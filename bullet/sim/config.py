@@ -58,11 +58,12 @@ class SimConfig:
     contention_model: bool = True  # charge memory contention between the workers (estimator.analytic_contention)
     contention_floor: float = DEFAULT_FLOOR
     prefill_slowdown: float = DEFAULT_PREFILL_SLOWDOWN
-    # how units both workers hold are divided (bullet.sim.device): demand | even | time-sliced; auto:
-    # time-sliced on a device whose units are cores, demand on a GPU
+    # how units both workers hold are divided (bullet.sim.device): demand | even | time-sliced | measured;
+    # auto: time-sliced on a device whose units are cores; on a GPU measured where its profile timed both
+    # phases on every SM (`contention.shared_units`), else demand
     overlap_share: str = "auto"
-    # time-sliced: a step of several threads on cores the other worker's threads hold takes this many
-    # times its time alone (measured from a served run's timelines, `artifact.served_corun --oversubscribed`);
+    # time-sliced (and measured, for both phases: a what-if): a step of several threads on cores the other
+    # worker's threads hold takes this many times its time alone (measured from a served run's timelines, `artifact.served_corun --oversubscribed`);
     # None: the profile's own measurement (`shared_units`), else the value measured served on a 2-core AMD
     # EPYC (bullet.sim.device.CPU_OVERSUBSCRIBED_SLOWDOWN)
     oversubscribed_slowdown: float | None = None
@@ -212,13 +213,31 @@ def step_overhead(config: SimConfig, estimator: Estimator) -> float:
     return 0.0 if measures_steps(estimator) else SPEC_STEP_OVERHEAD_S
 
 
-def overlap_share(config: SimConfig, hardware) -> str:
+def overlap_share(config: SimConfig, estimator: Estimator) -> str:
     """How the device divides units both workers hold (`SimConfig.overlap_share`): `auto` is
-    time-sliced where the units are cores (the OS schedules threads; no block scheduler divides a core),
-    demand-shared on a GPU."""
+    time-sliced where the units are cores (the OS schedules threads; no block scheduler divides a core);
+    on a GPU, priced by what its profile measured of both phases on every SM (`measured`, profiles
+    since 2026-12-02), else demand-shared (the SMs go to each step by its demand, for free: assumed)."""
     if config.overlap_share != "auto":
+        if config.overlap_share == "measured" and shared_slowdowns(config, estimator) is None:
+            raise ValueError("overlap_share 'measured' needs a profile that timed each phase on every unit beside "
+                             "the other (contention.shared_units for prefill and decode), or "
+                             "--oversubscribed-slowdown; this one has neither")
         return config.overlap_share
-    return "time-sliced" if hardware.kind == "cpu" else "demand"
+    if estimator.hardware.kind == "cpu":
+        return "time-sliced"
+    return "measured" if shared_slowdowns(config, estimator) is not None else "demand"
+
+
+def shared_slowdowns(config: SimConfig, estimator: Estimator) -> dict[str, float] | None:
+    """{role: factor} a step on units both workers hold takes over its time alone: the config's
+    `oversubscribed_slowdown` for both phases (a what-if), else what the profile measured of each
+    phase on every unit beside the other on every unit (`contention.shared_units`); None unless both
+    phases have one."""
+    if config.oversubscribed_slowdown is not None:
+        return {"prefill": config.oversubscribed_slowdown, "decode": config.oversubscribed_slowdown}
+    factors = {p.kind: p.factor for p in estimator.contention.shared_units}
+    return factors if {"prefill", "decode"} <= factors.keys() else None
 
 
 def oversubscribed_slowdown(config: SimConfig, estimator: Estimator) -> float:

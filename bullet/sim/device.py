@@ -18,7 +18,10 @@ charged partly at each speed. Within one configuration:
   waits at every barrier for the one that was descheduled. Such a step, on two or more cores of
   which the other worker's threads hold any, takes `oversubscribed_slowdown` times its time alone on
   its cores (measured served, `CPU_OVERSUBSCRIBED_SLOWDOWN`); a one-thread step has no barrier to
-  wait at and is priced as a co-run on its own core.
+  wait at and is priced as a co-run on its own core. On a GPU whose profile timed each phase on every
+  SM beside the other on every SM (`overlap_share="measured"`, `shared_slowdowns`), a step on SMs the
+  other worker holds too takes that phase's measured factor times its time alone on its SMs, in
+  place of the demand split (which divides the SMs by demand, for free: an assumption).
 * memory contention (units isolated, memory system shared): one HBM divided between the two
   steps' demands, and interference beyond bandwidth, from `estimator.analytic_contention` (an
   assumed model; off with `contention=None`) — or, for a device whose profile timed each phase
@@ -53,7 +56,7 @@ from estimator.estimator import Estimator
 from estimator.tiling import TABLE2_GEMM_TILE
 
 TILE_ROWS = TABLE2_GEMM_TILE[0]
-OVERLAP_SHARES = ("demand", "even", "time-sliced")  # how overlapping units are divided (module docstring)
+OVERLAP_SHARES = ("demand", "even", "time-sliced", "measured")  # how overlapping units are divided (module docstring)
 # A step of two or more threads on cores that the other worker's threads also held, against the same step
 # alone on its cores: measured served on 2 cores of an AMD EPYC (avx512_bf16, no AMX), 2026-12-01, from the
 # `naive` and `scheduler-only` servers' step timelines (`python -m artifact.served_corun --oversubscribed`;
@@ -145,7 +148,8 @@ class SimulatedDevice:
                  noise: float = 0.0, seed: int = 0, overlap_share: str = "demand", step_overhead_s: float = 0.0,
                  measured_corun: bool = False, time_scale: float = 1.0,
                  role_step_times: dict[str, tuple[float, float]] | None = None, ledger: bool = False,
-                 corun_scale: float = 1.0, oversubscribed_slowdown: float = CPU_OVERSUBSCRIBED_SLOWDOWN):
+                 corun_scale: float = 1.0, oversubscribed_slowdown: float = CPU_OVERSUBSCRIBED_SLOWDOWN,
+                 shared_slowdowns: dict[str, float] | None = None):
         if not 0.0 <= noise < 1.0:
             raise ValueError(f"noise must lie in [0, 1), got {noise}")
         if not time_scale > 0:
@@ -163,6 +167,11 @@ class SimulatedDevice:
             raise ValueError(f"oversubscribed_slowdown (--oversubscribed-slowdown) must be at least 1, "
                              f"got {oversubscribed_slowdown}")
         self.oversubscribed_slowdown = oversubscribed_slowdown
+        if overlap_share == "measured" and not (shared_slowdowns and {"prefill", "decode"} <= shared_slowdowns.keys()):
+            raise ValueError("overlap_share 'measured' needs shared_slowdowns for prefill and decode")
+        # time-sliced: one factor for both phases; measured: each phase's own
+        self.shared_slowdowns = (dict(shared_slowdowns) if overlap_share == "measured" else
+                                 {"prefill": oversubscribed_slowdown, "decode": oversubscribed_slowdown})
         self.est, self.loop, self.contention, self.noise = estimator, loop, contention, noise
         self.overlap_share, self.step_overhead_s = overlap_share, step_overhead_s
         self.measured_corun, self.time_scale, self.corun_scale = measured_corun, time_scale, corun_scale
@@ -293,7 +302,7 @@ class SimulatedDevice:
         total = self.total
         units_p, units_d = float(prefill.units), float(decode.units)
         shared = overlap(prefill.units, decode.units, total)
-        if shared and self.overlap_share == "time-sliced":
+        if shared and self.overlap_share in ("time-sliced", "measured"):
             return self._time_sliced(prefill, decode)
         if shared:
             wp, wd = (prefill.weight, decode.weight) if self.overlap_share == "demand" else (1, 1)
@@ -312,12 +321,12 @@ class SimulatedDevice:
 
     def _time_sliced(self, prefill: Step, decode: Step) -> tuple[float, float]:
         """(prefill, decode) latencies on cores both hold (module docstring): a step of several threads
-        `oversubscribed_slowdown` x its time alone on its cores; a one-thread step as a co-run on its
+        its phase's `shared_slowdowns` x its time alone on its cores; a one-thread step as a co-run on its
         core beside the other on the rest."""
-        slow, total = self.oversubscribed_slowdown, self.total
-        p = (self._step_alone(prefill, prefill.units) * slow if prefill.units > 1 else
+        slow, total = self.shared_slowdowns, self.total
+        p = (self._step_alone(prefill, prefill.units) * slow["prefill"] if prefill.units > 1 else
              self._corun_one_core(prefill, decode, total))
-        d = (self._step_alone(decode, decode.units) * slow if decode.units > 1 else
+        d = (self._step_alone(decode, decode.units) * slow["decode"] if decode.units > 1 else
              self._corun_one_core(decode, prefill, total))
         return p, d
 

@@ -34,6 +34,7 @@ from bullet.sim.config import (
     oversubscribed_slowdown,
     policy_estimator,
     server_args,
+    shared_slowdowns,
     step_overhead,
 )
 from bullet.sim.device import DeviceStats, SimulatedDevice
@@ -75,12 +76,13 @@ class Simulation:
         self.clock = VirtualClock()
         self.loop = EventLoop(self.clock)
         self.device = SimulatedDevice(self.device_estimator, self.loop, config.contention(self.device_estimator),
-                                      config.noise, config.seed, overlap_share(config, hardware),
+                                      config.noise, config.seed, overlap_share(config, self.device_estimator),
                                       step_overhead(config, self.device_estimator),
                                       measured_corun=config.contention_model and measured_contention(self.device_estimator),
                                       time_scale=config.step_time_scale, role_step_times=config.role_step_times,
                                       ledger=config.ledger, corun_scale=config.corun_scale,
-                                      oversubscribed_slowdown=oversubscribed_slowdown(config, self.device_estimator))
+                                      oversubscribed_slowdown=oversubscribed_slowdown(config, self.device_estimator),
+                                      shared_slowdowns=shared_slowdowns(config, self.device_estimator))
         self.log = RequestLog()
         self.board = StateBoard(self.clock)
         self.allocator = LocalPageAllocator(pages, config.page_size)

@@ -1,5 +1,6 @@
 """Runs a GPU `ProfilePlan`: kernel sweeps and end-to-end steps on every profiled SM share, then each
-phase beside the other on complementary shares. Returns calibration samples in the same form as the
+phase beside the other on complementary shares, and each on every SM beside the other on every SM
+(`_on_shared_units`). Returns calibration samples in the same form as the
 CPU profile, so the same Eq. 2 code (`fit.build_estimator`) calibrates both.
 
 Every measurement goes through the profiler's one measuring core (`session.MeasuringSession`), on
@@ -81,4 +82,29 @@ def run_cuda_plan(bench: ModelBench, shares: ShareControl, timer: GpuTimer, plan
             with other.looping("decode", decode_units, decode):
                 for case in plan.corun_prefill_cases:
                     samples += session.step(case, prefill_units, plan.repeats, Beside(decode, decode_units)).samples
+    samples += _on_shared_units(session, shares, plan, other, notes)
     return samples, notes, padded
+
+
+def _on_shared_units(session: MeasuringSession, shares: ShareControl, plan: ProfilePlan, other: OtherPhase,
+                     notes: list[str]) -> list[Sample]:
+    """Each phase on every SM while the other loops on every SM too (`contention.shared_units`): what
+    two workers that both hold the whole device cost each other, as `naive` and `scheduler-only`
+    serve. Under MPS the block scheduler divides the SMs between the two processes' kernels; without
+    it the device time-slices their contexts. The simulator prices such steps by this measurement
+    (`overlap_share="measured"`) instead of assuming the SMs go to each step by its demand, for free."""
+    total = shares.total_units
+    if not (plan.corun_prefill_cases and plan.corun_decode_cases and plan.corun_prefill_lengths
+            and plan.corun_decode_batches):
+        return []
+    if total not in shares.feasible("prefill") or total not in shares.feasible("decode"):
+        notes.append(f"shared units not measured: a share of all {total} SMs is not granted to both roles")
+        return []
+    samples: list[Sample] = []
+    decode = uniform_decode(plan.corun_decode_batches[0], plan.corun_decode_context)
+    with other.looping("decode", total, decode):
+        samples += session.step(plan.corun_prefill_cases[0], total, plan.repeats, Beside(decode, total)).samples
+    prefill = PrefillCase((plan.corun_prefill_lengths[0],))
+    with other.looping("prefill", total, prefill):
+        samples += session.step(plan.corun_decode_cases[0], total, plan.repeats, Beside(prefill, total)).samples
+    return samples

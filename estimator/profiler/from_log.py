@@ -9,7 +9,8 @@ The printed lines are, in order (`cuda_measure`, `cuda_sweep`):
   "24 SMs: 166 TFLOP/s, 1771 GB/s; 40 SMs: ..."        GEMM and copy rate per share
   "kernels of prefill[512] on 24 SMs: 2.62 ms per layer-set"   a kernel sweep: the sum over kernel classes
   "prefill[2048] x4L on 40 SMs: 21.75 ms"              an end-to-end step (phase sample)
-  "decode[32x1024] on 40 SMs beside prefill[512]: 71.81 ms"    a step beside the other phase
+  "decode[32x1024] on 40 SMs beside prefill[512] on 92 SMs: 71.81 ms"    a step beside the other phase
+                                                       (logs before 2026-12-02 do not say the other's SMs)
 
 From them the same calibration as the profiler's own (`fit.build_estimator`) is fitted, except that
 every alpha is a function of size (interpolated in log size): the phase calibration follows the
@@ -44,7 +45,7 @@ from estimator.profiler.fit import build_estimator
 LOG_CURVES = {kind: "log" for kind in (*ALL_CLASSES, *PHASES)}
 _RATE = re.compile(r"(\d+) SMs: ([\d.]+) TFLOP/s, ([\d.]+) GB/s")
 _SWEEP = re.compile(r"^kernels of (\S+) on (\d+) SMs: ([\d.]+) ms per layer-set$")
-_STEP = re.compile(r"^(prefill\[[\d+]+\](?: x\d+L)?|decode\[\d+x\d+\]) on (\d+) SMs(?: beside (\S+))?: ([\d.]+) ms$")
+_STEP = re.compile(r"^(prefill\[[\d+]+\](?: x\d+L)?|decode\[\d+x\d+\]) on (\d+) SMs(?: beside (\S+)(?: on (\d+) SMs)?)?: ([\d.]+) ms$")
 _PREFILL = re.compile(r"^prefill\[([\d+]+)\](?: x(\d+)L)?$")
 _DECODE = re.compile(r"^decode\[(\d+)x(\d+)\]$")
 
@@ -89,9 +90,9 @@ def parse_log(lines: list[str]) -> tuple[dict[int, float], dict[int, float], lis
             continue
         m = _STEP.match(line)
         if m:
-            label, units, beside, ms = m.groups()
+            label, units, beside, co_units, ms = m.groups()
             phases.append(Sample(units=int(units), seconds=float(ms) * 1e-3, **parse_case(label),
-                                 co_running=co_running(beside) if beside else 0))
+                                 co_running=co_running(beside) if beside else 0, co_units=int(co_units or 0)))
     if not flops or not phases:
         raise ValueError("no profiler output found (rates line and step lines)")
     return flops, bandwidth, sweeps, phases

@@ -154,7 +154,7 @@ class MeasuringSession:
             return self._done(label, timing, [phase_sample(case, units, timing.seconds)])
         inside = runner.iterations_within(start, end) if runner is not None else []
         extra = f" ({beside.case.label()} steps: {statistics.median(inside) * 1e3:.0f} ms)" if inside else ""
-        return self._done(f"{label} beside {beside.case.label()}", timing,
+        return self._done(f"{label} beside {beside.case.label()} on {beside.units} {self.timer.unit_name}", timing,
                           [phase_sample(case, units, timing.seconds, co_running=beside.co_running,
                                         co_units=beside.units)], extra)
 

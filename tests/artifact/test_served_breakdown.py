@@ -68,3 +68,10 @@ def test_the_command_writes_its_tables_and_refuses_other_directories(run_dir, tm
     assert json.loads((run_dir / "breakdown.json").read_text())["systems"]["bullet"]["timeline"]
     with pytest.raises(SystemExit):
         main([str(tmp_path / "nowhere")])
+    # results.json copied without its per-request records: an error that says so, not a table of 0/0 rows
+    for f in run_dir.glob("bench-sglang*.jsonl"):
+        f.unlink()
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main([str(run_dir)])
+    assert "no bench-sglang-1024-2.0-*.jsonl for sglang:1024" in capsys.readouterr().err

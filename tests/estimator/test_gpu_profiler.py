@@ -114,6 +114,8 @@ TRUE_GPU = SPEC.model_copy(update={"peak_flops": {k: v * 0.62 for k, v in SPEC.p
                                    "peak_bandwidth": SPEC.peak_bandwidth * 0.8, "bandwidth_inflection": 40.0})
 STEP_OVERHEAD_S = 1.5e-3  # Python and launches per step, which the kernel sweeps do not see
 DECODE_BESIDE_PREFILL, PREFILL_BESIDE_DECODE = 1.30, 1.08
+# both on every SM (the block scheduler dividing them under MPS, or contexts time-sliced without it)
+DECODE_ON_SHARED, PREFILL_ON_SHARED = 1.9, 1.4
 
 
 class FakeShares:
@@ -165,16 +167,18 @@ class TrueGpuTimer:
 
     def step(self, run) -> float:
         _, units = self.shares.current
-        return true_step(self.truth, run.case, units, self.other.active)
+        return true_step(self.truth, run.case, units, self.other.active, self.shares.total_units)
 
 
 KERNEL_KEYS = ("input_norm", "qkv_proj", "rope", "o_proj", "post_attn_norm", "gate_up_proj", "act", "down_proj",
                "residual_add", "embedding", "final_norm", "lm_head", "attn_decode", "attn_prefill")
 
 
-def true_step(truth: Estimator, case, units, other) -> float:
+def true_step(truth: Estimator, case, units, other, total: int = 132) -> float:
     seconds = predict(truth, phase_sample(case, units, 1.0)) + STEP_OVERHEAD_S
-    if other is not None:
+    if other is not None and units + other[1] > total:
+        seconds *= DECODE_ON_SHARED if isinstance(case, DecodeCase) else PREFILL_ON_SHARED
+    elif other is not None:
         seconds *= DECODE_BESIDE_PREFILL if isinstance(case, DecodeCase) else PREFILL_BESIDE_DECODE
     return seconds
 
@@ -196,8 +200,12 @@ def test_plan_calibrates_to_a_synthetic_gpu_on_states_it_never_measured(bench):
     # hybrid steps (the chunked baselines') only on the largest share, the one those baselines run on
     assert {s.units for s in samples if s.kind == "hybrid"} == {max(profiled_shares(shares.feasible("prefill"), True))}
     corun = [s for s in samples if s.co_running]
-    assert {(s.kind, s.units) for s in corun} == {("decode", 32), ("decode", 64), ("prefill", 96), ("prefill", 64)}
-    assert {(role, u) for role, u, _ in other.seen} == {("prefill", 96), ("prefill", 64), ("decode", 32), ("decode", 64)}
+    # complementary splits, then each phase on all 132 SMs beside the other on all of them
+    assert {(s.kind, s.units) for s in corun} == {("decode", 32), ("decode", 64), ("prefill", 96), ("prefill", 64),
+                                                  ("decode", 132), ("prefill", 132)}
+    assert {(role, u) for role, u, _ in other.seen} == {("prefill", 96), ("prefill", 64), ("decode", 32), ("decode", 64),
+                                                        ("prefill", 132), ("decode", 132)}
+    assert {(s.kind, s.co_units) for s in corun if s.units == 132} == {("decode", 132), ("prefill", 132)}
 
     fitted = build_estimator(LLAMA_8B, SPEC, "bf16", samples)
     spec_only = Estimator(LLAMA_8B, SPEC)
@@ -217,6 +225,9 @@ def test_plan_calibrates_to_a_synthetic_gpu_on_states_it_never_measured(bench):
     alone = predict(fitted, phase_sample(case, u, 1.0))
     beside = predict(fitted, phase_sample(case, u, 1.0, co_running=2048))
     assert beside / alone == pytest.approx(DECODE_BESIDE_PREFILL, rel=0.1)
+    # the shared-SM steps give their own factors, and leave the co-run tables to the disjoint splits
+    shared = {p.kind: p.factor for p in fitted.contention.shared_units}
+    assert shared == {"prefill": pytest.approx(PREFILL_ON_SHARED, rel=0.1), "decode": pytest.approx(DECODE_ON_SHARED, rel=0.1)}
 
 
 def test_without_a_co_runner_contention_is_noted_as_unmeasured(bench):
@@ -244,8 +255,9 @@ def test_the_plans_log_lines_are_what_from_log_reads_back(bench):
     _, _, sweeps, phases = parse_log(lines)
     measured = [s for s in samples if s.kind in ("prefill", "decode")]
     assert any(s.co_running for s in measured)
-    assert [(p.kind, p.units, p.co_running, p.prefill_lens, p.num_layers, p.decode_batch, p.decode_context)
-            for p in phases] == [(s.kind, s.units, s.co_running, s.prefill_lens, s.num_layers, s.decode_batch,
+    assert any(s.co_units == 132 for s in measured)  # the shared-SM steps say the other held every SM
+    assert [(p.kind, p.units, p.co_running, p.co_units, p.prefill_lens, p.num_layers, p.decode_batch, p.decode_context)
+            for p in phases] == [(s.kind, s.units, s.co_running, s.co_units, s.prefill_lens, s.num_layers, s.decode_batch,
                                   s.decode_context) for s in measured]
     assert all(p.seconds == pytest.approx(s.seconds, abs=1e-5) for p, s in zip(phases, measured))  # ms, 2 decimals
     assert len(sweeps) == len(plan.sweeps) * len(profiled_shares(H100_GREEN, quick=True))

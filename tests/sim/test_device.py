@@ -150,9 +150,11 @@ def cpu_est():
 
 def test_a_cpu_is_time_sliced_and_a_gpu_demand_shared_unless_told(est, cpu_est):
     assert cpu_est.hardware.kind == "cpu" and cpu_est.hardware.units == 2
-    assert overlap_share(SimConfig(), cpu_est.hardware) == "time-sliced"
-    assert overlap_share(SimConfig(), est.hardware) == "demand"
-    assert overlap_share(SimConfig(overlap_share="even"), cpu_est.hardware) == "even"
+    assert overlap_share(SimConfig(), cpu_est) == "time-sliced"
+    assert overlap_share(SimConfig(), est) == "demand"
+    assert overlap_share(SimConfig(overlap_share="even"), cpu_est) == "even"
+    with pytest.raises(ValueError, match="measured"):  # the profile never timed both phases on shared units
+        overlap_share(SimConfig(overlap_share="measured"), est)
     # what a shared core costs: the config's, else the profile's own measurement, else the served one
     assert cpu_est.contention.shared_units_slowdown() is None  # profiled before the profiler measured it
     assert oversubscribed_slowdown(SimConfig(), cpu_est) == CPU_OVERSUBSCRIBED_SLOWDOWN
@@ -192,6 +194,61 @@ def test_cores_both_workers_hold_cost_a_many_threaded_step_the_oversubscribed_sl
                                                                      co_decode_batch=8))
     with pytest.raises(ValueError, match="oversubscribed_slowdown"):
         SimulatedDevice(cpu_est, EventLoop(VirtualClock()), oversubscribed_slowdown=0.5)
+
+
+def test_a_gpu_profile_that_timed_both_phases_on_every_sm_prices_shared_sms_by_it():
+    """A GPU profile with `shared_units` (each phase on every SM beside the other on every SM, two MPS
+    clients) replaces the demand split, which hands SMs to each step by its demand for free: a step
+    on SMs both workers hold takes its phase's measured factor times its time alone on its SMs; disjoint
+    shares keep the co-run pricing; and a profile that timed only one phase cannot be 'measured'."""
+    gpu = device_estimator(SimConfig())
+    gpu.contention = gpu.contention.model_copy(update={"shared_units": [
+        SharedUnitsPoint(kind="prefill", factor=1.3), SharedUnitsPoint(kind="decode", factor=2.2)]})
+    assert overlap_share(SimConfig(), gpu) == "measured"
+    assert overlap_share(SimConfig(overlap_share="demand"), gpu) == "demand"
+    total = gpu.hardware.units
+
+    def pair(mode, prefill_units, decode_units):
+        dev = SimulatedDevice(gpu, EventLoop(VirtualClock()), None, 0.0, 0, mode,
+                              shared_slowdowns={"prefill": 1.3, "decode": 2.2})
+        dev.start("prefill", PrefillWork((2048,), 4, False), prefill_units, lambda e: None)
+        dev.start("decode", DecodeWork(32, 32 * 1024), decode_units, lambda e: None)
+        return dev.latencies()
+
+    alone_p = gpu.prefill_time([2048], total, num_layers=4, include_head=False)
+    alone_d = gpu.decode_time(32, 32 * 1024, total)
+    assert pair("measured", total, total) == {"prefill": pytest.approx(alone_p * 1.3),
+                                              "decode": pytest.approx(alone_d * 2.2)}
+    assert pair("demand", total, total)["decode"] != pytest.approx(alone_d * 2.2)  # the split it replaces
+    assert pair("measured", 80, total - 80) == pair("demand", 80, total - 80)  # disjoint: untouched
+    gpu.contention = gpu.contention.model_copy(update={"shared_units": [SharedUnitsPoint(kind="decode", factor=2.2)]})
+    assert overlap_share(SimConfig(), gpu) == "demand"
+    with pytest.raises(ValueError, match="shared_slowdowns"):
+        SimulatedDevice(gpu, EventLoop(VirtualClock()), None, 0.0, 0, "measured")
+
+
+def test_a_simulation_of_such_a_profile_charges_naive_the_measured_factor(tmp_path):
+    """Wired end to end: a profile file with `shared_units` makes `auto` price naive's steps (both
+    workers on every SM) by it, and `--overlap-share demand` restores the assumed split."""
+    from estimator.profile import EstimatorProfile
+    from estimator.reference.profiles import H200_PROFILE
+
+    profile = EstimatorProfile.read(H200_PROFILE)
+    profile.contention.shared_units = [SharedUnitsPoint(kind="prefill", factor=1.5),
+                                       SharedUnitsPoint(kind="decode", factor=2.5)]
+    path = tmp_path / "h200-shared.json"
+    profile.write(path)
+    requests = [(0.01 * i, 900 + 40 * i, 16) for i in range(10)]
+
+    def tpots(**extra):
+        config = SimConfig(policy="naive", estimator_profile=str(path), noise=0.0, **extra)
+        return [r.tpot for r in Simulation(config, requests).run().records]
+
+    measured, demand = tpots(), tpots(overlap_share="demand")
+    # the demand split hands a 16-row decode beside a ~1,000-row prefill a sliver of the SMs (far worse
+    # than 2.5x); the measured factor replaces it
+    assert sum(measured) < sum(demand)
+    assert sum(tpots(oversubscribed_slowdown=9.0)) > sum(measured)  # the what-if: both phases 9x on shared SMs
 
 
 def test_a_layerwise_decode_step_gives_units_up_at_its_next_layer_boundary(cpu_est):
