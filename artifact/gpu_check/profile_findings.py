@@ -2,7 +2,7 @@
 pads to the batch's longest context (the profiler's padding probe), and how far the hybrid steps it
 timed (a prompt chunk beside decode rows, as chunked-prefill runs them) are from what the estimator
 predicts for them without those samples — borrowing decode's calibration, as it did before profiles
-timed hybrid steps."""
+timed hybrid steps; and what each phase paid on every SM beside the other on every SM."""
 
 from __future__ import annotations
 
@@ -46,4 +46,19 @@ def findings(path: Path) -> list[str]:
         lines += hybrid_steps(profile)
     except Exception as exc:  # the report must come out whatever the profile holds
         lines.append(f"hybrid steps not compared: {exc}")
+    shared = shared_units(profile)
+    if shared:
+        lines.append(shared)
     return lines
+
+
+def shared_units(profile: dict) -> str | None:
+    """What each phase took on every SM beside the other on every SM (two MPS clients, no partition:
+    how `naive` and `scheduler-only` share the device), which the simulator then charges in place of
+    the demand split it assumes without it."""
+    points = (profile.get("contention") or {}).get("shared_units") or []
+    if not points:
+        return None
+    factors = ", ".join(f"{p['kind']} {p['factor']:.2f}x" for p in points)
+    return (f"each phase on every SM beside the other on every SM took {factors} its time alone: the simulator "
+            "prices SMs both workers hold by it (without it, by demand, assumed free)")

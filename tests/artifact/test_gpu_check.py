@@ -333,6 +333,13 @@ def test_the_report_says_what_the_profile_measured(tmp_path):
     md = (tmp_path / "out" / "report.md").read_text()
     assert "## What the profile measured" in md and "priced as padded to the longest context" in md
     assert hybrid[0] in md
+    # a profile that timed both phases on every SM says what that cost
+    from artifact.gpu_check.profile_findings import findings
+    data = json.loads(given.read_text())
+    data["contention"]["shared_units"] = [{"kind": "prefill", "factor": 1.31}, {"kind": "decode", "factor": 2.04}]
+    given.write_text(json.dumps(data))
+    assert findings(given)[-1].startswith("each phase on every SM beside the other on every SM took prefill 1.31x, "
+                                          "decode 2.04x its time alone")
 
 
 def test_the_step_table_imports_nothing_the_install_step_brings():
