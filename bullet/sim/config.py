@@ -63,9 +63,9 @@ class SimConfig:
     # phases on every SM (`contention.shared_units`), else demand
     overlap_share: str = "auto"
     # time-sliced (and measured, for both phases: a what-if): a step of several threads on cores the other
-    # worker's threads hold takes this many times its time alone (measured from a served run's timelines, `artifact.served_corun --oversubscribed`);
-    # None: the profile's own measurement (`shared_units`), else the value measured served on a 2-core AMD
-    # EPYC (bullet.sim.device.CPU_OVERSUBSCRIBED_SLOWDOWN)
+    # worker's threads hold takes this many times its time alone (measured from a served run's timelines,
+    # `artifact.served_corun --oversubscribed`); None: the profile's own measurement (`shared_units`), else
+    # the value measured served on a 2-core AMD EPYC (bullet.sim.device.CPU_OVERSUBSCRIBED_SLOWDOWN)
     oversubscribed_slowdown: float | None = None
     policy_contention: bool = True  # policies' estimators hold the contention table, as a profiled device's would
     policy_error: float = 0.10  # each policy predicts with a copy wrong by this much on average (bullet.sim.perturbed)

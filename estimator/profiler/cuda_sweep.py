@@ -1,7 +1,7 @@
 """Runs a GPU `ProfilePlan`: kernel sweeps and end-to-end steps on every profiled SM share, then each
 phase beside the other on complementary shares, and each on every SM beside the other on every SM
-(`_on_shared_units`). Returns calibration samples in the same form as the
-CPU profile, so the same Eq. 2 code (`fit.build_estimator`) calibrates both.
+(`_on_shared_units`). Returns calibration samples in the same form as the CPU profile, so the same
+Eq. 2 code (`fit.build_estimator`) calibrates both.
 
 Every measurement goes through the profiler's one measuring core (`session.MeasuringSession`), on
 the GPU's backends, all passed in — the share control (the partition backend), the timer (CUDA
