@@ -268,6 +268,17 @@ class SimulatedDevice:
         else:
             step.on_done(now - step.started)
 
+    def sharing(self) -> str:
+        """How a step on units both workers hold is priced, in words (a run's summary says it)."""
+        if self.overlap_share == "measured":
+            return ("priced by phase: " + ", ".join(f"{role} {self.shared_slowdowns[role]:.2f}x"
+                                                    for role in ("prefill", "decode")) + " its time alone")
+        if self.overlap_share == "time-sliced":
+            return f"time-sliced: a step of several threads {self.oversubscribed_slowdown:.2f}x its time alone"
+        if self.overlap_share == "even":
+            return "split evenly (assumed)"
+        return "split by demand, thread-block rows (assumed, free)"
+
     def effective_units(self) -> dict[str, float]:
         """Units each running step effectively computes on, overlapping units shared."""
         units = {role: float(s.units) for role, s in self.running.items()}

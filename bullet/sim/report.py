@@ -25,6 +25,7 @@ def result_dict(result: SimResult, sim: Simulation, **workload) -> dict:
                    "calibrated": is_calibrated(est), "kv_pages": sim.allocator.total_pages,
                    "page_size": sim.allocator.page_size, "model": est.model.name,
                    "step_overhead_s": step_overhead(cfg, est), "tp_size": cfg.tp_size,
+                   "shared_units": sim.device.sharing() + _sharing_source(sim),
                    "tp_link": est.tensor_parallel.link.name if est.tensor_parallel is not None else None},
         "slo": {"ttft": cfg.ttft_slo, "tpot": cfg.tpot_slo, "tbt": cfg.tbt_slo},
         "summary": result.summary,
@@ -32,6 +33,14 @@ def result_dict(result: SimResult, sim: Simulation, **workload) -> dict:
                 "stopped_early": result.stopped_early, **result.counters,
                 "busy_s": device.busy_s, "corun_s": device.corun_s, "overlap_unit_s": device.overlap_unit_s},
     }
+
+
+def _sharing_source(sim: Simulation) -> str:
+    """Where a by-phase price of shared units came from: the profile, or the config's what-if."""
+    if sim.device.overlap_share != "measured":
+        return ""
+    return " (--oversubscribed-slowdown: a what-if)" if sim.config.oversubscribed_slowdown is not None else \
+        " (measured by the profile)"
 
 
 def summary_lines(data: dict) -> list[str]:
@@ -57,7 +66,7 @@ def summary_lines(data: dict) -> list[str]:
         f"{s['duration_s']:.1f} virtual s; normalized latency {s['mean_norm_latency_s'] * 1e3:.1f} ms/token",
         f"device: busy {', '.join(f'{k} {v:.0f}s' for k, v in run['busy_s'].items())}; co-running "
         f"{run['corun_s']:.0f}s, overlapping units {run['overlap_unit_s'] / max(run['corun_s'], 1e-9):.1f} on average "
-        f"while co-running; steps {run['steps']}"
+        f"while co-running (units both hold: {data['device']['shared_units']}); steps {run['steps']}"
         + (f"; decode pauses {run['decode_pauses']}" if "decode_pauses" in run else "")
         + (f"; preemptions {run['preemptions']}" if "preemptions" in run else "")
         + (f"; attention set-ups {run['attention_setups']} x {cfg['attention_setup_s'] * 1e3:g} ms"

@@ -244,6 +244,16 @@ def test_a_simulation_of_such_a_profile_charges_naive_the_measured_factor(tmp_pa
         config = SimConfig(policy="naive", estimator_profile=str(path), noise=0.0, **extra)
         return [r.tpot for r in Simulation(config, requests).run().records]
 
+    def sharing(**extra):  # what the run's summary says priced the shared units
+        from bullet.sim.report import result_dict
+
+        sim = Simulation(SimConfig(policy="naive", estimator_profile=str(path), **extra), requests[:2])
+        return result_dict(sim.run(), sim)["device"]["shared_units"]
+
+    assert sharing() == "priced by phase: prefill 1.50x, decode 2.50x its time alone (measured by the profile)"
+    assert sharing(oversubscribed_slowdown=9.0).endswith("decode 9.00x its time alone (--oversubscribed-slowdown: a what-if)")
+    assert sharing(overlap_share="demand") == "split by demand, thread-block rows (assumed, free)"
+
     measured, demand = tpots(), tpots(overlap_share="demand")
     # the demand split hands a 16-row decode beside a ~1,000-row prefill a sliver of the SMs (far worse
     # than 2.5x); the measured factor replaces it
