@@ -143,5 +143,9 @@ class ContentionModel(BaseModel):
             return None
         return math.exp(sum(math.log(p.factor) for p in self.shared_units) / len(self.shared_units))
 
+    def shared_units_text(self) -> str:
+        """The measured factors as the profile's notes print them ("prefill 1.31x, decode 2.04x")."""
+        return ", ".join(f"{p.kind} {p.factor:.2f}x" for p in self.shared_units)
+
     def add_slowdown(self, decode_batch: int, factor: float) -> None:
         self.prefill_slowdown.append(SlowdownPoint(decode_batch=decode_batch, factor=factor))

@@ -111,8 +111,7 @@ def measure_cuda_profile(model_path: str | None, load_format: str, dtype, share_
     shared = estimator.contention.shared_units_slowdown()
     if shared is not None:  # co-running is measured only under MPS (`bullet profile` checks it first)
         notes.append("each phase on every SM beside the other on every SM (two MPS clients) took "
-                     + ", ".join(f"{p.kind} {p.factor:.2f}x" for p in estimator.contention.shared_units)
-                     + " its time alone: what the simulator charges a step on SMs both workers hold")
+                     + estimator.contention.shared_units_text() + " its time alone: what the simulator charges a step on SMs both workers hold")
     profile = EstimatorProfile.from_estimator(estimator, notes, provenance)
     profile.write(output)
     return profile

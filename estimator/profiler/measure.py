@@ -53,7 +53,7 @@ def measure_profile(model_path: str | None, load_format: str, dtype, cores: Sequ
     shared = estimator.contention.shared_units_slowdown()
     if shared is not None:
         notes.append(f"each phase on every core beside the other on every core too took {shared:.2f}x its time alone "
-                     "(geometric mean of " + ", ".join(f"{p.kind} {p.factor:.2f}x" for p in estimator.contention.shared_units)
+                     "(geometric mean of " + estimator.contention.shared_units_text()
                      + "): what the simulator charges a step on cores both workers hold")
     profile = EstimatorProfile.from_estimator(estimator, notes + warnings, provenance)
     profile.write(output)
