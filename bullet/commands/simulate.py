@@ -94,6 +94,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "measurement, else 7.4, measured served on a 2-core AMD EPYC; `python -m artifact.served_corun "
                         "--oversubscribed` measures a served run's). On a GPU: both phases on SMs both hold, in place "
                         "of the profile's measured factors or the demand split (a what-if)")
+    p.add_argument("--shared-slowdown", nargs="+", default=[], metavar="PHASE=FACTOR", type=phase_factor,
+                   help="a what-if by phase for a GPU: a prefill or decode step on SMs both workers hold takes FACTOR "
+                        "times its time alone, in place of that phase's factor from the profile (or from "
+                        "--oversubscribed-slowdown), e.g. `--shared-slowdown prefill=1.2 decode=2` (a compute-bound "
+                        "prefill barely slowed, a memory-bound decode halved). Prices the shared SMs by phase "
+                        "(--overlap-share measured, which auto picks once both phases have a factor)")
     p.add_argument("--slo-percentile", type=float, default=d.slo_percentile,
                    help="bullet: the percentile of its requests' predicted TTFT (against target) and TPOT each "
                         "scheduler keeps within its SLO (default 0.9, the paper's P90; as `bullet launch`)")
@@ -161,6 +167,19 @@ def milliseconds(text: str) -> float:
     return value
 
 
+def phase_factor(text: str) -> tuple[str, float]:
+    """`decode=2` -> ("decode", 2.0): a phase and its factor (>= 1) on shared units."""
+    phase, _, rest = text.partition("=")
+    try:
+        factor = float(rest)
+    except ValueError:
+        factor = float("nan")
+    if phase not in ("prefill", "decode") or not factor >= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected PHASE=FACTOR with PHASE prefill or decode "
+                                         "and FACTOR >= 1")
+    return phase, factor
+
+
 def role_step_time(text: str) -> tuple[str, tuple[float, float]]:
     """`prefill=1.5,7.4` -> ("prefill", (1.5, 0.0074)); the overhead (ms) may be left out (0)."""
     role, _, rest = text.partition("=")
@@ -187,6 +206,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         step_overhead_s=None if args.step_overhead_ms is None else args.step_overhead_ms / 1e3,
         step_time_scale=args.step_time_scale, role_step_times=dict(args.role_step_time),
         corun_scale=args.corun_scale, oversubscribed_slowdown=args.oversubscribed_slowdown,
+        shared_slowdown=dict(args.shared_slowdown),
         attention_setup_s=args.attention_setup_ms / 1e3,
         noise=args.noise, contention_model=not args.no_contention, contention_floor=args.contention_floor,
         prefill_slowdown=args.prefill_slowdown, policy_contention=not args.blind_policy,

@@ -67,6 +67,10 @@ class SimConfig:
     # `artifact.served_corun --oversubscribed`); None: the profile's own measurement (`shared_units`), else
     # the value measured served on a 2-core AMD EPYC (bullet.sim.device.CPU_OVERSUBSCRIBED_SLOWDOWN)
     oversubscribed_slowdown: float | None = None
+    # measured (a what-if by phase): {"prefill": F, "decode": F} a step on SMs both workers hold takes over
+    # its time alone, in place of the profile's measured factor (or `oversubscribed_slowdown`) for each
+    # phase named; e.g. a compute-bound prefill barely slowed, a memory-bound decode halved
+    shared_slowdown: dict[str, float] = field(default_factory=dict)
     policy_contention: bool = True  # policies' estimators hold the contention table, as a profiled device's would
     policy_error: float = 0.10  # each policy predicts with a copy wrong by this much on average (bullet.sim.perturbed)
     policy_error_learnable: bool = True  # online refinement sees that error (as a real worker's would); False: it cannot
@@ -217,26 +221,46 @@ def overlap_share(config: SimConfig, estimator: Estimator) -> str:
     """How the device divides units both workers hold (`SimConfig.overlap_share`): `auto` is
     time-sliced where the units are cores (the OS schedules threads; no block scheduler divides a core);
     on a GPU, priced by what its profile measured of both phases on every SM (`measured`, profiles
-    since 2026-12-02), else demand-shared (the SMs go to each step by its demand, for free: assumed)."""
+    since 2026-12-02) or by the config's what-if factors, else demand-shared (the SMs go to each step
+    by its demand, for free: assumed)."""
+    factors = shared_slowdowns(config, estimator)
     if config.overlap_share != "auto":
-        if config.overlap_share == "measured" and shared_slowdowns(config, estimator) is None:
+        mode = config.overlap_share
+        if mode == "measured" and factors is None:
             raise ValueError("overlap_share 'measured' needs a profile that timed each phase on every unit beside "
                              "the other (contention.shared_units for prefill and decode), or "
-                             "--oversubscribed-slowdown; this one has neither")
-        return config.overlap_share
-    if estimator.hardware.kind == "cpu":
-        return "time-sliced"
-    return "measured" if shared_slowdowns(config, estimator) is not None else "demand"
+                             "--oversubscribed-slowdown / --shared-slowdown for both phases; this one has neither")
+    elif estimator.hardware.kind == "cpu":
+        mode = "time-sliced"
+    else:
+        mode = "measured" if factors is not None else "demand"
+    if config.shared_slowdown and mode != "measured":
+        raise ValueError(
+            f"shared_slowdown (--shared-slowdown) prices a step on shared units by its phase, which only "
+            f"overlap_share 'measured' does, and this run's is {mode!r}"
+            + (": name both prefill and decode where the profile measured neither" if factors is None else
+               " (on cores, --oversubscribed-slowdown prices the time slices)" if mode == "time-sliced" else ""))
+    return mode
 
 
 def shared_slowdowns(config: SimConfig, estimator: Estimator) -> dict[str, float] | None:
     """{role: factor} a step on units both workers hold takes over its time alone: the config's
     `oversubscribed_slowdown` for both phases (a what-if), else what the profile measured of each
-    phase on every unit beside the other on every unit (`contention.shared_units`); None unless both
-    phases have one."""
+    phase on every unit beside the other on every unit (`contention.shared_units`); then the config's
+    `shared_slowdown` for each phase it names (a what-if by phase). None unless both phases have one."""
+    unknown = config.shared_slowdown.keys() - {"prefill", "decode"}
+    if unknown:
+        raise ValueError(f"shared_slowdown (--shared-slowdown) names the phases prefill and decode, "
+                         f"not {sorted(unknown)}")
+    low = {k: v for k, v in config.shared_slowdown.items() if not v >= 1.0}
+    if low:
+        raise ValueError(f"shared_slowdown (--shared-slowdown) factors must be at least 1 (a step on shared "
+                         f"units is no faster than alone), got {low}")
     if config.oversubscribed_slowdown is not None:
-        return {"prefill": config.oversubscribed_slowdown, "decode": config.oversubscribed_slowdown}
-    factors = {p.kind: p.factor for p in estimator.contention.shared_units}
+        factors = {"prefill": config.oversubscribed_slowdown, "decode": config.oversubscribed_slowdown}
+    else:
+        factors = {p.kind: p.factor for p in estimator.contention.shared_units}
+    factors.update(config.shared_slowdown)
     return factors if {"prefill", "decode"} <= factors.keys() else None
 
 

@@ -39,7 +39,14 @@ def _sharing_source(sim: Simulation) -> str:
     """Where a by-phase price of shared units came from: the profile, or the config's what-if."""
     if sim.device.overlap_share != "measured":
         return ""
-    return " (--oversubscribed-slowdown: a what-if)" if sim.config.oversubscribed_slowdown is not None else \
+    cfg = sim.config
+    if cfg.shared_slowdown:
+        named = " and ".join(p for p in ("prefill", "decode") if p in cfg.shared_slowdown)
+        rest = ("" if len(cfg.shared_slowdown) == 2 else
+                ", the other --oversubscribed-slowdown's" if cfg.oversubscribed_slowdown is not None else
+                ", the other measured by the profile")
+        return f" (--shared-slowdown for {named}: a what-if{rest})"
+    return " (--oversubscribed-slowdown: a what-if)" if cfg.oversubscribed_slowdown is not None else \
         " (measured by the profile)"
 
 

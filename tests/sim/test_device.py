@@ -261,6 +261,73 @@ def test_a_simulation_of_such_a_profile_charges_naive_the_measured_factor(tmp_pa
     assert sum(tpots(oversubscribed_slowdown=9.0)) > sum(measured)  # the what-if: both phases 9x on shared SMs
 
 
+def test_shared_slowdown_prices_each_phase_on_shared_sms_as_a_what_if(tmp_path, cpu_est):
+    """`shared_slowdown` ({"prefill": F, "decode": F}) replaces, phase by phase, the factor a step on SMs
+    both workers hold pays: both phases equal to F give `--oversubscribed-slowdown F`'s run to the bit and
+    the same as a profile that measured F for both; one phase named keeps the other's from the profile;
+    a run that cannot price by phase, an unknown phase or a factor below 1 is refused."""
+    from bullet.sim.config import shared_slowdowns
+    from bullet.sim.report import result_dict
+    from estimator.profile import EstimatorProfile
+    from estimator.reference.profiles import H200_PROFILE
+
+    requests = [(0.01 * i, 900 + 40 * i, 16) for i in range(10)]
+
+    def run(profile=H200_PROFILE, **extra):
+        sim = Simulation(SimConfig(policy="naive", estimator_profile=str(profile), noise=0.0, **extra), requests)
+        return result_dict(sim.run(), sim)
+
+    uniform = run(shared_slowdown={"prefill": 1.7, "decode": 1.7})
+    assert uniform["summary"] == run(oversubscribed_slowdown=1.7)["summary"]
+    assert uniform["device"]["shared_units"] == ("priced by phase: prefill 1.70x, decode 1.70x its time alone "
+                                                 "(--shared-slowdown for prefill and decode: a what-if)")
+    profile = EstimatorProfile.read(H200_PROFILE)
+    profile.contention.shared_units = [SharedUnitsPoint(kind="prefill", factor=1.2),
+                                       SharedUnitsPoint(kind="decode", factor=1.7)]
+    path = tmp_path / "h200-shared.json"
+    profile.write(path)
+    # the profile measured prefill 1.2x; naming decode alone keeps that, naming both replaces it
+    by_phase = run(shared_slowdown={"prefill": 1.2, "decode": 1.7})
+    assert run(path)["summary"] == by_phase["summary"] != uniform["summary"]
+    assert run(path, shared_slowdown={"decode": 1.7})["summary"] == by_phase["summary"]
+    assert run(path, shared_slowdown={"prefill": 1.7})["summary"] == uniform["summary"]
+    assert run(path, shared_slowdown={"decode": 2.5})["device"]["shared_units"].endswith(
+        "decode 2.50x its time alone (--shared-slowdown for decode: a what-if, the other measured by the profile)")
+    gpu = device_estimator(SimConfig(estimator_profile=str(path)))
+    assert shared_slowdowns(SimConfig(oversubscribed_slowdown=3.0, shared_slowdown={"decode": 2.0}), gpu) == \
+        {"prefill": 3.0, "decode": 2.0}
+
+    plain = device_estimator(SimConfig(estimator_profile=str(H200_PROFILE)))  # measured no shared units
+    assert overlap_share(SimConfig(shared_slowdown={"prefill": 1.2, "decode": 2.0}), plain) == "measured"
+    with pytest.raises(ValueError, match="name both prefill and decode"):
+        overlap_share(SimConfig(shared_slowdown={"decode": 2.0}), plain)
+    with pytest.raises(ValueError, match="'demand'"):
+        overlap_share(SimConfig(overlap_share="demand", shared_slowdown={"prefill": 1.2, "decode": 2.0}), plain)
+    with pytest.raises(ValueError, match="on cores, --oversubscribed-slowdown"):
+        overlap_share(SimConfig(shared_slowdown={"prefill": 1.2, "decode": 2.0}), cpu_est)
+    with pytest.raises(ValueError, match=r"not \['unified'\]"):
+        shared_slowdowns(SimConfig(shared_slowdown={"unified": 2.0}), plain)
+    with pytest.raises(ValueError, match="at least 1"):
+        shared_slowdowns(SimConfig(shared_slowdown={"prefill": 0.8, "decode": 2.0}), plain)
+
+
+def test_cli_shared_slowdown_takes_phase_factor_pairs_and_refuses_others(capsys):
+    from bullet.cli import main
+    from estimator.reference.profiles import H200_PROFILE
+
+    base = ["simulate", "--estimator-profile", str(H200_PROFILE), "--policy", "naive", "--duration", "2",
+            "--rate", "2", "--quiet", "--json", "-"]
+    assert main(base + ["--shared-slowdown", "prefill=1.2", "decode=2"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["config"]["shared_slowdown"] == {"prefill": 1.2, "decode": 2.0}
+    assert data["device"]["shared_units"].startswith("priced by phase: prefill 1.20x, decode 2.00x")
+    with pytest.raises(SystemExit):
+        main(base + ["--shared-slowdown", "decode=0.5"])
+    assert "expected PHASE=FACTOR" in capsys.readouterr().err
+    assert main(base + ["--shared-slowdown", "decode=2"]) == 2  # nothing prices prefill by phase
+    assert "name both prefill and decode" in capsys.readouterr().err
+
+
 def test_a_layerwise_decode_step_gives_units_up_at_its_next_layer_boundary(cpu_est):
     """A decode step on every core hears, at its next layer boundary, that a prefill started on cores it
     holds, and goes on with what it keeps — as the served CPU worker does (`decode_yield_at=layer`)."""
