@@ -238,7 +238,7 @@ def overlap_share(config: SimConfig, estimator: Estimator) -> str:
         raise ValueError(
             f"shared_slowdown (--shared-slowdown) prices a step on shared units by its phase, which only "
             f"overlap_share 'measured' does, and this run's is {mode!r}"
-            + (": name both prefill and decode where the profile measured neither" if factors is None else
+            + (": both prefill and decode need a factor, the profile's or one named here" if factors is None else
                " (on cores, --oversubscribed-slowdown prices the time slices)" if mode == "time-sliced" else ""))
     return mode
 

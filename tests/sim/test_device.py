@@ -299,7 +299,7 @@ def test_shared_slowdown_prices_each_phase_on_shared_sms_as_a_what_if(tmp_path, 
 
     plain = device_estimator(SimConfig(estimator_profile=str(H200_PROFILE)))  # measured no shared units
     assert overlap_share(SimConfig(shared_slowdown={"prefill": 1.2, "decode": 2.0}), plain) == "measured"
-    with pytest.raises(ValueError, match="name both prefill and decode"):
+    with pytest.raises(ValueError, match="both prefill and decode need a factor"):
         overlap_share(SimConfig(shared_slowdown={"decode": 2.0}), plain)
     with pytest.raises(ValueError, match="'demand'"):
         overlap_share(SimConfig(overlap_share="demand", shared_slowdown={"prefill": 1.2, "decode": 2.0}), plain)
@@ -325,7 +325,7 @@ def test_cli_shared_slowdown_takes_phase_factor_pairs_and_refuses_others(capsys)
         main(base + ["--shared-slowdown", "decode=0.5"])
     assert "expected PHASE=FACTOR" in capsys.readouterr().err
     assert main(base + ["--shared-slowdown", "decode=2"]) == 2  # nothing prices prefill by phase
-    assert "name both prefill and decode" in capsys.readouterr().err
+    assert "both prefill and decode need a factor" in capsys.readouterr().err
 
 
 def test_a_layerwise_decode_step_gives_units_up_at_its_next_layer_boundary(cpu_est):
