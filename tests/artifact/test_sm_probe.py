@@ -17,7 +17,7 @@ from artifact.gpu_check import sm_probe, sm_probe_kernels, sm_probe_report, whee
 from artifact.gpu_check.nvml_sampler import NvmlSampler, reason_names, summarise
 from artifact.gpu_check.plan import MECHANISM
 from artifact.gpu_check.sm_probe_loops import overlapping_blocks
-from artifact.gpu_check.sm_probe_verdict import DISJOINT_KEEP, judge_graph, judge_spin, overlap_fraction
+from artifact.gpu_check.sm_probe_verdict import DISJOINT_KEEP, NOISE_LIMIT, judge_graph, judge_spin, overlap_fraction
 from artifact.gpu_check.steps import Context
 from bullet.doctor.smid_probe import find_nvcc
 from bullet.partition.libsmctrl import ALLOW_UNTESTED_ENV
@@ -191,6 +191,13 @@ def _quiet_enough(result: dict) -> bool:
     return min(eff["alone_A"], eff["alone_B"]) >= QUIET
 
 
+def _declined(verdict: dict) -> tuple[str, ...]:
+    """("noisy",) where the verdict declined to judge because a side's alone rounds differed by more than
+    its noise limit — on a shared 2-core VM one round in ten can (a CI run: 10.7 % with each side alone on
+    its core at full rate); the kept fractions beside it still have to say what the cores did."""
+    return ("noisy",) if verdict["outcome"] == "noisy" and verdict["spread"] > NOISE_LIMIT else ()
+
+
 def _busy_seconds() -> float:
     """CPU seconds every process has run on this process's cores (user, nice, system, irq, softirq),
     from /proc/stat's per-CPU lines."""
@@ -240,10 +247,12 @@ def test_one_core_each_comes_out_disjoint(config):
         pytest.skip(f"machine busy: alone each side got {spin['effective_units']} cores (< {QUIET}?), other "
                     f"processes {others:.0%} of the cores (> {OTHERS_MAX:.0%}?); verdict {result['verdict']['summary']}")
     # on two cores this test's own process and the machine's housekeeping share the sides' cores, so a
-    # side may keep 0.9 of its rate or less with nothing shared (a CI run measured 0.89): disjoint or
-    # nearly (each side >= 0.8), never the one-core control's ~0.5 (the test below: together < 1.15)
+    # side may keep 0.9 of its rate or less with nothing shared (CI runs measured 0.89, and 0.77 beside a
+    # side that kept 0.88): disjoint or nearly — the two together keep more than halfway from the one-core
+    # control's ~1.0 (the test below: < 1.15) to 2, and neither is down at the control's ~0.5
     v = result["verdict"]
-    assert v["outcome"] in ("disjoint", "partial") and min(v["kept"].values()) >= 0.8, v
+    assert v["outcome"] in ("disjoint", "partial", *_declined(v)), v
+    assert sum(v["kept"].values()) >= 1.5 and min(v["kept"].values()) >= 0.65, v
 
 
 @pytest.mark.slow  # as above
@@ -258,7 +267,7 @@ def test_two_sides_on_one_core_are_not_disjoint():
         pytest.skip(f"machine busy: alone each side got {result['rates']['spin']['effective_units']} cores "
                     f"(< {QUIET}?), other processes {others:.0%} of the cores (> {OTHERS_MAX:.0%}?); "
                     f"verdict {v['summary']}")
-    assert v["outcome"] == "shared" and sum(v["kept"].values()) < 1.15, v
+    assert v["outcome"] in ("shared", *_declined(v)) and sum(v["kept"].values()) < 1.15, v
 
 
 def test_a_side_that_cannot_start_fails_the_configuration_not_the_run():
